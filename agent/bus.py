@@ -1,0 +1,116 @@
+"""Local event bus: durable accept, then fan-out to subscribers that can never block a collector.
+
+``publish`` first appends to the spool (the NATS forwarder tails it), then puts the message
+on every subscriber's bounded queue; a full queue drops its oldest entry and counts it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+
+import structlog
+
+from agent import message as msgmod
+from agent.message import Message
+from agent.spool import Spool, SpoolError
+from agent.subjects import event_subject
+
+log = structlog.get_logger(__name__)
+
+Handler = Callable[[Message], Awaitable[None]]
+
+
+class Subscription:
+    def __init__(self, name: str, handler: Handler, maxsize: int) -> None:
+        self.name = name
+        self.handler = handler
+        self.queue: asyncio.Queue[Message] = asyncio.Queue(maxsize)
+        self.dropped = 0
+        self.errors = 0
+        self.task: asyncio.Task[None] | None = None
+
+    def offer(self, msg: Message) -> None:
+        if self.queue.full():
+            with contextlib.suppress(asyncio.QueueEmpty):
+                self.queue.get_nowait()
+            self.dropped += 1
+        self.queue.put_nowait(msg)
+
+    async def pump(self) -> None:
+        while True:
+            msg = await self.queue.get()
+            try:
+                await self.handler(msg)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self.errors += 1
+                log.error("subscriber_failed", subscriber=self.name, error=repr(exc), type=msg.type)
+
+
+class LocalBus:
+    def __init__(self, spool: Spool | None, *, subscriber_queue: int = 10000) -> None:
+        self.spool = spool
+        self.subscriber_queue = subscriber_queue
+        self.subscriptions: list[Subscription] = []
+        self.accepted = 0
+        self.refused = 0  # dropped by spool policy or a spool write failure
+        self._running = False
+
+    def subscribe(self, name: str, handler: Handler, maxsize: int | None = None) -> Subscription:
+        sub = Subscription(name, handler, maxsize or self.subscriber_queue)
+        self.subscriptions.append(sub)
+        if self._running:
+            sub.task = asyncio.get_running_loop().create_task(sub.pump(), name=f"bus:{name}")
+        return sub
+
+    def start(self) -> None:
+        self._running = True
+        loop = asyncio.get_running_loop()
+        for sub in self.subscriptions:
+            if sub.task is None:
+                sub.task = loop.create_task(sub.pump(), name=f"bus:{sub.name}")
+
+    async def stop(self, drain_timeout: float = 1.0) -> None:
+        async def drain() -> None:
+            for sub in self.subscriptions:
+                while not sub.queue.empty() and sub.task and not sub.task.done():
+                    await asyncio.sleep(0.01)
+
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(drain(), drain_timeout)
+        for sub in self.subscriptions:
+            if sub.task:
+                sub.task.cancel()
+        await asyncio.gather(*(s.task for s in self.subscriptions if s.task), return_exceptions=True)
+        self._running = False
+
+    async def publish(self, msg: Message) -> bool:
+        """Accept a message: True once it is durable (or fanned out, with no spool)."""
+        if self.spool is not None:
+            payload = msgmod.encode(msg)
+            record = b"%s\n%s\n%s" % (event_subject(msg.node, msg.collector, msg.severity).encode(),
+                                      msg.id.encode(), payload)
+            try:
+                seq = await self.spool.append(msg.severity, record)
+            except SpoolError as exc:
+                self.refused += 1
+                log.error("spool_write_failed", error=str(exc), type=msg.type, entity=msg.entity)
+                return False
+            if seq is None:
+                self.refused += 1
+                log.warning("spool_full_dropped", type=msg.type, severity=msg.severity,
+                            policy=self.spool.policy)
+                return False
+        self.accepted += 1
+        for sub in self.subscriptions:
+            sub.offer(msg)
+        return True
+
+
+def split_record(record: bytes) -> tuple[str, str, bytes]:
+    """Inverse of the spool record layout used by ``LocalBus.publish``: subject, msg id, JSON."""
+    subject, msg_id, payload = record.split(b"\n", 2)
+    return subject.decode(), msg_id.decode(), payload

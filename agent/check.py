@@ -1,0 +1,78 @@
+"""``gpu-node-agent check``: one pass of every collector, no NATS; what a Slurm prolog calls.
+
+Exit status: 0 healthy, 1 warnings only, 2 any critical (conditions firing or events seen).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from agent import config as configmod
+from agent.emitter import CollectorEmitter, ConditionTracker
+from agent.framework import is_periodic
+from agent.hostroot import HostRoot
+from agent.message import Message, to_dict
+from agent.registry import collector_classes
+from agent.types import SEVERITY_RANK
+
+EXIT_HEALTHY, EXIT_WARNING, EXIT_CRITICAL = 0, 1, 2
+
+
+async def run_check(config: configmod.Config) -> dict[str, Any]:
+    node = config.agent.node_name()
+    host = HostRoot(config.agent.host_root)
+    tracker = ConditionTracker(None)
+    messages: list[Message] = []
+    skipped: list[dict[str, str]] = []
+
+    async def sink(msg: Message) -> bool:
+        messages.append(msg)
+        return True
+
+    for name, cls in sorted(collector_classes().items()):
+        settings = config.collectors.get(name) or cls.config_type()
+        if not settings.enabled:
+            continue
+        emitter = CollectorEmitter(node, name, sink, tracker)
+        try:
+            collector = cls(settings, host, emitter)
+            if not is_periodic(collector):
+                skipped.append({"collector": name, "reason": "long-running only"})
+                continue
+            await asyncio.wait_for(collector.collect(), timeout=settings.timeout)
+        except TimeoutError:
+            skipped.append({"collector": name, "reason": f"timed out after {settings.timeout}s"})
+            continue
+        except Exception as exc:
+            skipped.append({"collector": name, "reason": f"failed: {exc!r}"})
+            continue
+    firing = {(m.collector, m.type, m.entity): m for m in messages if m.kind == "condition"}
+    conditions = [to_dict(m) for m in firing.values() if (m.collector, m.type, m.entity) in tracker.active]
+    events = [to_dict(m) for m in messages if m.kind == "event"]
+    worst = max((SEVERITY_RANK[m["severity"]] for m in conditions + events), default=0)
+    status = {0: "healthy", 1: "degraded", 2: "unhealthy"}[worst]
+    return {"node": node, "status": status, "conditions": conditions, "events": events,
+            "skipped": skipped}
+
+
+def exit_code(report: dict[str, Any]) -> int:
+    return {"healthy": EXIT_HEALTHY, "degraded": EXIT_WARNING, "unhealthy": EXIT_CRITICAL}[report["status"]]
+
+
+def render_text(report: dict[str, Any]) -> str:
+    lines = [f"node {report['node']}: {report['status'].upper()}"]
+    for c in report["conditions"]:
+        lines.append(f"  [{c['severity']:8}] {c['type']} {c['entity']}: {c['message']}")
+    for e in report["events"]:
+        lines.append(f"  [{e['severity']:8}] event {e['type']} {e['entity']}: {e['message']}")
+    for s in report["skipped"]:
+        lines.append(f"  [skipped ] {s['collector']}: {s['reason']}")
+    if not report["conditions"] and not report["events"]:
+        lines.append("  no problems found")
+    return "\n".join(lines)
+
+
+def render_json(report: dict[str, Any]) -> str:
+    return json.dumps(report, indent=None, separators=(",", ":"))

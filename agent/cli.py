@@ -1,0 +1,204 @@
+"""Command line: run, check, events, config check, demo. Exit codes follow sysexits(3)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any, NoReturn
+
+from agent import __version__
+from agent import config as configmod
+
+EX_USAGE = 64
+EX_CONFIG = 78
+EX_UNAVAILABLE = 69
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(EX_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help=f"TOML config (default {configmod.DEFAULT_CONFIG_PATH} when it exists)")
+    p.add_argument("--node", help="node name (default: config, then the hostname)")
+    p.add_argument("--host-root", help="directory every host path is resolved under (default /)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="gpu-node-agent", description="GPU data-plane node agent")
+    parser.add_argument("--version", action="version", version=f"gpu-node-agent {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    run = sub.add_parser("run", help="run the daemon")
+    _add_common(run)
+    run.add_argument("--nats", action="append", help="NATS URL (repeatable); none: embedded nats-server")
+    run.add_argument("--state-dir", help="spool, checkpoints, embedded NATS store")
+    run.add_argument("--metrics-listen", help="HOST:PORT for /metrics and /healthz ('' disables)")
+    run.add_argument("--duration", type=float, help="stop by itself after this many seconds")
+
+    check = sub.add_parser("check", help="one pass of every collector, no NATS; exit 0/1/2")
+    _add_common(check)
+    check.add_argument("--format", choices=["text", "json"], default="text")
+
+    ev = sub.add_parser("events", help="print fleet messages as JSON lines")
+    ev.add_argument("--nats", action="append", help="NATS URL (default: config, or the local embedded server)")
+    ev.add_argument("--config")
+    ev.add_argument("--state-dir", help="find the embedded server's URL here")
+    ev.add_argument("--node")
+    ev.add_argument("--collector")
+    ev.add_argument("--severity", choices=["info", "warning", "critical"])
+    ev.add_argument("--all", action="store_true", help="replay the stream's history first")
+    ev.add_argument("--count", type=int, help="exit after this many messages")
+    ev.add_argument("--duration", type=float, help="exit after this many seconds")
+
+    cfg = sub.add_parser("config", help="configuration tools")
+    cfg_sub = cfg.add_subparsers(dest="config_command", required=True, parser_class=_Parser)
+    cc = cfg_sub.add_parser("check", help="validate a config file: exit 0 valid, 78 invalid")
+    cc.add_argument("file")
+
+    demo = sub.add_parser("demo", help="agent + embedded NATS on a simulated GPU node, with scripted faults")
+    demo.add_argument("--duration", type=float, default=20.0)
+    demo.add_argument("--workdir", help="keep the simulated node and state here (default: a temp dir)")
+    return parser
+
+
+def _load_config(args: argparse.Namespace) -> configmod.Config:
+    cfg = configmod.load(getattr(args, "config", None))
+    a = cfg.agent
+    if getattr(args, "node", None):
+        a.node = args.node
+    if getattr(args, "host_root", None):
+        a.host_root = args.host_root
+    if getattr(args, "state_dir", None):
+        a.state_dir = args.state_dir
+    if getattr(args, "nats", None):
+        a.nats.servers = list(args.nats)
+    if getattr(args, "metrics_listen", None) is not None:
+        a.metrics.listen = args.metrics_listen
+    return cfg
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key in ("node", "host_root", "state_dir"):
+        if getattr(args, key, None):
+            out[key] = getattr(args, key)
+    return out
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from agent.daemon import Agent
+    from agent.logsetup import configure
+
+    cfg = _load_config(args)
+    configure(cfg.agent.log.level, cfg.agent.log.format)
+    agent = Agent(cfg, config_path=args.config, overrides=_overrides(args))
+    return asyncio.run(agent.run(duration=args.duration))
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from agent.check import exit_code, render_json, render_text, run_check
+    from agent.logsetup import configure
+
+    cfg = _load_config(args)
+    configure("error", cfg.agent.log.format)
+    report = asyncio.run(run_check(cfg))
+    print(render_json(report) if args.format == "json" else render_text(report))
+    return exit_code(report)
+
+
+def _events_servers(args: argparse.Namespace) -> list[str]:
+    if args.nats:
+        return list(args.nats)
+    cfg = configmod.load(args.config)
+    if cfg.agent.nats.servers:
+        return list(cfg.agent.nats.servers)
+    url_file = Path(args.state_dir or cfg.agent.state_dir) / "nats.url"
+    if url_file.exists():
+        return [url_file.read_text().strip()]
+    raise configmod.ConfigError("no NATS URL: pass --nats, configure nats.servers, or --state-dir of an agent "
+                                "running an embedded server")
+
+
+async def _events(args: argparse.Namespace, servers: list[str]) -> int:
+    import nats
+    from nats.js.api import DeliverPolicy
+
+    from agent.subjects import events_filter
+
+    async def on_error(exc: Exception) -> None:
+        print(f"nats: {exc!r}", file=sys.stderr)
+
+    nc = await nats.connect(servers=servers, max_reconnect_attempts=-1, reconnect_time_wait=1,
+                            error_cb=on_error)
+    js = nc.jetstream()
+    subject = events_filter(args.node, args.collector, args.severity)
+    seen = 0
+    done = asyncio.Event()
+
+    async def on_msg(msg: Any) -> None:
+        nonlocal seen
+        sys.stdout.write(msg.data.decode("utf-8", "replace") + "\n")
+        sys.stdout.flush()
+        seen += 1
+        if args.count and seen >= args.count:
+            done.set()
+
+    sub = None
+    while sub is None:
+        try:
+            sub = await js.subscribe(subject, cb=on_msg, ordered_consumer=True,
+                                     deliver_policy=DeliverPolicy.ALL if args.all else DeliverPolicy.NEW)
+        except Exception as exc:  # the stream may not exist yet: the agent creates it
+            print(f"waiting for the event stream: {exc!r}", file=sys.stderr)
+            await asyncio.sleep(1)
+    try:
+        await asyncio.wait_for(done.wait(), args.duration)
+    except TimeoutError:
+        pass
+    await nc.close()
+    return 0
+
+
+def cmd_events(args: argparse.Namespace) -> int:
+    import signal
+
+    servers = _events_servers(args)
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        return asyncio.run(_events(args, servers))
+    except KeyboardInterrupt:
+        return 0
+
+
+def cmd_config_check(args: argparse.Namespace) -> int:
+    cfg = configmod.load(args.file)
+    print(f"{args.file}: valid ({len(cfg.collectors)} collectors)")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from agent.demo import run_demo
+
+    return run_demo(duration=args.duration, workdir=args.workdir)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    handlers = {"run": cmd_run, "check": cmd_check, "events": cmd_events, "demo": cmd_demo}
+    try:
+        if args.command == "config":
+            return cmd_config_check(args)
+        return handlers[args.command](args)
+    except configmod.ConfigError as exc:
+        print(f"gpu-node-agent: configuration error: {exc}", file=sys.stderr)
+        return EX_CONFIG
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,240 @@
+"""Agent configuration: TOML, validated strictly.
+
+A typo is an error that names the key, the file, the line and the closest valid key.
+Collector sections are validated by each collector's own ``config_type``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import socket
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+
+DEFAULT_CONFIG_PATH = Path("/etc/gpu-node-agent/config.toml")
+
+
+class ConfigError(Exception):
+    """Invalid configuration (exit code 78, EX_CONFIG)."""
+
+    def __init__(self, message: str, *, file: str | None = None, line: int | None = None,
+                 key: str | None = None) -> None:
+        self.file, self.line, self.key = file, line, key
+        where = f"{file}:{line}: " if file and line else (f"{file}: " if file else "")
+        super().__init__(where + message)
+
+
+class CollectorSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Keys every collector section accepts; a collector's config_type subclasses this."""
+
+    enabled: bool = True
+    interval: float = 30.0
+    jitter: float = 0.1  # fraction of interval, randomised per run to de-synchronise a fleet
+    timeout: float = 10.0
+    restart_backoff_max: float = 60.0
+
+
+class NatsConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    servers: list[str] = msgspec.field(default_factory=list)  # empty: embedded nats-server
+    tls_ca: str = ""
+    tls_cert: str = ""
+    tls_key: str = ""
+    creds: str = ""
+    nkey_seed: str = ""
+    user: str = ""
+    password: str = ""
+    token: str = ""
+    connect_timeout: float = 5.0
+    stream: str = "GNA_EVENTS"
+    stream_replicas: int = 1
+    stream_max_age: float = 7 * 86400.0
+    stream_max_bytes: int = -1
+    duplicate_window: float = 600.0
+    kv_bucket: str = "gna-nodes"
+    heartbeat_interval: float = 10.0
+    publish_window: int = 1024
+    publish_timeout: float = 5.0
+
+
+class EmbeddedNatsConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    host: str = "127.0.0.1"
+    port: int = 0  # 0: a free port, written to <state_dir>/nats.url
+
+
+class SpoolConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    max_bytes: int = 256 * 1024 * 1024
+    segment_bytes: int = 4 * 1024 * 1024
+    policy: Literal["drop_oldest_info_first", "drop_newest", "drop_oldest"] = "drop_oldest_info_first"
+    fsync: bool = True
+
+
+class BusConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    subscriber_queue: int = 10000
+
+
+class MetricsConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    listen: str = "127.0.0.1:9465"  # "" disables /metrics and /healthz
+
+
+class LogConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    format: Literal["auto", "json", "console"] = "auto"
+
+
+class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    node: str = ""
+    host_root: str = "/"
+    state_dir: str = "/var/lib/gpu-node-agent"
+    shutdown_timeout: float = 5.0
+    nats: NatsConfig = msgspec.field(default_factory=NatsConfig)
+    embedded_nats: EmbeddedNatsConfig = msgspec.field(default_factory=EmbeddedNatsConfig)
+    spool: SpoolConfig = msgspec.field(default_factory=SpoolConfig)
+    bus: BusConfig = msgspec.field(default_factory=BusConfig)
+    metrics: MetricsConfig = msgspec.field(default_factory=MetricsConfig)
+    log: LogConfig = msgspec.field(default_factory=LogConfig)
+    collectors: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)
+    remediations: dict[str, Any] = msgspec.field(default_factory=dict)
+
+    def node_name(self) -> str:
+        return self.node or socket.gethostname()
+
+
+@dataclass
+class Config:
+    """A validated config: the agent's sections plus each collector's parsed section."""
+
+    agent: AgentConfig
+    collectors: dict[str, Any]
+    source: str
+
+
+_SECTION = re.compile(r"^\s*\[+\s*([^\]]+?)\s*\]+\s*(#.*)?$")
+_KEY = re.compile(r"^\s*(\"[^\"]+\"|'[^']+'|[A-Za-z0-9_.-]+)\s*=")
+
+
+def _find_line(text: str, path: list[str]) -> int | None:
+    """Line of ``path`` (e.g. ["collectors", "gpu_devices", "intervl"]) in the TOML text."""
+    table: list[str] = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if m := _SECTION.match(line):
+            table = [p.strip().strip("\"'") for p in m.group(1).split(".")]
+            if table == path:
+                return n
+            continue
+        if m := _KEY.match(line):
+            key = [p.strip().strip("\"'") for p in m.group(1).split(".")]
+            if table + key == path:
+                return n
+    return None
+
+
+def _fields(struct_type: type[Any]) -> dict[str, Any]:
+    return {f.encode_name: f.type for f in msgspec.structs.fields(struct_type)}
+
+
+def _unknown_keys(data: dict[str, Any], struct_type: type[Any], path: list[str],
+                  out: list[tuple[list[str], list[str]]]) -> None:
+    fields = _fields(struct_type)
+    for key, value in data.items():
+        if key not in fields:
+            out.append(([*path, key], list(fields)))
+            continue
+        ftype = fields[key]
+        if isinstance(value, dict) and isinstance(ftype, type) and issubclass(ftype, msgspec.Struct):
+            _unknown_keys(value, ftype, [*path, key], out)
+
+
+def _suggest(key: str, valid: list[str]) -> str:
+    close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
+    return f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(sorted(valid))}"
+
+
+def _convert(data: Any, struct_type: type[Any], path: list[str], file: str, text: str) -> Any:
+    unknown: list[tuple[list[str], list[str]]] = []
+    if isinstance(data, dict):
+        _unknown_keys(data, struct_type, path, unknown)
+    if unknown:
+        kpath, valid = unknown[0]
+        dotted = ".".join(kpath)
+        raise ConfigError(f"unknown key {dotted!r}{_suggest(kpath[-1], valid)}",
+                          file=file, line=_find_line(text, kpath), key=dotted)
+    try:
+        return msgspec.convert(data, struct_type, strict=True)
+    except msgspec.ValidationError as exc:
+        # msgspec says "... - at `$.nats.port`": map that back to a line.
+        detail = str(exc)
+        loc = re.search(r"at `\$\.?([^`]*)`", detail)
+        sub = [p for p in re.split(r"\.|\[|\]", loc.group(1)) if p] if loc else []
+        kpath = [*path, *sub]
+        raise ConfigError(f"invalid value: {detail.split(' - at ')[0]} (key {'.'.join(kpath)!r})",
+                          file=file, line=_find_line(text, kpath) if kpath else None,
+                          key=".".join(kpath)) from None
+
+
+def parse(text: str, *, file: str = "<config>", collector_types: dict[str, type[Any]] | None = None) -> Config:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"not valid TOML: {exc}", file=file) from None
+    agent: AgentConfig = _convert(data, AgentConfig, [], file, text)
+    collectors: dict[str, Any] = {}
+    if collector_types is None:
+        from agent.registry import collector_classes
+
+        collector_types = {name: cls.config_type for name, cls in collector_classes().items()}
+    for name, section in agent.collectors.items():
+        if name not in collector_types:
+            raise ConfigError(f"unknown collector {name!r}{_suggest(name, list(collector_types))}",
+                              file=file, line=_find_line(text, ["collectors", name]), key=f"collectors.{name}")
+        if not isinstance(section, dict):
+            raise ConfigError(f"collectors.{name} must be a table", file=file, key=f"collectors.{name}")
+        collectors[name] = _convert(section, collector_types[name], ["collectors", name], file, text)
+    for name, ctype in collector_types.items():
+        collectors.setdefault(name, ctype())
+    cfg = Config(agent=agent, collectors=collectors, source=file)
+    _check_values(cfg, file, text)
+    return cfg
+
+
+def _check_values(config: Config, file: str, text: str) -> None:
+    cfg = config.agent
+
+    def fail(key: str, msg: str) -> None:
+        raise ConfigError(f"{key}: {msg}", file=file, line=_find_line(text, key.split(".")), key=key)
+
+    if cfg.spool.segment_bytes < 4096:
+        fail("spool.segment_bytes", "must be at least 4096")
+    if cfg.spool.max_bytes < 2 * cfg.spool.segment_bytes:
+        fail("spool.max_bytes", "must be at least twice spool.segment_bytes")
+    if cfg.nats.publish_window < 1:
+        fail("nats.publish_window", "must be >= 1")
+    if cfg.nats.heartbeat_interval <= 0:
+        fail("nats.heartbeat_interval", "must be > 0")
+    for name, cc in config.collectors.items():
+        if cc.interval <= 0:
+            fail(f"collectors.{name}.interval", "must be > 0")
+        if not 0 <= cc.jitter < 1:
+            fail(f"collectors.{name}.jitter", "must be in [0, 1)")
+        if cc.timeout <= 0:
+            fail(f"collectors.{name}.timeout", "must be > 0")
+    if cfg.metrics.listen and not re.match(r"^[^:]+:\d+$|^\[[0-9a-fA-F:]+\]:\d+$", cfg.metrics.listen):
+        fail("metrics.listen", f"expected HOST:PORT, got {cfg.metrics.listen!r}")
+
+
+def load(path: str | Path | None, *, collector_types: dict[str, type[Any]] | None = None) -> Config:
+    """Load a config file; ``None`` means the default path if it exists, else built-in defaults."""
+    if path is None:
+        if not DEFAULT_CONFIG_PATH.exists():
+            return parse("", file="<defaults>", collector_types=collector_types)
+        path = DEFAULT_CONFIG_PATH
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read config: {exc}", file=str(p)) from None
+    return parse(text, file=str(p), collector_types=collector_types)

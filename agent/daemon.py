@@ -1,0 +1,284 @@
+"""The daemon: wires spool, bus, NATS, collectors, metrics and systemd together; handles signals."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from agent import __version__
+from agent import config as configmod
+from agent.bus import LocalBus
+from agent.emitter import CollectorEmitter, ConditionTracker
+from agent.forwarder import Forwarder
+from agent.framework import CollectorRunner
+from agent.hostroot import HostRoot
+from agent.message import Message, make_message
+from agent.metrics import AgentMetrics, MetricsServer
+from agent.nats_link import NatsLink
+from agent.nats_server import NatsServerProcess, free_port
+from agent.nodestate import NodeStatePublisher
+from agent.registry import collector_classes
+from agent.sdnotify import Notifier
+from agent.spool import SEVERITY_NAMES, Spool
+
+log = structlog.get_logger(__name__)
+
+AGENT_COLLECTOR = "agent"
+
+
+class Agent:
+    def __init__(self, config: configmod.Config, *, config_path: str | None = None,
+                 overrides: dict[str, Any] | None = None, notifier: Notifier | None = None) -> None:
+        self.config = config
+        self.config_path = config_path
+        self.overrides = overrides or {}
+        self.cfg = config.agent
+        self.node = self.cfg.node_name()
+        self.state_dir = Path(self.cfg.state_dir)
+        self.host = HostRoot(self.cfg.host_root)
+        self.metrics = AgentMetrics()
+        self.notifier = notifier or Notifier()
+        self.spool: Spool | None = None
+        self.bus: LocalBus | None = None
+        self.tracker: ConditionTracker | None = None
+        self.embedded: NatsServerProcess | None = None
+        self.link: NatsLink | None = None
+        self.forwarder: Forwarder | None = None
+        self.runners: dict[str, CollectorRunner] = {}
+        self._collector_tasks: dict[str, asyncio.Task[None]] = {}
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._stop = asyncio.Event()
+        self._reload = asyncio.Event()
+        self.started = time.monotonic()
+        self.metrics_server: MetricsServer | None = None
+
+    # -- sinks -----------------------------------------------------------------------
+    async def _sink(self, msg: Message) -> bool:
+        assert self.bus is not None
+        ok = await self.bus.publish(msg)
+        if ok:
+            self.metrics.messages.labels(msg.kind, msg.severity).inc()
+        else:
+            self.metrics.bus_refused.inc()
+        return ok
+
+    def _emitter(self, collector: str) -> CollectorEmitter:
+        assert self.tracker is not None
+        return CollectorEmitter(self.node, collector, self._sink, self.tracker)
+
+    async def _announce_drops(self, counts: dict[str, int]) -> bool:
+        total = sum(counts.values())
+        assert self.spool is not None
+        msg = make_message(
+            node=self.node, collector=AGENT_COLLECTOR, kind="event", type="SpoolOverflow",
+            severity="warning", entity=f"spool:{self.spool.dir}", reason="SpoolFull",
+            message=f"The spool was full during a NATS outage: {total} messages were dropped by policy "
+                    f"{self.spool.policy}.",
+            details={"dropped": counts, "policy": self.spool.policy, "max_bytes": self.spool.max_bytes})
+        return await self._sink(msg)
+
+    def _on_spool_drop(self, sev: int, n: int) -> None:
+        self.metrics.spool_dropped.labels(SEVERITY_NAMES[sev]).inc(n)
+
+    # -- NATS ------------------------------------------------------------------------
+    def _nats_servers(self) -> list[str]:
+        if self.cfg.nats.servers:
+            return list(self.cfg.nats.servers)
+        emb = self.cfg.embedded_nats
+        url_file = self.state_dir / "nats.url"
+        port = emb.port
+        if not port and url_file.exists():
+            with contextlib.suppress(ValueError):
+                port = int(url_file.read_text().strip().rsplit(":", 1)[1])
+        self.embedded = NatsServerProcess(self.state_dir / "nats", host=emb.host, port=port or free_port(emb.host),
+                                          die_with_parent=True)
+        try:
+            self._start_embedded()
+        except (OSError, RuntimeError, TimeoutError):
+            if emb.port:
+                raise
+            log.warning("embedded_nats_port_busy", port=self.embedded.port)
+            self.embedded.port = free_port(emb.host)
+            self._start_embedded()
+        url_file.write_text(self.embedded.url + "\n")
+        log.info("embedded_nats_started", url=self.embedded.url, store=str(self.embedded.store_dir))
+        return [self.embedded.url]
+
+    def _start_embedded(self) -> None:
+        assert self.embedded is not None
+        self.embedded.start()
+
+    # -- collectors ------------------------------------------------------------------
+    def _start_collectors(self) -> None:
+        classes = collector_classes()
+        agent_emitter = self._emitter(AGENT_COLLECTOR)
+        for name, cls in sorted(classes.items()):
+            settings = self.config.collectors.get(name) or cls.config_type()
+            if not settings.enabled:
+                log.info("collector_disabled", collector=name)
+                continue
+            emitter = self._emitter(name)
+            try:
+                collector = cls(settings, self.host, emitter)
+            except Exception as exc:
+                log.error("collector_init_failed", collector=name, error=repr(exc))
+                self.metrics.collector_errors.labels(name, "init").inc()
+                continue
+            runner = CollectorRunner(collector, settings, emitter, self.metrics, agent_emitter)
+            self.runners[name] = runner
+            self._collector_tasks[name] = asyncio.get_running_loop().create_task(runner.run(), name=f"collector:{name}")
+        log.info("collectors_started", collectors=sorted(self.runners))
+
+    async def _stop_collectors(self) -> None:
+        for task in self._collector_tasks.values():
+            task.cancel()
+        await asyncio.gather(*self._collector_tasks.values(), return_exceptions=True)
+        self._collector_tasks.clear()
+        self.runners.clear()
+
+    # -- health / metrics ------------------------------------------------------------
+    def health(self) -> tuple[bool, str]:
+        problems = []
+        if self.spool and self.spool.write_errors:
+            problems.append(f"spool write errors: {self.spool.write_errors}")
+        if self.forwarder and self.link and not self.link.connected.is_set():
+            problems.append("nats disconnected (spooling)")
+        failing = [n for n, r in self.runners.items() if r.consecutive_failures]
+        text = "ok" if not problems and not failing else "; ".join(problems + [f"failing: {failing}"] * bool(failing))
+        return (not (self.spool and self.spool.write_errors)), text
+
+    def refresh_metrics(self) -> None:
+        if self.spool:
+            self.metrics.spool_depth.set(self.spool.depth)
+            self.metrics.spool_bytes.set(self.spool.bytes)
+        if self.bus:
+            for sub in self.bus.subscriptions:
+                self.metrics.bus_queue_depth.labels(sub.name).set(sub.queue.qsize())
+                self.metrics.bus_dropped.labels(sub.name).set(sub.dropped)
+        if self.tracker:
+            self.metrics.conditions_active.set(len(self.tracker.active))
+
+    async def _watchdog(self, interval: float) -> None:
+        while True:
+            self.notifier.watchdog()
+            await asyncio.sleep(interval)
+
+    # -- lifecycle -------------------------------------------------------------------
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def request_reload(self) -> None:
+        self._reload.set()
+
+    async def _reload_config(self) -> None:
+        self.notifier.reloading()
+        try:
+            new = configmod.load(self.config_path)
+        except configmod.ConfigError as exc:
+            log.error("config_reload_rejected", error=str(exc))
+            self.notifier.ready("reload rejected; running the previous config")
+            return
+        for key, value in self.overrides.items():
+            setattr(new.agent, key, value)
+        if (new.agent.nats != self.cfg.nats or new.agent.spool != self.cfg.spool
+                or new.agent.state_dir != self.cfg.state_dir):
+            log.warning("config_reload_needs_restart", sections="nats/spool/state_dir keep their old values")
+        await self._stop_collectors()
+        self.config = configmod.Config(agent=self.cfg, collectors=new.collectors, source=new.source)
+        self.host = HostRoot(new.agent.host_root)
+        self._start_collectors()
+        log.info("config_reloaded", source=new.source)
+        self.notifier.ready("reloaded")
+
+    async def run(self, duration: float | None = None) -> int:
+        loop = asyncio.get_running_loop()
+        for sig, handler in ((signal.SIGTERM, self.request_stop), (signal.SIGINT, self.request_stop),
+                             (signal.SIGHUP, self.request_reload)):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, handler)
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        sp = self.cfg.spool
+        self.spool = Spool(self.state_dir / "spool", max_bytes=sp.max_bytes, segment_bytes=sp.segment_bytes,
+                           policy=sp.policy, fsync=sp.fsync)
+        self.spool.on_drop = self._on_spool_drop
+        await asyncio.to_thread(self.spool.open)
+        self.tracker = ConditionTracker(self.state_dir / "conditions.json")
+        self.bus = LocalBus(self.spool, subscriber_queue=self.cfg.bus.subscriber_queue)
+        self.bus.subscribe("log", self._log_message)
+        self.bus.start()
+        servers = await asyncio.to_thread(self._nats_servers)
+        self.link = NatsLink(self.cfg.nats, servers, self.metrics, name=f"gpu-node-agent/{self.node}")
+        self.forwarder = Forwarder(self.spool, self.link, self.metrics, window=self.cfg.nats.publish_window,
+                                   timeout=self.cfg.nats.publish_timeout, announce=self._announce_drops)
+        nodestate = NodeStatePublisher(self.node, self.link, self.tracker, self.spool,
+                                       self.cfg.nats.heartbeat_interval)
+        self._tasks = [loop.create_task(self.link.connect(), name="nats:connect"),
+                       loop.create_task(self.forwarder.run(), name="nats:forwarder"),
+                       loop.create_task(nodestate.run(), name="nats:nodestate")]
+        if self.cfg.metrics.listen:
+            self.metrics_server = MetricsServer(self.metrics, self.cfg.metrics.listen, self.health,
+                                                self.refresh_metrics)
+            await self.metrics_server.start()
+            (self.state_dir / "metrics.addr").write_text(f"{self.metrics_server.host}:{self.metrics_server.port}\n")
+        self._start_collectors()
+        if (wd := self.notifier.watchdog_interval()) is not None:
+            self._tasks.append(loop.create_task(self._watchdog(wd), name="watchdog"))
+        self.notifier.ready(f"node {self.node}: {len(self.runners)} collectors")
+        log.info("agent_started", node=self.node, version=__version__, host_root=str(self.host.root),
+                 state_dir=str(self.state_dir), nats=servers, pid=os.getpid())
+        deadline = None if duration is None else loop.time() + duration
+        while not self._stop.is_set():
+            timeout = None if deadline is None else max(0.0, deadline - loop.time())
+            if timeout == 0.0:
+                break
+            reload_wait = loop.create_task(self._reload.wait())
+            stop_wait = loop.create_task(self._stop.wait())
+            await asyncio.wait({reload_wait, stop_wait}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            reload_wait.cancel()
+            stop_wait.cancel()
+            if self._reload.is_set() and not self._stop.is_set():
+                self._reload.clear()
+                await self._reload_config()
+        await self._shutdown()
+        return 0
+
+    async def _shutdown(self) -> None:
+        self.notifier.stopping()
+        log.info("agent_stopping")
+        budget = self.cfg.shutdown_timeout
+        t0 = time.monotonic()
+        await self._stop_collectors()
+        if self.bus:
+            await self.bus.stop(drain_timeout=min(1.0, budget / 4))
+        if self.spool:
+            await self.spool.flush()
+        if self.forwarder and self.link and self.link.connected.is_set():
+            left = max(0.0, budget - (time.monotonic() - t0) - 0.5)
+            drained = await self.forwarder.drain(left)
+            if not drained:
+                log.warning("shutdown_spool_not_drained", depth=self.spool.depth if self.spool else 0)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.link:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.link.close(), 1.5)
+        if self.metrics_server:
+            await self.metrics_server.stop()
+        if self.embedded:
+            await asyncio.to_thread(self.embedded.stop)
+        if self.spool:
+            self.spool.close()
+        log.info("agent_stopped", spool_depth=self.spool.depth if self.spool else 0,
+                 published=self.forwarder.published if self.forwarder else 0)
+
+    async def _log_message(self, msg: Message) -> None:
+        log.info("message", kind=msg.kind, type=msg.type, status=msg.status, severity=msg.severity,
+                 entity=msg.entity, collector=msg.collector, id=msg.id)

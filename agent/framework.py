@@ -1,0 +1,139 @@
+"""The wrapper every collector runs in: intervals, jitter, timeouts, crash isolation, backoff, self-metrics.
+
+A failing collector never disturbs the others; after ``FAILING_AFTER`` consecutive failures the
+agent raises a ``CollectorFailing`` condition about it, resolved by the next good pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from typing import Any
+
+import structlog
+
+from agent.emitter import CollectorEmitter
+from agent.metrics import AgentMetrics
+from agent.types import Emitter
+
+log = structlog.get_logger(__name__)
+
+FAILING_AFTER = 3
+HEALTHY_RUN_RESETS_BACKOFF = 60.0
+
+
+def is_periodic(collector: Any) -> bool:
+    return callable(getattr(collector, "collect", None))
+
+
+def is_long_running(collector: Any) -> bool:
+    return callable(getattr(collector, "run", None))
+
+
+class CollectorRunner:
+    def __init__(self, collector: Any, settings: Any, emitter: CollectorEmitter, metrics: AgentMetrics,
+                 agent_emitter: Emitter) -> None:
+        self.collector = collector
+        self.name: str = collector.name
+        self.settings = settings
+        self.emitter = emitter
+        self.metrics = metrics
+        self.agent_emitter = agent_emitter
+        self.consecutive_failures = 0
+        self.last_error = ""
+        self.passes = 0
+        self._failing_fired = False
+
+    async def run(self) -> None:
+        self.metrics.collector_up.labels(self.name).set(1)
+        if is_long_running(self.collector):
+            await self._supervise()
+        elif is_periodic(self.collector):
+            await self._periodic()
+        else:
+            log.error("collector_has_no_entry_point", collector=self.name)
+
+    def _delay(self, base: float) -> float:
+        j = self.settings.jitter
+        return max(0.0, base * (1 + random.uniform(-j, j)))
+
+    async def _periodic(self) -> None:
+        interval = float(self.settings.interval)
+        await asyncio.sleep(random.uniform(0, interval * self.settings.jitter))
+        while True:
+            ok = await self.run_once()
+            if ok:
+                delay = interval
+            else:
+                delay = min(interval * 2 ** (self.consecutive_failures - 1),
+                            max(interval, self.settings.restart_backoff_max))
+            await asyncio.sleep(self._delay(delay))
+
+    async def run_once(self) -> bool:
+        """One supervised pass of ``collect``; auto-resolves conditions it no longer asserts."""
+        self.emitter.begin_pass()
+        start = time.perf_counter()
+        try:
+            await asyncio.wait_for(self.collector.collect(), timeout=self.settings.timeout)
+        except TimeoutError:
+            await self._failed("timeout", f"pass exceeded {self.settings.timeout}s")
+            return False
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("collector_failed", collector=self.name)
+            await self._failed("exception", repr(exc))
+            return False
+        finally:
+            self.metrics.collector_duration.labels(self.name).observe(time.perf_counter() - start)
+            self.metrics.collector_runs.labels(self.name).inc()
+            self.passes += 1
+        if getattr(self.collector, "auto_resolve", True):
+            await self.emitter.resolve_unasserted()
+        await self._succeeded()
+        return True
+
+    async def _supervise(self) -> None:
+        backoff = 1.0
+        while True:
+            started = time.monotonic()
+            try:
+                await self.collector.run()
+                kind, error = "exited", "run() returned"
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.exception("collector_crashed", collector=self.name)
+                kind, error = "exception", repr(exc)
+            if time.monotonic() - started > HEALTHY_RUN_RESETS_BACKOFF:
+                backoff = 1.0
+                await self._succeeded()  # it had been healthy for a while: a fresh failure streak
+            await self._failed(kind, error)
+            self.metrics.collector_restarts.labels(self.name).inc()
+            await asyncio.sleep(self._delay(backoff))
+            backoff = min(backoff * 2, self.settings.restart_backoff_max)
+
+    async def _failed(self, kind: str, error: str) -> None:
+        self.consecutive_failures += 1
+        self.last_error = error
+        self.metrics.collector_errors.labels(self.name, kind).inc()
+        self.metrics.collector_up.labels(self.name).set(0)
+        log.warning("collector_error", collector=self.name, kind=kind, error=error,
+                    consecutive=self.consecutive_failures)
+        if self.consecutive_failures >= FAILING_AFTER and not self._failing_fired:
+            self._failing_fired = True
+            await self.agent_emitter.condition(
+                "CollectorFailing", firing=True, severity="warning", entity=f"collector:{self.name}",
+                reason=kind.capitalize(),
+                message=f"Collector {self.name} failed {self.consecutive_failures} times in a row: {error}.",
+                details={"consecutive_failures": self.consecutive_failures, "last_error": error[:500]})
+
+    async def _succeeded(self) -> None:
+        self.consecutive_failures = 0
+        self.metrics.collector_up.labels(self.name).set(1)
+        if self._failing_fired:
+            self._failing_fired = False
+            await self.agent_emitter.condition(
+                "CollectorFailing", firing=False, severity="warning", entity=f"collector:{self.name}",
+                reason="Recovered", message=f"Collector {self.name} is healthy again.")

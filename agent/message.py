@@ -1,0 +1,89 @@
+"""The wire message: one schema for events and conditions (agent/schema/message.schema.json)."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import re
+from typing import Any
+
+import msgspec
+
+from agent.ids import new_id
+from agent.types import Kind, Severity, Status, SuggestedAction
+
+SCHEMA_VERSION = 1
+TYPE_NAME = re.compile(r"^[A-Z][A-Za-z0-9]*$")
+
+
+class Message(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
+    schema_version: int = SCHEMA_VERSION
+    id: str
+    time: str
+    node: str
+    collector: str
+    kind: Kind
+    type: str
+    status: Status | None = None
+    severity: Severity
+    entity: str
+    reason: str
+    message: str
+    details: dict[str, Any] = msgspec.field(default_factory=dict)
+    suggested_action: SuggestedAction = "none"
+
+
+_encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder(Message)
+
+
+def rfc3339(ts: float | None = None) -> str:
+    now = _dt.datetime.now(_dt.UTC) if ts is None else _dt.datetime.fromtimestamp(ts, _dt.UTC)
+    return now.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def make_message(
+    *,
+    node: str,
+    collector: str,
+    kind: Kind,
+    type: str,
+    severity: Severity,
+    entity: str,
+    reason: str,
+    message: str,
+    status: Status | None = None,
+    details: dict[str, Any] | None = None,
+    suggested_action: SuggestedAction = "none",
+) -> Message:
+    if not TYPE_NAME.match(type):
+        raise ValueError(f"message type {type!r} must be CamelCase")
+    if (kind == "condition") != (status is not None):
+        raise ValueError("conditions carry a status, events do not")
+    return Message(
+        id=new_id(),
+        time=rfc3339(),
+        node=node,
+        collector=collector,
+        kind=kind,
+        type=type,
+        status=status,
+        severity=severity,
+        entity=entity,
+        reason=reason,
+        message=message,
+        details=dict(details or {}),
+        suggested_action=suggested_action,
+    )
+
+
+def encode(msg: Message) -> bytes:
+    return _encoder.encode(msg)
+
+
+def decode(data: bytes) -> Message:
+    return _decoder.decode(data)
+
+
+def to_dict(msg: Message) -> dict[str, Any]:
+    out: dict[str, Any] = msgspec.to_builtins(msg)
+    return out

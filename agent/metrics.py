@@ -1,0 +1,99 @@
+"""Self-metrics (prometheus-client) and a tiny asyncio HTTP server for /metrics and /healthz."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+
+import structlog
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+log = structlog.get_logger(__name__)
+
+
+class AgentMetrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.collector_runs = Counter("gna_collector_runs", "Collector passes", ["collector"], registry=r)
+        self.collector_errors = Counter("gna_collector_errors", "Collector failures (exceptions, timeouts)",
+                                        ["collector", "kind"], registry=r)
+        self.collector_restarts = Counter("gna_collector_restarts", "Long-running collector restarts",
+                                          ["collector"], registry=r)
+        self.collector_duration = Histogram("gna_collector_duration_seconds", "Collector pass duration",
+                                            ["collector"], registry=r,
+                                            buckets=(0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30))
+        self.collector_up = Gauge("gna_collector_up", "1 while the collector is healthy", ["collector"], registry=r)
+        self.messages = Counter("gna_messages", "Messages accepted by the bus", ["kind", "severity"], registry=r)
+        self.bus_refused = Counter("gna_bus_refused", "Messages the bus refused (spool full or failed)",
+                                   registry=r)
+        self.bus_queue_depth = Gauge("gna_bus_queue_depth", "Queued messages per subscriber", ["subscriber"],
+                                     registry=r)
+        self.bus_dropped = Gauge("gna_bus_subscriber_dropped", "Messages dropped by a slow subscriber",
+                                 ["subscriber"], registry=r)
+        self.spool_depth = Gauge("gna_spool_depth", "Messages in the spool not yet acknowledged by NATS",
+                                 registry=r)
+        self.spool_bytes = Gauge("gna_spool_bytes", "Bytes of spool segments on disk", registry=r)
+        self.spool_dropped = Counter("gna_spool_dropped", "Messages dropped by the spool overflow policy",
+                                     ["severity"], registry=r)
+        self.published = Counter("gna_nats_published", "Messages acknowledged by JetStream", registry=r)
+        self.publish_errors = Counter("gna_nats_publish_errors", "Failed publish batches", registry=r)
+        self.publish_latency = Histogram("gna_nats_publish_latency_seconds",
+                                         "Time from message creation to JetStream ack", registry=r,
+                                         buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30, 300))
+        self.nats_connected = Gauge("gna_nats_connected", "1 while connected to NATS", registry=r)
+        self.conditions_active = Gauge("gna_conditions_active", "Firing conditions", registry=r)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class MetricsServer:
+    """HTTP/1.0-style responder: enough for Prometheus and a liveness probe, no extra dependency."""
+
+    def __init__(self, metrics: AgentMetrics, listen: str, health: Callable[[], tuple[bool, str]],
+                 refresh: Callable[[], None] | None = None) -> None:
+        self.metrics = metrics
+        host, _, port = listen.rpartition(":")
+        self.host = host.strip("[]")
+        self.port = int(port)
+        self.health = health
+        self.refresh = refresh
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._handle, self.host, self.port)
+        self.port = self._server.sockets[0].getsockname()[1]
+        log.info("metrics_listening", address=f"{self.host}:{self.port}")
+
+    async def stop(self) -> None:
+        if self._server:
+            self._server.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 1)
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            line = await asyncio.wait_for(reader.readline(), 5)
+            parts = line.decode("latin-1").split()
+            path = parts[1].split("?")[0] if len(parts) >= 2 else ""
+            while (await asyncio.wait_for(reader.readline(), 5)) not in (b"\r\n", b"\n", b""):
+                pass
+            if path == "/metrics":
+                if self.refresh:
+                    self.refresh()
+                status, ctype, body = "200 OK", CONTENT_TYPE_LATEST, self.metrics.render()
+            elif path == "/healthz":
+                ok, text = self.health()
+                status = "200 OK" if ok else "503 Service Unavailable"
+                ctype, body = "text/plain; charset=utf-8", (text + "\n").encode()
+            else:
+                status, ctype, body = "404 Not Found", "text/plain", b"not found\n"
+            writer.write(f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
+                         f"Connection: close\r\n\r\n".encode() + body)
+            await writer.drain()
+        except (TimeoutError, ConnectionError, IndexError):
+            pass
+        finally:
+            writer.close()

@@ -1,0 +1,130 @@
+"""Builder for simulated host roots: a directory laid out like a GPU node's /sys, /proc and /dev.
+
+Tests, the demo and benchmarks share it; collector issues extend it with their own parts.
+Layout follows the kernel (and node_exporter's sysfs fixtures): /sys/bus/pci/devices/<bdf> is a
+relative symlink into /sys/devices/pci<domain>:<bus>/, /sys/module/<name>/initstate, /proc/modules.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+NVIDIA_VENDOR = "0x10de"
+H100_SXM = "0x2330"
+H200_SXM = "0x2335"
+NVIDIA_MAJOR = 195
+UVM_MAJOR = 511
+
+
+@dataclass
+class SimGPU:
+    bus_id: str  # 0000:18:00.0
+    minor: int
+    device_id: str = H100_SXM
+
+
+@dataclass
+class SimHost:
+    root: Path
+    gpus: list[SimGPU] = field(default_factory=list)
+    modules: dict[str, str] = field(default_factory=dict)  # name -> "live"/"coming"/"going"
+
+    def p(self, host_path: str) -> Path:
+        return self.root / host_path.lstrip("/")
+
+    def write(self, host_path: str, text: str) -> Path:
+        path = self.p(host_path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.sim")
+        tmp.write_text(text)
+        os.replace(tmp, path)  # atomic, like sysfs: a reader never sees half a value
+        return path
+
+    # -- GPUs ------------------------------------------------------------------------
+    def add_gpu(self, bus_id: str, minor: int, device_id: str = H100_SXM, *, dev_node: bool = True) -> SimGPU:
+        gpu = SimGPU(bus_id, minor, device_id)
+        domain, bus = bus_id.split(":")[:2]
+        real = f"/sys/devices/pci{domain}:{bus}/{bus_id}"
+        self.write(f"{real}/vendor", f"{NVIDIA_VENDOR}\n")
+        self.write(f"{real}/device", f"{device_id}\n")
+        self.write(f"{real}/class", "0x030200\n")
+        self.write(f"{real}/current_link_speed", "32.0 GT/s PCIe\n")
+        self.write(f"{real}/current_link_width", "16\n")
+        self.write(f"{real}/max_link_speed", "32.0 GT/s PCIe\n")
+        self.write(f"{real}/max_link_width", "16\n")
+        link = self.p(f"/sys/bus/pci/devices/{bus_id}")
+        link.parent.mkdir(parents=True, exist_ok=True)
+        if not link.is_symlink():
+            link.symlink_to(os.path.relpath(self.p(real), link.parent))
+        self.write(f"/proc/driver/nvidia/gpus/{bus_id}/information",
+                   f"Model: \t\t NVIDIA H100 80GB HBM3\nIRQ:   \t\t 0\nGPU UUID: \t GPU-sim-{minor:04d}\n"
+                   f"Bus Location: \t {bus_id}\nDevice Minor: \t {minor}\n")
+        self.gpus.append(gpu)
+        if dev_node:
+            self.add_dev_node(f"nvidia{minor}")
+        return gpu
+
+    def add_other_pci(self, bus_id: str, vendor: str, klass: str) -> None:
+        domain, bus = bus_id.split(":")[:2]
+        real = f"/sys/devices/pci{domain}:{bus}/{bus_id}"
+        self.write(f"{real}/vendor", f"{vendor}\n")
+        self.write(f"{real}/class", f"{klass}\n")
+        link = self.p(f"/sys/bus/pci/devices/{bus_id}")
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(os.path.relpath(self.p(real), link.parent))
+
+    def add_dev_node(self, name: str) -> Path:
+        # A regular file stands in for the character device (mknod needs CAP_MKNOD).
+        path = self.p(f"/dev/{name}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch()
+        return path
+
+    def remove_dev_node(self, name: str) -> None:
+        self.p(f"/dev/{name}").unlink(missing_ok=True)
+
+    # -- kernel modules --------------------------------------------------------------
+    def load_module(self, name: str, state: str = "live", version: str | None = None) -> None:
+        self.write(f"/sys/module/{name}/initstate", f"{state}\n")
+        if version:
+            self.write(f"/sys/module/{name}/version", f"{version}\n")
+        self.modules[name] = state
+        self._write_proc_modules()
+
+    def unload_module(self, name: str) -> None:
+        mod = self.p(f"/sys/module/{name}")
+        for path in sorted(mod.rglob("*"), reverse=True):
+            path.unlink() if not path.is_dir() or path.is_symlink() else path.rmdir()
+        if mod.exists():
+            mod.rmdir()
+        self.modules.pop(name, None)
+        self._write_proc_modules()
+
+    def _write_proc_modules(self) -> None:
+        states = {"live": "Live", "coming": "Loading", "going": "Unloading"}
+        lines = [f"{name} 16384 0 - {states.get(st, 'Live')} 0x0000000000000000 (OE)"
+                 for name, st in sorted(self.modules.items())]
+        self.write("/proc/modules", "".join(f"{line}\n" for line in lines))
+
+    # -- presets ---------------------------------------------------------------------
+    @classmethod
+    def gpu_node(cls, root: str | Path, gpus: int = 8, *, driver_loaded: bool = True) -> SimHost:
+        """An HGX-style node: ``gpus`` H100s, driver and device nodes present (healthy)."""
+        host = cls(Path(root))
+        host.root.mkdir(parents=True, exist_ok=True)
+        buses = ["18", "2a", "3a", "5d", "9a", "ab", "ba", "db", "1b", "2b", "3b", "4b", "5b", "6b", "7b", "8b"]
+        for i in range(gpus):
+            host.add_gpu(f"0000:{buses[i % len(buses)]}:00.0", i, dev_node=driver_loaded)
+        host.add_other_pci("0000:00:00.0", "0x8086", "0x060000")  # host bridge: not a GPU
+        host.write("/proc/devices", f"Character devices:\n  1 mem\n{NVIDIA_MAJOR} nvidia\n"
+                   f"{UVM_MAJOR} nvidia-uvm\n\nBlock devices:\n  8 sd\n")
+        if driver_loaded:
+            for name in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset"):
+                host.add_dev_node(name)
+            for mod in ("nvidia", "nvidia_uvm", "nvidia_modeset"):
+                host.load_module(mod, version="550.127.05" if mod == "nvidia" else None)
+        else:
+            host._write_proc_modules()
+        return host

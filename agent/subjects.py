@@ -1,0 +1,83 @@
+"""NATS subject layout and node-name encoding (see docs/subjects.md).
+
+A node name becomes one token valid both in a subject and as a JetStream KV key
+(``[-_=A-Za-z0-9]``): ``.`` maps to ``=`` (hostnames are full of dots), every other byte
+outside ``[A-Za-z0-9-]`` to ``_XX`` (hex). The mapping is reversible; the real name is
+always in the payload too.
+"""
+
+from __future__ import annotations
+
+import re
+
+_SAFE = re.compile(r"[A-Za-z0-9-]")
+_TOKEN = re.compile(r"^[-_=A-Za-z0-9]+$")
+
+EVENTS_PREFIX = "gna.events"
+ACTIONS_PREFIX = "gna.actions"
+HEARTBEAT_PREFIX = "gna.heartbeat"
+
+
+def encode_token(name: str) -> str:
+    if not name:
+        return "_"  # an empty name still needs a token
+    out: list[str] = []
+    for ch in name:
+        if _SAFE.fullmatch(ch):
+            out.append(ch)
+        elif ch == ".":
+            out.append("=")
+        else:
+            out.extend(f"_{b:02X}" for b in ch.encode("utf-8"))
+    return "".join(out)
+
+
+def decode_token(token: str) -> str:
+    if token == "_":
+        return ""
+    raw = bytearray()
+    i = 0
+    while i < len(token):
+        ch = token[i]
+        if ch == "_":
+            raw.append(int(token[i + 1 : i + 3], 16))
+            i += 3
+            continue
+        raw.extend(b"." if ch == "=" else ch.encode())
+        i += 1
+    return raw.decode("utf-8")
+
+
+def is_valid_token(token: str) -> bool:
+    return bool(_TOKEN.match(token))
+
+
+PLUGIN_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+def check_plugin_name(name: str) -> str:
+    """Collector and remediation names are used verbatim as subject tokens."""
+    if not PLUGIN_NAME.match(name):
+        raise ValueError(f"plugin name {name!r} must match {PLUGIN_NAME.pattern}")
+    return name
+
+
+def event_subject(node: str, collector: str, severity: str) -> str:
+    return f"{EVENTS_PREFIX}.{encode_token(node)}.{check_plugin_name(collector)}.{severity}"
+
+
+def action_subject(node: str, remediation: str) -> str:
+    return f"{ACTIONS_PREFIX}.{encode_token(node)}.{check_plugin_name(remediation)}"
+
+
+def heartbeat_subject(node: str) -> str:
+    return f"{HEARTBEAT_PREFIX}.{encode_token(node)}"
+
+
+def events_filter(node: str | None = None, collector: str | None = None, severity: str | None = None) -> str:
+    parts = [
+        encode_token(node) if node else "*",
+        check_plugin_name(collector) if collector else "*",
+        severity or "*",
+    ]
+    return ".".join([EVENTS_PREFIX, *parts])

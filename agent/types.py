@@ -1,0 +1,86 @@
+"""Contracts shared by the runtime, collectors and remediations.
+
+Plugins depend on this module only: the Protocols here are the whole plugin surface.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
+
+Severity = Literal["info", "warning", "critical"]
+Kind = Literal["event", "condition"]
+Status = Literal["firing", "resolved"]
+SuggestedAction = Literal[
+    "none", "cordon", "reload_module", "warmup", "reboot", "inspect_hardware", "fix_config"
+]
+Details = Mapping[str, Any]
+
+SEVERITIES: tuple[Severity, ...] = ("info", "warning", "critical")
+SEVERITY_RANK: dict[str, int] = {s: i for i, s in enumerate(SEVERITIES)}
+SUGGESTED_ACTIONS: tuple[SuggestedAction, ...] = (
+    "none", "cordon", "reload_module", "warmup", "reboot", "inspect_hardware", "fix_config",
+)
+
+
+class HostPaths(Protocol):
+    """Resolves absolute host paths ("/sys/...") under the configured host root."""
+
+    @property
+    def root(self) -> Any: ...
+
+    def path(self, host_path: str) -> Any: ...
+
+
+class Emitter(Protocol):
+    """What a collector uses to report. Bound to one collector (its name is filled in)."""
+
+    async def event(
+        self,
+        type: str,
+        *,
+        severity: Severity,
+        entity: str,
+        reason: str,
+        message: str,
+        details: Details | None = None,
+        suggested_action: SuggestedAction = "none",
+    ) -> None: ...
+
+    async def condition(
+        self,
+        type: str,
+        *,
+        firing: bool,
+        severity: Severity,
+        entity: str,
+        reason: str,
+        message: str,
+        details: Details | None = None,
+        suggested_action: SuggestedAction = "none",
+    ) -> None:
+        """Report a condition's current state; only transitions are published."""
+        ...
+
+
+@runtime_checkable
+class Collector(Protocol):
+    """A watched thing. Implement ``collect`` (periodic), ``run`` (long-running), or both.
+
+    ``collect`` is one pass: the framework calls it at ``interval``; ``check`` calls it once.
+    ``run`` runs until cancelled; when a collector has both, the framework runs ``run`` and
+    ``check`` still uses ``collect``.
+    """
+
+    name: ClassVar[str]
+    config_type: ClassVar[type[Any]]
+
+    def __init__(self, config: Any, host: HostPaths, emit: Emitter) -> None: ...
+
+
+class Remediation(Protocol):
+    """A plugin that acts on a message (see remediations/)."""
+
+    name: ClassVar[str]
+
+    async def execute(self, message: Mapping[str, Any], args: Mapping[str, Any], *, dry_run: bool) -> str: ...
