@@ -36,6 +36,7 @@ class CollectorSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     interval: float = 30.0
     jitter: float = 0.1  # fraction of interval, randomised per run to de-synchronise a fleet
     timeout: float = 10.0
+    restart_backoff_min: float = 1.0  # first delay after a failure; doubles up to the max
     restart_backoff_max: float = 60.0
 
 

@@ -95,7 +95,7 @@ class CollectorRunner:
         return True
 
     async def _supervise(self) -> None:
-        backoff = 1.0
+        backoff = self.settings.restart_backoff_min
         while True:
             started = time.monotonic()
             try:
@@ -107,7 +107,7 @@ class CollectorRunner:
                 log.exception("collector_crashed", collector=self.name)
                 kind, error = "exception", repr(exc)
             if time.monotonic() - started > HEALTHY_RUN_RESETS_BACKOFF:
-                backoff = 1.0
+                backoff = self.settings.restart_backoff_min
                 await self._succeeded()  # it had been healthy for a while: a fresh failure streak
             await self._failed(kind, error)
             self.metrics.collector_restarts.labels(self.name).inc()

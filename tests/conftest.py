@@ -1,0 +1,113 @@
+"""Shared fixtures: a real nats-server on a free loopback port, simulated host roots, agent helpers."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import nats
+import pytest
+
+from agent import config as configmod
+from agent.daemon import Agent
+from agent.nats_server import NatsServerProcess
+from agent.simhost import SimHost
+
+ROOT = Path(__file__).resolve().parent.parent
+SCHEMA = json.loads((ROOT / "agent" / "schema" / "message.schema.json").read_text())
+VALIDATOR = jsonschema.Draft202012Validator(SCHEMA, format_checker=jsonschema.FormatChecker())
+
+
+def validate_message(data: dict[str, Any]) -> None:
+    VALIDATOR.validate(data)
+
+
+@pytest.fixture
+def nats_server(tmp_path: Path) -> Iterator[NatsServerProcess]:
+    server = NatsServerProcess(tmp_path / "nats-server")
+    server.start()
+    yield server
+    server.stop(kill=True)
+
+
+@pytest.fixture
+def sim_host(tmp_path: Path) -> SimHost:
+    return SimHost.gpu_node(tmp_path / "host", gpus=8)
+
+
+def agent_config(tmp_path: Path, *, servers: list[str], host_root: Path | None = None, extra: str = "",
+                 node: str = "node-a.example.com") -> configmod.Config:
+    text = f"""
+node = "{node}"
+host_root = "{host_root or tmp_path / 'empty-host'}"
+state_dir = "{tmp_path / 'state'}"
+shutdown_timeout = 5.0
+[nats]
+servers = {json.dumps(servers)}
+heartbeat_interval = 0.5
+publish_timeout = 2.0
+[metrics]
+listen = "127.0.0.1:0"
+{extra}
+"""
+    return configmod.parse(text, file="<test>")
+
+
+@contextlib.asynccontextmanager
+async def running_agent(cfg: configmod.Config) -> AsyncIterator[Agent]:
+    agent = Agent(cfg)
+    task = asyncio.get_running_loop().create_task(agent.run())
+    for _ in range(500):
+        if agent.bus is not None and agent.runners is not None and agent.forwarder is not None:
+            break
+        await asyncio.sleep(0.01)
+    try:
+        yield agent
+    finally:
+        agent.request_stop()
+        await asyncio.wait_for(task, 20)
+
+
+async def stream_messages(url: str, subject: str = "gna.events.>", *, expect: int | None = None,
+                          timeout: float = 20.0, stream: str = "GNA_EVENTS") -> list[dict[str, Any]]:
+    """Everything stored in the stream under ``subject`` (waits until ``expect`` are there)."""
+    nc = await nats.connect(url)
+    try:
+        js = nc.jetstream()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            info = await js.stream_info(stream)
+            if expect is None or info.state.messages >= expect or loop.time() > deadline:
+                break
+            await asyncio.sleep(0.1)
+        sub = await js.pull_subscribe(subject, durable=None, stream=stream)
+        out: list[dict[str, Any]] = []
+        while True:
+            try:
+                batch = await sub.fetch(1000, timeout=1.0)
+            except nats.errors.TimeoutError:
+                break
+            for m in batch:
+                out.append(json.loads(m.data))
+                await m.ack()
+        return out
+    finally:
+        await nc.close()
+
+
+def python_env(extra_path: Path | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    if extra_path is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(extra_path), env.get("PYTHONPATH", "")])
+    return env
+
+
+AGENT_CMD = [sys.executable, "-m", "agent"]

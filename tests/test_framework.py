@@ -1,0 +1,111 @@
+from __future__ import annotations
+
+import asyncio
+from typing import Any, ClassVar
+
+from agent.config import CollectorSettings
+from agent.emitter import CollectorEmitter, ConditionTracker
+from agent.framework import CollectorRunner
+from agent.metrics import AgentMetrics
+from agent.message import Message
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.messages: list[Message] = []
+
+    async def __call__(self, msg: Message) -> bool:
+        self.messages.append(msg)
+        return True
+
+
+class Flaky:
+    name: ClassVar[str] = "flaky"
+    config_type = CollectorSettings
+
+    def __init__(self, fail_times: int) -> None:
+        self.calls = 0
+        self.fail_times = fail_times
+
+    async def collect(self) -> None:
+        self.calls += 1
+        if self.calls <= self.fail_times:
+            raise RuntimeError(f"boom {self.calls}")
+
+
+class Hangs:
+    name: ClassVar[str] = "hangs"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def collect(self) -> None:
+        self.calls += 1
+        await asyncio.sleep(3600)
+
+
+class Ticker:
+    name: ClassVar[str] = "ticker"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def collect(self) -> None:
+        self.calls += 1
+
+
+class CrashingLoop:
+    name: ClassVar[str] = "crashing_loop"
+
+    def __init__(self) -> None:
+        self.starts = 0
+
+    async def run(self) -> None:
+        self.starts += 1
+        await asyncio.sleep(0.01)
+        raise OSError("netlink went away")
+
+
+def _runner(collector: Any, sink: Sink, metrics: AgentMetrics, **settings: Any) -> CollectorRunner:
+    tracker = ConditionTracker(None)
+    s = CollectorSettings(**{"interval": 0.05, "jitter": 0.0, "timeout": 0.1, "restart_backoff_max": 0.4,
+                             **settings})
+    return CollectorRunner(collector, s, CollectorEmitter("n", collector.name, sink, tracker), metrics,
+                           CollectorEmitter("n", "agent", sink, tracker))
+
+
+async def test_failures_are_isolated_backed_off_and_reported() -> None:
+    sink, metrics = Sink(), AgentMetrics()
+    flaky, hangs, ticker = Flaky(fail_times=4), Hangs(), Ticker()
+    runners = [_runner(c, sink, metrics) for c in (flaky, hangs, ticker)]
+    tasks = [asyncio.create_task(r.run()) for r in runners]
+    await asyncio.sleep(2.0)
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    # the healthy collector kept its pace despite a hanging and a crashing neighbour
+    assert ticker.calls >= 20
+    # the hanging one was timed out each pass and backed off (0.05, 0.1, 0.2, 0.4, 0.4...: few calls)
+    assert 2 <= hangs.calls <= 10
+    assert metrics.collector_errors.labels("hangs", "timeout")._value.get() == hangs.calls
+    # flaky failed 4 times, then recovered
+    assert flaky.calls > 5
+    assert metrics.collector_errors.labels("flaky", "exception")._value.get() == 4
+    failing = [(m.entity, m.status) for m in sink.messages if m.type == "CollectorFailing"]
+    assert ("collector:flaky", "firing") in failing and ("collector:flaky", "resolved") in failing
+    assert ("collector:hangs", "firing") in failing and ("collector:hangs", "resolved") not in failing
+    assert ("collector:ticker", "firing") not in failing
+
+
+async def test_long_running_collector_restarts_with_backoff() -> None:
+    sink, metrics = Sink(), AgentMetrics()
+    c = CrashingLoop()
+    r = _runner(c, sink, metrics, restart_backoff_min=0.05, restart_backoff_max=0.4)
+    task = asyncio.create_task(r.run())
+    await asyncio.sleep(1.0)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    # starts at 0, .06, .17, .38, .79 s (backoff .05 doubling to .4): not a hot loop
+    assert 4 <= c.starts <= 6
+    assert metrics.collector_restarts.labels("crashing_loop")._value.get() >= 3
+    assert any(m.type == "CollectorFailing" and m.status == "firing" for m in sink.messages)
