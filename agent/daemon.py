@@ -69,7 +69,7 @@ class Agent:
             self.metrics.bus_refused.inc()
         return ok
 
-    def _emitter(self, collector: str) -> CollectorEmitter:
+    def emitter_for(self, collector: str) -> CollectorEmitter:
         assert self.tracker is not None
         return CollectorEmitter(self.node, collector, self._sink, self.tracker)
 
@@ -118,13 +118,13 @@ class Agent:
     # -- collectors ------------------------------------------------------------------
     def _start_collectors(self) -> None:
         classes = collector_classes()
-        agent_emitter = self._emitter(AGENT_COLLECTOR)
+        agent_emitter = self.emitter_for(AGENT_COLLECTOR)
         for name, cls in sorted(classes.items()):
             settings = self.config.collectors.get(name) or cls.config_type()
             if not settings.enabled:
                 log.info("collector_disabled", collector=name)
                 continue
-            emitter = self._emitter(name)
+            emitter = self.emitter_for(name)
             try:
                 collector = cls(settings, self.host, emitter)
             except Exception as exc:
@@ -280,5 +280,7 @@ class Agent:
                  published=self.forwarder.published if self.forwarder else 0)
 
     async def _log_message(self, msg: Message) -> None:
-        log.info("message", kind=msg.kind, type=msg.type, status=msg.status, severity=msg.severity,
+        # Info-level events can come in bursts: keep them out of the journal unless debugging.
+        level = log.debug if msg.kind == "event" and msg.severity == "info" else log.info
+        level("message", kind=msg.kind, type=msg.type, status=msg.status, severity=msg.severity,
                  entity=msg.entity, collector=msg.collector, id=msg.id)

@@ -121,19 +121,19 @@ class CollectorEmitter:
         return ok
 
     async def event(self, type: str, *, severity: Severity, entity: str, reason: str, message: str,
-                    details: Details | None = None, suggested_action: SuggestedAction = "none") -> None:
-        await self._send(make_message(
+                    details: Details | None = None, suggested_action: SuggestedAction = "none") -> bool:
+        return await self._send(make_message(
             node=self.node, collector=self.collector, kind="event", type=type, severity=severity,
             entity=entity, reason=reason, message=message, details=dict(details or {}),
             suggested_action=suggested_action))
 
     async def condition(self, type: str, *, firing: bool, severity: Severity, entity: str, reason: str,
                         message: str, details: Details | None = None,
-                        suggested_action: SuggestedAction = "none") -> None:
+                        suggested_action: SuggestedAction = "none") -> bool:
         if firing:
             self.asserted.add((type, entity))
         if not self.tracker.needs_publish(self.collector, type, entity, firing, severity):
-            return
+            return True
         msg = make_message(
             node=self.node, collector=self.collector, kind="condition", type=type,
             status="firing" if firing else "resolved", severity=severity, entity=entity, reason=reason,
@@ -141,6 +141,8 @@ class CollectorEmitter:
         # Only a transition the bus accepted changes state: a refused one is retried next pass.
         if await self._send(msg):
             self.tracker.record(msg)
+            return True
+        return False
 
     def begin_pass(self) -> None:
         self.asserted.clear()

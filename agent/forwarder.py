@@ -44,7 +44,6 @@ class Forwarder:
             await self.link.connected.wait()
             try:
                 await self.link.ensure_stream()
-                await self._announce_drops()
                 await self._pump()
             except asyncio.CancelledError:
                 raise
@@ -73,12 +72,14 @@ class Forwarder:
             after = self.spool.acked_seq
             records = self.spool.read(after, self.window)
             if not records:
+                # Drained: announce overflow drops now, when the announcement itself has room.
+                await self._announce_drops()
+                if self.spool.last_seq > after:
+                    continue
                 self.idle.set()
                 await self.spool.wait_new(after, 1.0)
                 if not self.link.connected.is_set():
                     return
-                if any(self.spool.unannounced_drops()):
-                    await self._announce_drops()
                 continue
             self.idle.clear()
             futures = []

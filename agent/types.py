@@ -45,7 +45,9 @@ class Emitter(Protocol):
         message: str,
         details: Details | None = None,
         suggested_action: SuggestedAction = "none",
-    ) -> None: ...
+    ) -> bool:
+        """True once the message is accepted (durable); False if the spool policy refused it."""
+        ...
 
     async def condition(
         self,
@@ -58,8 +60,8 @@ class Emitter(Protocol):
         message: str,
         details: Details | None = None,
         suggested_action: SuggestedAction = "none",
-    ) -> None:
-        """Report a condition's current state; only transitions are published."""
+    ) -> bool:
+        """Report a condition's current state; only transitions are published. False: refused."""
         ...
 
 

@@ -111,3 +111,14 @@ def python_env(extra_path: Path | None = None) -> dict[str, str]:
 
 
 AGENT_CMD = [sys.executable, "-m", "agent"]
+
+
+def install_plugin_dist(site: Path) -> Path:
+    """Make tests/plugins/burst_plugin.py discoverable as an installed third-party distribution."""
+    site.mkdir(parents=True, exist_ok=True)
+    (site / "burst_plugin.py").write_text((ROOT / "tests" / "plugins" / "burst_plugin.py").read_text())
+    dist = site / "gna_burst_plugin-0.1.dist-info"
+    dist.mkdir(exist_ok=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: gna-burst-plugin\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[gpu_node_agent.collectors]\nburst = burst_plugin:BurstCollector\n")
+    return site
