@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 from pathlib import Path
 from typing import Any, NoReturn
@@ -168,8 +167,11 @@ async def _events(args: argparse.Namespace, servers: list[str]) -> int:
 def cmd_events(args: argparse.Namespace) -> int:
     import signal
 
+    def interrupted(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
     servers = _events_servers(args)
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    signal.signal(signal.SIGTERM, interrupted)  # a pipeline's SIGTERM ends it like Ctrl-C: exit 0
     try:
         return asyncio.run(_events(args, servers))
     except KeyboardInterrupt:

@@ -157,7 +157,7 @@ class Agent:
     def refresh_metrics(self) -> None:
         if self.spool:
             self.metrics.spool_depth.set(self.spool.depth)
-            self.metrics.spool_bytes.set(self.spool.bytes)
+            self.metrics.spool_bytes.set(self.spool.size_bytes)
         if self.bus:
             for sub in self.bus.subscriptions:
                 self.metrics.bus_queue_depth.labels(sub.name).set(sub.queue.qsize())

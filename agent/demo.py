@@ -11,6 +11,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from agent.simhost import SimHost
@@ -68,12 +69,15 @@ def run_demo(duration: float = 20.0, workdir: str | None = None) -> int:
                                "--duration", str(duration + 2)], stdout=subprocess.PIPE, text=True)
     reader = threading.Thread(target=_pump, args=(events.stdout, started), daemon=True)
     reader.start()
-    script = [
+    def repair() -> None:
+        host.add_dev_node("nvidia3")
+        host.add_dev_node("nvidiactl")
+
+    script: list[tuple[float, str, Callable[[], object]]] = [
         (3.0, "fault: /dev/nvidia3 vanishes (driver/kernel mismatch after an upgrade)",
          lambda: host.remove_dev_node("nvidia3")),
         (6.0, "fault: /dev/nvidiactl vanishes", lambda: host.remove_dev_node("nvidiactl")),
-        (10.0, "repair: device nodes recreated (nvidia-modprobe)",
-         lambda: (host.add_dev_node("nvidia3"), host.add_dev_node("nvidiactl"))),
+        (10.0, "repair: device nodes recreated (nvidia-modprobe)", repair),
     ]
     try:
         for at, text, action in script:

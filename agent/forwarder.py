@@ -100,9 +100,10 @@ class Forwarder:
                     self.duplicates += 1
                 acked += 1
                 try:
-                    self.metrics.publish_latency.observe(max(0.0, now_ms - id_time_ms(split_record(rec.payload)[1])) / 1000)
+                    created_ms = id_time_ms(split_record(rec.payload)[1])
                 except ValueError:
-                    pass
+                    continue
+                self.metrics.publish_latency.observe(max(0.0, now_ms - created_ms) / 1000)
             for fut in pending:
                 fut.cancel()
             if acked:

@@ -86,7 +86,8 @@ class NatsLink:
         self.connected.set()
         self.metrics.nats_connected.set(1)
         self.stream_ready = False  # the server may be a new one: verify again
-        log.info("nats_reconnected", server=str(self.nc.connected_url.netloc) if self.nc and self.nc.connected_url else "")
+        url = self.nc.connected_url if self.nc else None
+        log.info("nats_reconnected", server=url.netloc if url else "")
 
     async def connect(self) -> None:
         """Connect, retrying with backoff until it works (the agent starts before NATS does)."""

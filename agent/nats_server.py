@@ -9,8 +9,8 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
-import signal
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -83,7 +83,8 @@ class NatsServerProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"nats-server exited with {self.proc.returncode}; see {self.store_dir}/nats-server.log")
+                raise RuntimeError(f"nats-server exited with {self.proc.returncode}; "
+                                   f"see {self.store_dir}/nats-server.log")
             try:
                 with socket.create_connection((self.host, self.port), timeout=0.2) as s:
                     s.settimeout(1.0)

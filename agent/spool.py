@@ -25,6 +25,7 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 HEADER = struct.Struct("<IIQB")
 MAX_FRAME_PAYLOAD = 16 * 1024 * 1024
@@ -169,7 +170,7 @@ class Spool:
                 self._depth += 1
         return seg
 
-    def _load_state(self) -> dict[str, object]:
+    def _load_state(self) -> dict[str, Any]:
         try:
             raw = json.loads((self.dir / "state.json").read_text())
         except (OSError, ValueError):
@@ -207,7 +208,7 @@ class Spool:
         return self._depth
 
     @property
-    def bytes(self) -> int:
+    def size_bytes(self) -> int:
         return self._bytes
 
     @property

@@ -50,17 +50,17 @@ def test_typo_in_top_level_section(tmp_path: Path) -> None:
     with pytest.raises(configmod.ConfigError) as ei:
         configmod.parse('[nats]\nserver = ["nats://x:4222"]\n', file="f.toml")
     assert ei.value.line == 2 and "did you mean 'servers'" in str(ei.value)
-    with pytest.raises(configmod.ConfigError, match="unknown key 'spoool'.*did you mean 'spool'"):
+    with pytest.raises(configmod.ConfigError, match=r"unknown key 'spoool'.*did you mean 'spool'"):
         configmod.parse("[spoool]\nmax_bytes = 1\n")
 
 
 def test_unknown_collector_and_wrong_types() -> None:
-    with pytest.raises(configmod.ConfigError, match="unknown collector 'gpu_device'.*'gpu_devices'"):
+    with pytest.raises(configmod.ConfigError, match=r"unknown collector 'gpu_device'.*'gpu_devices'"):
         configmod.parse("[collectors.gpu_device]\ninterval = 5\n")
     with pytest.raises(configmod.ConfigError) as ei:
         configmod.parse('[nats]\nheartbeat_interval = "often"\n', file="f.toml")
     assert ei.value.key == "nats.heartbeat_interval" and ei.value.line == 2
-    with pytest.raises(configmod.ConfigError, match="spool.policy"):
+    with pytest.raises(configmod.ConfigError, match=r"spool\.policy"):
         configmod.parse('[spool]\npolicy = "drop_everything"\n')
     with pytest.raises(configmod.ConfigError, match="jitter"):
         configmod.parse("[collectors.gpu_devices]\njitter = 1.5\n")

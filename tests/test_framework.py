@@ -6,8 +6,8 @@ from typing import Any, ClassVar
 from agent.config import CollectorSettings
 from agent.emitter import CollectorEmitter, ConditionTracker
 from agent.framework import CollectorRunner
-from agent.metrics import AgentMetrics
 from agent.message import Message
+from agent.metrics import AgentMetrics
 
 
 class Sink:

@@ -17,7 +17,8 @@ from tests.conftest import validate_message
 
 
 def _msg(**kw: object) -> msgmod.Message:
-    base: dict[str, object] = dict(node="gpu-01.dc1", collector="gpu_devices", kind="condition", type="GPUDevicesMissing",
+    base: dict[str, object] = dict(node="gpu-01.dc1", collector="gpu_devices", kind="condition",
+                                   type="GPUDevicesMissing",
                                    status="firing", severity="critical", entity="gpu:0000:3b:00.0",
                                    reason="DeviceNodeMissing", message="GPU 0000:3b:00.0 has no /dev/nvidia2.",
                                    details={"expected": 8}, suggested_action="cordon")

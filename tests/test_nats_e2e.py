@@ -15,8 +15,15 @@ import nats
 from agent.nats_server import NatsServerProcess
 from agent.simhost import SimHost
 from agent.subjects import encode_token
-from tests.conftest import AGENT_CMD, agent_config, install_plugin_dist, python_env, running_agent, \
-    stream_messages, validate_message
+from tests.conftest import (
+    AGENT_CMD,
+    agent_config,
+    install_plugin_dist,
+    python_env,
+    running_agent,
+    stream_messages,
+    validate_message,
+)
 
 
 async def _wait(pred, timeout: float = 15.0, step: float = 0.05) -> None:  # type: ignore[no-untyped-def]
@@ -146,7 +153,7 @@ async def test_metrics_and_healthz_endpoints(tmp_path: Path, nats_server: NatsSe
 
         def get(path: str) -> tuple[int, str]:
             try:
-                with urllib.request.urlopen(base + path, timeout=5) as r:  # noqa: S310 - loopback
+                with urllib.request.urlopen(base + path, timeout=5) as r:
                     return r.status, r.read().decode()
             except urllib.error.HTTPError as e:
                 return e.code, e.read().decode()

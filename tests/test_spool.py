@@ -40,7 +40,7 @@ async def test_append_read_ack_and_reopen(tmp_path: Path) -> None:
     assert s2.depth == 0
     # fully acknowledged closed segments are gone
     await s2.append("info", b"x")
-    assert s2.bytes < 4096 * 2
+    assert s2.size_bytes < 4096 * 2
 
 
 async def test_torn_tail_is_truncated_on_recovery(tmp_path: Path) -> None:
@@ -91,7 +91,7 @@ async def test_drop_oldest_info_first_keeps_warnings_and_criticals(tmp_path: Pat
         if sev == "critical":
             assert seq is not None
             crit.append(seq)
-    assert s.bytes <= 16384
+    assert s.size_bytes <= 16384
     assert s.dropped[0] > 0 and s.dropped[2] == 0
     kept = {r.seq for r in s.read(0, 10000)}
     assert set(crit) <= kept, "no critical message may be dropped while info ones exist"

@@ -81,8 +81,8 @@ def test_sigterm_exits_0_within_bounded_time_even_without_nats(tmp_path: Path) -
 
 def test_sighup_reloads_and_rejects_a_bad_config(tmp_path: Path, nats_server: NatsServerProcess) -> None:
     cfg = tmp_path / "c.toml"
-    good = (f'state_dir = "{tmp_path / "st"}"\nhost_root = "{tmp_path / "h"}"\n[nats]\nservers = ["{nats_server.url}"]\n'
-            '[metrics]\nlisten = ""\n[log]\nformat = "json"\n')
+    good = (f'state_dir = "{tmp_path / "st"}"\nhost_root = "{tmp_path / "h"}"\n'
+            f'[nats]\nservers = ["{nats_server.url}"]\n[metrics]\nlisten = ""\n[log]\nformat = "json"\n')
     cfg.write_text(good)
     proc = subprocess.Popen([*AGENT_CMD, "run", "--config", str(cfg)], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
