@@ -213,7 +213,7 @@ class Agent:
         self.bus = LocalBus(self.spool, subscriber_queue=self.cfg.bus.subscriber_queue)
         self.bus.subscribe("log", self._log_message)
         self.bus.start()
-        servers = await asyncio.to_thread(self._nats_servers)
+        servers = self._nats_servers()  # in the main thread: PR_SET_PDEATHSIG follows the forking thread
         self.link = NatsLink(self.cfg.nats, servers, self.metrics, name=f"gpu-node-agent/{self.node}")
         self.forwarder = Forwarder(self.spool, self.link, self.metrics, window=self.cfg.nats.publish_window,
                                    timeout=self.cfg.nats.publish_timeout, announce=self._announce_drops)
