@@ -11,6 +11,7 @@ from typing import Any
 
 from agent import config as configmod
 from agent.emitter import CollectorEmitter, ConditionTracker
+from agent.facts import FactStore
 from agent.framework import is_periodic
 from agent.hostroot import HostRoot
 from agent.message import Message, to_dict
@@ -31,17 +32,20 @@ async def run_check(config: configmod.Config) -> dict[str, Any]:
         messages.append(msg)
         return True
 
-    for name, cls in sorted(collector_classes().items()):
+    facts = FactStore()
+    # Evidence producers (kernel log) run before the collectors that attach their findings.
+    for name, cls in sorted(collector_classes().items(), key=lambda kv: (getattr(kv[1], "phase", 50), kv[0])):
         settings = config.collectors.get(name) or cls.config_type()
         if not settings.enabled:
             continue
-        emitter = CollectorEmitter(node, name, sink, tracker)
+        emitter = CollectorEmitter(node, name, sink, tracker, facts=facts)
         try:
             collector = cls(settings, host, emitter)
-            if not is_periodic(collector):
+            one_pass = getattr(collector, "check", None) or (collector.collect if is_periodic(collector) else None)
+            if one_pass is None:
                 skipped.append({"collector": name, "reason": "long-running only"})
                 continue
-            await asyncio.wait_for(collector.collect(), timeout=settings.timeout)
+            await asyncio.wait_for(one_pass(), timeout=settings.timeout)
         except TimeoutError:
             skipped.append({"collector": name, "reason": f"timed out after {settings.timeout}s"})
             continue

@@ -16,6 +16,7 @@ from agent import __version__
 from agent import config as configmod
 from agent.bus import LocalBus
 from agent.emitter import CollectorEmitter, ConditionTracker
+from agent.facts import FactStore
 from agent.forwarder import Forwarder
 from agent.framework import CollectorRunner
 from agent.hostroot import HostRoot
@@ -58,6 +59,7 @@ class Agent:
         self._reload = asyncio.Event()
         self.started = time.monotonic()
         self.metrics_server: MetricsServer | None = None
+        self.facts = FactStore()
 
     # -- sinks -----------------------------------------------------------------------
     async def _sink(self, msg: Message) -> bool:
@@ -71,7 +73,8 @@ class Agent:
 
     def emitter_for(self, collector: str) -> CollectorEmitter:
         assert self.tracker is not None
-        return CollectorEmitter(self.node, collector, self._sink, self.tracker)
+        return CollectorEmitter(self.node, collector, self._sink, self.tracker, facts=self.facts,
+                                state_dir=self.state_dir / "collectors" / collector)
 
     async def _announce_drops(self, counts: dict[str, int]) -> bool:
         total = sum(counts.values())

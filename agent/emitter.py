@@ -15,6 +15,7 @@ from typing import Any
 
 import structlog
 
+from agent.facts import FactStore
 from agent.message import Message, make_message
 from agent.spool import write_atomic
 from agent.types import Details, Severity, SuggestedAction
@@ -103,11 +104,14 @@ def _rank(sev: str) -> int:
 class CollectorEmitter:
     """Implements agent.types.Emitter for one collector."""
 
-    def __init__(self, node: str, collector: str, sink: Sink, tracker: ConditionTracker) -> None:
+    def __init__(self, node: str, collector: str, sink: Sink, tracker: ConditionTracker, *,
+                 facts: FactStore | None = None, state_dir: Path | None = None) -> None:
         self.node = node
         self.collector = collector
         self.sink = sink
         self.tracker = tracker
+        self.facts = facts if facts is not None else FactStore()
+        self.state_dir = state_dir  # None in `check`: nothing persists
         self.asserted: set[tuple[str, str]] = set()  # (type, entity) reported firing in this pass
         self.emitted = 0
         self.refused = 0
@@ -143,6 +147,10 @@ class CollectorEmitter:
             self.tracker.record(msg)
             return True
         return False
+
+    def active_conditions(self) -> list[tuple[str, str, str]]:
+        """(type, entity, severity) of this collector's firing conditions, including from before a restart."""
+        return [(c.type, c.entity, c.severity) for c in self.tracker.firing_for(self.collector)]
 
     def begin_pass(self) -> None:
         self.asserted.clear()

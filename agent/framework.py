@@ -47,12 +47,27 @@ class CollectorRunner:
 
     async def run(self) -> None:
         self.metrics.collector_up.labels(self.name).set(1)
+        # A collector with both: run() watches (udev, inotify) and sets `wakeup` to get a pass
+        # right away; the periodic pass stays the source of truth.
+        self.collector.wakeup = asyncio.Event()
+        jobs = []
         if is_long_running(self.collector):
-            await self._supervise()
-        elif is_periodic(self.collector):
-            await self._periodic()
-        else:
+            jobs.append(self._supervise())
+        if is_periodic(self.collector):
+            jobs.append(self._periodic())
+        if not jobs:
             log.error("collector_has_no_entry_point", collector=self.name)
+            return
+        await asyncio.gather(*jobs)
+
+    async def _sleep_or_wakeup(self, delay: float) -> None:
+        wakeup: asyncio.Event = self.collector.wakeup
+        try:
+            await asyncio.wait_for(wakeup.wait(), delay)
+        except TimeoutError:
+            return
+        await asyncio.sleep(0.005)  # coalesce a burst of signals (8 device nodes removed at once)
+        wakeup.clear()
 
     def _delay(self, base: float) -> float:
         j = self.settings.jitter
@@ -60,7 +75,7 @@ class CollectorRunner:
 
     async def _periodic(self) -> None:
         interval = float(self.settings.interval)
-        await asyncio.sleep(random.uniform(0, interval * self.settings.jitter))
+        await self._sleep_or_wakeup(random.uniform(0, interval * self.settings.jitter))
         while True:
             ok = await self.run_once()
             if ok:
@@ -68,7 +83,7 @@ class CollectorRunner:
             else:
                 delay = min(interval * 2 ** (self.consecutive_failures - 1),
                             max(interval, self.settings.restart_backoff_max))
-            await asyncio.sleep(self._delay(delay))
+            await self._sleep_or_wakeup(self._delay(delay))
 
     async def run_once(self) -> bool:
         """One supervised pass of ``collect``; auto-resolves conditions it no longer asserts."""

@@ -30,6 +30,7 @@ class SimHost:
     root: Path
     gpus: list[SimGPU] = field(default_factory=list)
     modules: dict[str, str] = field(default_factory=dict)  # name -> "live"/"coming"/"going"
+    _kmsg_seq: int = 0
 
     def p(self, host_path: str) -> Path:
         return self.root / host_path.lstrip("/")
@@ -108,12 +109,48 @@ class SimHost:
                  for name, st in sorted(self.modules.items())]
         self.write("/proc/modules", "".join(f"{line}\n" for line in lines))
 
+    # -- InfiniBand / RoCE (collector issues extend the counters) ---------------------
+    def add_hca(self, name: str, ports: int = 1, *, link_layer: str = "InfiniBand",
+                rate: str = "400 Gb/sec (4X NDR)", state: str = "4: ACTIVE", phys_state: str = "5: LinkUp") -> None:
+        base = f"/sys/class/infiniband/{name}"
+        self.write(f"{base}/node_type", "1: CA\n")
+        self.write(f"{base}/fw_ver", "28.39.1002\n")
+        for port in range(1, ports + 1):
+            p = f"{base}/ports/{port}"
+            self.write(f"{p}/state", f"{state}\n")
+            self.write(f"{p}/phys_state", f"{phys_state}\n")
+            self.write(f"{p}/rate", f"{rate}\n")
+            self.write(f"{p}/link_layer", f"{link_layer}\n")
+
+    def add_gdr_provider(self) -> None:
+        """What nvidia_peermem (or nv_peer_mem) exposes when GPUDirect RDMA is available."""
+        self.write("/sys/kernel/mm/memory_peers/nv_mem/version", "1.3\n")
+
+    # -- kernel log ------------------------------------------------------------------
+    def kmsg(self, message: str, *, prio: int = 4, seq: int | None = None, usec: int | None = None) -> None:
+        """Append one record in /dev/kmsg's text form (a regular file stands in for the device)."""
+        path = self.p("/dev/kmsg")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._kmsg_seq = (self._kmsg_seq + 1) if seq is None else seq
+        usec = self._kmsg_seq * 1000 if usec is None else usec
+        with open(path, "ab") as fh:
+            fh.write(f"{prio},{self._kmsg_seq},{usec},-;{message}\n".encode())
+
+    def set_boot(self, boot_id: str, uptime: float = 3600.0) -> None:
+        self.write("/proc/sys/kernel/random/boot_id", f"{boot_id}\n")
+        self.write("/proc/uptime", f"{uptime:.2f} {uptime * 10:.2f}\n")
+
     # -- presets ---------------------------------------------------------------------
     @classmethod
-    def gpu_node(cls, root: str | Path, gpus: int = 8, *, driver_loaded: bool = True) -> SimHost:
-        """An HGX-style node: ``gpus`` H100s, driver and device nodes present (healthy)."""
+    def gpu_node(cls, root: str | Path, gpus: int = 8, *, driver_loaded: bool = True, hcas: int = 0,
+                 peermem: bool = True) -> SimHost:
+        """An HGX-style node: ``gpus`` H100s, driver and device nodes present (healthy); with
+        ``hcas`` NDR HCAs (mlx5_0..) and nvidia_peermem loaded when ``peermem``."""
         host = cls(Path(root))
         host.root.mkdir(parents=True, exist_ok=True)
+        host.set_boot("00000000-0000-4000-8000-000000000001")
+        host.p("/dev").mkdir(parents=True, exist_ok=True)
+        host.p("/dev/kmsg").touch()
         buses = ["18", "2a", "3a", "5d", "9a", "ab", "ba", "db", "1b", "2b", "3b", "4b", "5b", "6b", "7b", "8b"]
         for i in range(gpus):
             host.add_gpu(f"0000:{buses[i % len(buses)]}:00.0", i, dev_node=driver_loaded)
@@ -127,4 +164,9 @@ class SimHost:
                 host.load_module(mod, version="550.127.05" if mod == "nvidia" else None)
         else:
             host._write_proc_modules()
+        for i in range(hcas):
+            host.add_hca(f"mlx5_{i}")
+        if hcas and driver_loaded and peermem:
+            host.load_module("nvidia_peermem", version="550.127.05")
+            host.add_gdr_provider()
         return host

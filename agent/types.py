@@ -31,9 +31,24 @@ class HostPaths(Protocol):
 
     def path(self, host_path: str) -> Any: ...
 
+    def read_text(self, host_path: str, limit: int = 65536) -> str | None: ...
+
+
+class Facts(Protocol):
+    def set(self, key: str, value: Any) -> None: ...
+
+    def get(self, key: str, default: Any = None, *, max_age: float | None = None) -> Any: ...
+
 
 class Emitter(Protocol):
-    """What a collector uses to report. Bound to one collector (its name is filled in)."""
+    """What a collector uses to report. Bound to one collector (its name is filled in).
+
+    ``facts`` is shared by all collectors of the agent; ``state_dir`` is the collector's own
+    directory for checkpoints (None in ``check``, where nothing persists).
+    """
+
+    facts: Facts
+    state_dir: Any
 
     async def event(
         self,
@@ -62,6 +77,10 @@ class Emitter(Protocol):
         suggested_action: SuggestedAction = "none",
     ) -> bool:
         """Report a condition's current state; only transitions are published. False: refused."""
+        ...
+
+    def active_conditions(self) -> list[tuple[str, str, str]]:
+        """(type, entity, severity) of this collector's firing conditions (persisted across restarts)."""
         ...
 
 

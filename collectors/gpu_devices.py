@@ -1,29 +1,45 @@
-"""GPU device nodes vs the GPUs on the PCI bus (reconciliation pass).
+"""GPUs that vanish, within a second: udev + inotify for speed, reconciliation for truth.
 
 After a kernel upgrade without a rebuilt driver the PCI devices are there but /dev/nvidia*
 and the ``nvidia`` module are not, while Kubernetes still shows the device plugin Running.
-This pass compares the NVIDIA display/3D controllers on the PCI bus with the /dev/nvidiaN
-nodes present and an optional expected count.
+Signals: (1) kernel uevents through pyudev (PCI remove/unbind/change incl. AER, nvidia*
+module removal, DEVNAME=nvidia*); (2) inotify on <host-root>/dev (nodes are usually made by
+nvidia-modprobe with mknod, so udev may say nothing); (3) a periodic pass comparing GPUs on
+the PCI bus, /dev/nvidiaN present, NVML's view and a configured expected count.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import re
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
+
+import structlog
 
 from agent.config import CollectorSettings
+from agent.inotify import DIR_CHANGES, IN_ONLYDIR, Inotify, InotifyEvent
+from agent.spool import write_atomic
 from agent.types import Emitter, HostPaths
+from agent.udev import UdevMonitor, Uevent
+from collectors.nvml_lib import load_nvml, normalize_bus_id
+
+log = structlog.get_logger(__name__)
 
 GPU_CLASSES = ("0x0300", "0x0302")
 _DEV_NODE = re.compile(r"^nvidia(\d+)$")
 _MINOR = re.compile(r"^Device Minor:\s*(\d+)\s*$", re.MULTILINE)
+_WATCHED_DEV = re.compile(r"^nvidia(\d+|ctl|-uvm|-uvm-tools|-modeset)$")
 
 
 class GPUDevicesConfig(CollectorSettings, kw_only=True, forbid_unknown_fields=True):
     interval: float = 10.0
-    expected_count: int = 0  # 0: whatever the PCI bus shows
+    expected_count: int = 0  # 0: whatever the PCI bus shows (and GPUs seen on it since boot)
     require_uvm: bool = True
+    udev: bool = True
+    inotify: bool = True
+    nvml: bool = True
 
 
 @dataclass(frozen=True)
@@ -43,15 +59,12 @@ def _read(path: object) -> str | None:
 
 def scan(host: HostPaths) -> Inventory:
     pci: dict[str, int | None] = {}
-    devices = host.path("/sys/bus/pci/devices")
     try:
-        entries = sorted(devices.iterdir())
+        entries = sorted(host.path("/sys/bus/pci/devices").iterdir())
     except OSError:
         entries = []
     for dev in entries:
-        vendor = _read(dev / "vendor")
-        klass = _read(dev / "class") or ""
-        if vendor != "0x10de" or not klass.startswith(GPU_CLASSES):
+        if _read(dev / "vendor") != "0x10de" or not (_read(dev / "class") or "").startswith(GPU_CLASSES):
             continue
         info = _read(host.path(f"/proc/driver/nvidia/gpus/{dev.name}/information")) or ""
         m = _MINOR.search(info)
@@ -67,46 +80,211 @@ def scan(host: HostPaths) -> Inventory:
     return Inventory(pci=pci, dev_minors=frozenset(minors), control=control)
 
 
+@dataclass(frozen=True)
+class Signal:
+    kind: str  # "pci_remove", "pci_unbind", "aer", "module_remove", "devnode"
+    bus_id: str = ""
+    module: str = ""
+    error_event: str = ""
+    device_online: str = ""
+
+
+def classify_uevent(ev: Uevent) -> Signal | None:
+    """Which kernel uevents matter for NVIDIA GPUs (tested against captured property dicts)."""
+    action, subsystem = ev.get("ACTION", ""), ev.get("SUBSYSTEM", "")
+    if subsystem == "pci" and ev.get("PCI_ID", "").upper().startswith("10DE:"):
+        bus = ev.get("PCI_SLOT_NAME", "") or ev.get("DEVPATH", "").rsplit("/", 1)[-1]
+        if action == "change" and (ev.get("ERROR_EVENT") or "DEVICE_ONLINE" in ev):
+            return Signal("aer", bus_id=bus.lower(), error_event=ev.get("ERROR_EVENT", ""),
+                          device_online=ev.get("DEVICE_ONLINE", ""))
+        if action == "remove":
+            return Signal("pci_remove", bus_id=bus.lower())
+        if action == "unbind":
+            return Signal("pci_unbind", bus_id=bus.lower())
+        if action in ("add", "bind"):
+            return Signal("pci_add", bus_id=bus.lower())
+        return None
+    if subsystem == "module" and action in ("remove", "add"):
+        name = ev.get("DEVPATH", "").rsplit("/", 1)[-1]
+        if name.startswith("nvidia"):
+            return Signal("module_" + action, module=name)
+        return None
+    if ev.get("DEVNAME", "").removeprefix("/dev/").startswith("nvidia"):
+        return Signal("devnode")
+    return None
+
+
 class GPUDevicesCollector:
     name: ClassVar[str] = "gpu_devices"
     config_type: ClassVar[type[GPUDevicesConfig]] = GPUDevicesConfig
+    phase: ClassVar[int] = 20
+    wakeup: asyncio.Event | None = None
 
     def __init__(self, config: GPUDevicesConfig, host: HostPaths, emit: Emitter) -> None:
         self.config = config
         self.host = host
         self.emit = emit
+        self.aer: dict[str, tuple[str, dict[str, Any]]] = {}  # bus -> (severity, details)
+        self.seen_pci: set[str] = set()
+        self.udev_status = "off"
+        self.signals = 0
+        self._boot_id = (host.read_text("/proc/sys/kernel/random/boot_id") or "").strip()
+        self._load_seen()
+
+    # -- persistence of GPUs seen on the bus (a GPU that fell off is still expected) ---
+    def _seen_file(self) -> Any:
+        return self.emit.state_dir / "seen_pci.json" if self.emit.state_dir else None
+
+    def _load_seen(self) -> None:
+        path = self._seen_file()
+        if path is None:
+            return
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return
+        if isinstance(data, dict) and data.get("version") == 1 and data.get("boot_id") == self._boot_id:
+            self.seen_pci = set(data.get("seen", []))
+
+    def _save_seen(self) -> None:
+        path = self._seen_file()
+        if path is None:
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, json.dumps({"version": 1, "boot_id": self._boot_id, "seen": sorted(self.seen_pci)}).encode(),
+                     fsync=False)
+
+    # -- fast paths -------------------------------------------------------------------
+    def _wake(self) -> None:
+        self.signals += 1
+        if self.wakeup is not None:
+            self.wakeup.set()
+
+    def _on_uevent(self, ev: Uevent) -> None:
+        sig = classify_uevent(ev)
+        if sig is None:
+            return
+        if sig.kind == "aer" and sig.bus_id:
+            if sig.error_event == "SUCCESSFUL_RECOVERY" or (sig.device_online == "1" and not sig.error_event):
+                self.aer.pop(sig.bus_id, None)
+            else:
+                severity = "critical" if sig.error_event == "FAILED_RECOVERY" or sig.device_online == "0" else "warning"
+                self.aer[sig.bus_id] = (severity, {"error_event": sig.error_event or None,
+                                                   "device_online": sig.device_online or None})
+        self._wake()
+
+    def _on_dev_events(self, events: list[InotifyEvent]) -> None:
+        if any(_WATCHED_DEV.match(e.name) or not e.name for e in events):
+            self._wake()
+
+    async def run(self) -> None:
+        watcher: Inotify | None = None
+        udev: UdevMonitor | None = None
+        try:
+            if self.config.inotify:
+                dev = self.host.path("/dev")
+                try:
+                    watcher = Inotify(self._on_dev_events)
+                    watcher.add_watch(str(dev), DIR_CHANGES | IN_ONLYDIR)
+                    watcher.start()
+                except OSError as exc:
+                    log.warning("gpu_devices_inotify_unavailable", path=str(dev), error=str(exc))
+                    if watcher:
+                        watcher.close()
+                    watcher = None
+            if self.config.udev:
+                udev = UdevMonitor(self._on_uevent, subsystems=("pci", "module", "nvidia-caps", "misc"),
+                                   name="gpu_devices")
+                if udev.start():
+                    self.udev_status = "on"
+                else:
+                    self.udev_status = f"unavailable: {udev.error}"
+                    log.warning("gpu_devices_udev_unavailable", error=udev.error,
+                                fallback="inotify and periodic reconciliation")
+                    udev = None
+            await asyncio.Event().wait()
+        finally:
+            if watcher:
+                watcher.close()
+            if udev:
+                udev.close()
+
+    # -- the reconciliation pass ------------------------------------------------------
+    def _nvml_bus_ids(self) -> set[str] | None:
+        if not self.config.nvml:
+            return None
+        lib, _why = load_nvml()
+        if lib is None:
+            return None
+        ids: set[str] = set()
+        try:
+            for i in range(lib.nvmlDeviceGetCount()):
+                try:
+                    ids.add(normalize_bus_id(lib.nvmlDeviceGetPciInfo(lib.nvmlDeviceGetHandleByIndex(i)).busId))
+                except Exception:
+                    continue  # a lost GPU: it will be missing from the set, which is the point
+        except Exception:
+            return None
+        return ids
 
     async def collect(self) -> None:
-        inv = scan(self.host)
+        inv = await asyncio.to_thread(scan, self.host)
+        nvml_ids = await asyncio.to_thread(self._nvml_bus_ids)
+        new_seen = self.seen_pci | set(inv.pci)
+        if new_seen != self.seen_pci:
+            self.seen_pci = new_seen
+            self._save_seen()
+        gone = sorted(self.seen_pci - set(inv.pci))
         on_pci = len(inv.pci)
-        expected = max(self.config.expected_count, on_pci)
-        details = {"expected": expected, "on_pci": on_pci, "device_nodes": len(inv.dev_minors),
-                   "configured_expected": self.config.expected_count or None}
+        expected = max(self.config.expected_count, on_pci + len(gone))
+        base = {"expected": expected, "on_pci": on_pci, "device_nodes": len(inv.dev_minors),
+                "nvml": len(nvml_ids) if nvml_ids is not None else None,
+                "configured_expected": self.config.expected_count or None}
         # Which GPU lacks its node: by the driver's bus->minor map when it exists, else by index.
         wanted: dict[int, str] = {}
         for i, (bus, minor) in enumerate(sorted(inv.pci.items())):
             wanted[minor if minor is not None else i] = bus
-        for i in range(expected):
-            if len(wanted) >= expected:
-                break
-            wanted.setdefault(i, "")
+        for bus in gone:
+            await self._missing(f"gpu:{bus}", "RemovedFromPCIBus",
+                                f"GPU {bus} was on the PCI bus and is gone (fell off the bus or was removed).",
+                                {**base, "pci_address": bus})
+        spare = (i for i in range(64) if i not in wanted)
+        while len(wanted) + len(gone) < expected:
+            wanted[next(spare)] = ""
         for minor, bus in sorted(wanted.items()):
             if minor in inv.dev_minors:
+                if bus and nvml_ids is not None and bus not in nvml_ids:
+                    await self._missing(f"gpu:{bus}", "NotVisibleToNVML",
+                                        f"GPU {bus} has /dev/nvidia{minor} but NVML does not see it.",
+                                        {**base, "pci_address": bus, "device_node": f"/dev/nvidia{minor}"})
                 continue
-            entity = f"gpu:{bus}" if bus else f"gpu:nvidia{minor}"
-            where = f"GPU {bus}" if bus else f"expected GPU {minor}"
-            reason = "DeviceNodeMissing" if bus else "GPUNotOnPCIBus"
-            await self.emit.condition(
-                "GPUDevicesMissing", firing=True, severity="critical", entity=entity, reason=reason,
-                message=f"{where} has no /dev/nvidia{minor}: workloads cannot use it.",
-                details={**details, "pci_address": bus or None, "device_node": f"/dev/nvidia{minor}"},
-                suggested_action="cordon")
+            if bus:
+                await self._missing(f"gpu:{bus}", "DeviceNodeMissing",
+                                    f"GPU {bus} has no /dev/nvidia{minor}: workloads cannot use it.",
+                                    {**base, "pci_address": bus, "device_node": f"/dev/nvidia{minor}"})
+            else:
+                await self._missing(f"gpu:nvidia{minor}", "GPUNotOnPCIBus",
+                                    f"Expected GPU {minor} is neither on the PCI bus nor in /dev.",
+                                    {**base, "pci_address": None, "device_node": f"/dev/nvidia{minor}"})
         if on_pci:
-            for name, present in inv.control.items():
-                if present or (name == "nvidia-uvm" and not self.config.require_uvm):
+            for node, present in inv.control.items():
+                if present or (node == "nvidia-uvm" and not self.config.require_uvm):
                     continue
                 await self.emit.condition(
-                    "NvidiaControlDeviceMissing", firing=True, severity="critical", entity=f"dev:{name}",
+                    "NvidiaControlDeviceMissing", firing=True, severity="critical", entity=f"dev:{node}",
                     reason="DeviceNodeMissing",
-                    message=f"/dev/{name} is missing while {on_pci} NVIDIA GPUs are on the PCI bus.",
-                    details=details, suggested_action="cordon")
+                    message=f"/dev/{node} is missing while {on_pci} NVIDIA GPUs are on the PCI bus.",
+                    details=base, suggested_action="cordon")
+        for bus, (severity, details) in sorted(self.aer.items()):
+            await self.emit.condition(
+                "GPUPCIeError", firing=True, severity=severity, entity=f"gpu:{bus}",  # type: ignore[arg-type]
+                reason="AERRecoveryFailed" if severity == "critical" else "AERRecovery",
+                message=f"PCIe AER on GPU {bus}: {details.get('error_event') or 'device offline'}.",
+                details=details, suggested_action="inspect_hardware" if severity == "critical" else "none")
+        self.emit.facts.set("gpu.inventory", {"on_pci": sorted(inv.pci), "device_minors": sorted(inv.dev_minors),
+                                              "nvml": sorted(nvml_ids) if nvml_ids is not None else None,
+                                              "udev": self.udev_status})
+
+    async def _missing(self, entity: str, reason: str, message: str, details: dict[str, Any]) -> None:
+        await self.emit.condition("GPUDevicesMissing", firing=True, severity="critical", entity=entity,
+                                  reason=reason, message=message, details=details, suggested_action="cordon")

@@ -1,0 +1,192 @@
+"""Parsers for /dev/kmsg records and the NVIDIA lines in them. Pure functions; property-tested.
+
+Record: ``prio,seq,usec,flags[,...];message`` then optional continuation lines starting with a
+space (`` SUBSYSTEM=pci``). Non-printable bytes arrive escaped as ``\\xNN``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+MAX_MESSAGE = 4096
+
+
+@dataclass(frozen=True)
+class KmsgRecord:
+    prio: int
+    seq: int
+    usec: int
+    flags: str
+    message: str
+    props: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def level(self) -> int:
+        return self.prio & 7
+
+
+_ESC = re.compile(rb"\\x([0-9a-fA-F]{2})")
+
+
+def _unescape(raw: bytes) -> str:
+    if b"\\x" in raw:
+        raw = _ESC.sub(lambda m: bytes([int(m.group(1), 16)]), raw)
+    return raw[:MAX_MESSAGE].decode("utf-8", "replace")
+
+
+def parse_record(raw: bytes) -> KmsgRecord | None:
+    """One record as read(2) returns it from /dev/kmsg; None when it is not one."""
+    header, sep, rest = raw.partition(b";")
+    if not sep:
+        return None
+    fields = header.split(b",")
+    if len(fields) < 3:
+        return None
+    try:
+        prio, seq, usec = int(fields[0]), int(fields[1]), int(fields[2])
+    except ValueError:
+        return None
+    if prio < 0 or seq < 0 or usec < 0:
+        return None
+    flags = fields[3].decode("ascii", "replace") if len(fields) > 3 else ""
+    lines = rest.rstrip(b"\n").split(b"\n")
+    props: dict[str, str] = {}
+    for line in lines[1:]:
+        if line.startswith(b" ") and b"=" in line:
+            k, _, v = line[1:].partition(b"=")
+            props[k.decode("ascii", "replace")] = v.decode("utf-8", "replace")
+    return KmsgRecord(prio, seq, usec, flags, _unescape(lines[0]), props)
+
+
+def iter_text_records(data: bytes) -> Iterator[tuple[KmsgRecord | None, int]]:
+    """Records from a regular-file/FIFO rendering of /dev/kmsg (one per line, continuations
+    indented). Yields (record or None for a malformed line, end offset of the record). A trailing
+    line without its newline is left for the next read."""
+    pos = 0
+    n = len(data)
+    while pos < n:
+        end = data.find(b"\n", pos)
+        if end < 0:
+            return
+        stop = end + 1
+        while stop < n and data[stop : stop + 1] == b" ":
+            nxt = data.find(b"\n", stop)
+            if nxt < 0:
+                return  # continuation cut in half: wait for the rest
+            stop = nxt + 1
+        yield parse_record(data[pos:stop]), stop
+        pos = stop
+
+
+# -- NVIDIA findings ------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Xid:
+    bus_id: str  # normalised to dddd:bb:dd.f
+    code: int
+    pid: int | None
+    process: str
+    mig: str
+    text: str
+
+
+@dataclass(frozen=True)
+class FellOffBus:
+    bus_id: str
+    text: str
+
+
+@dataclass(frozen=True)
+class SXid:
+    switch: str
+    bus_id: str
+    code: int
+    fatal: bool
+    text: str
+
+
+@dataclass(frozen=True)
+class ModuleError:
+    module: str
+    kind: str  # version_mismatch | unknown_symbol | insert_failed
+    symbol: str
+    text: str
+
+
+Finding = Xid | FellOffBus | SXid | ModuleError
+
+XID_RE = re.compile(r"NVRM: Xid \(((?:PCI:)?[0-9a-fA-F:.]+)([^)]*)\): (\d+),\s*(.*)")
+_PID = re.compile(r"pid='?(<unknown>|\d+)'?,\s*name=([^,]*),\s*(.*)")
+FELL_ONE = re.compile(r"NVRM: GPU ([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]): GPU has fallen off the bus")
+FELL_HEAD = re.compile(r"NVRM: The NVIDIA GPU ([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])")
+FELL_TAIL = re.compile(r"fallen off the bus and is not responding")
+SXID_RE = re.compile(r"(nvidia-nvswitch\d*): SXid \((?:PCI:)?([0-9a-fA-F:.]+)\): (\d+),\s*(.*)")
+VERSION_RE = re.compile(r"(nvidia[-_]\w+): disagrees about version of symbol (\S+)")
+UNKNOWN_RE = re.compile(r"(nvidia[-_]\w+): Unknown symbol (\S+)")
+INSERT_RE = re.compile(r"could not insert '(nvidia[-_]\w+)': (.*)")
+
+
+def normalize_bus(bus: str) -> str:
+    bus = bus.lower().removeprefix("pci:")
+    parts = bus.split(":")
+    if len(parts) == 2:  # "3b:00" without a domain
+        parts = ["0000", *parts]
+    if len(parts) != 3:
+        return bus
+    domain, b, devfn = parts
+    if "." not in devfn:
+        devfn += ".0"
+    try:
+        return f"{int(domain, 16):04x}:{b}:{devfn}"
+    except ValueError:
+        return bus
+
+
+def module_name(name: str) -> str:
+    return name.replace("-", "_")
+
+
+class NvidiaLineParser:
+    """Stateful only for the three-record "fallen off the bus" form."""
+
+    def __init__(self) -> None:
+        self._pending_gpu: str | None = None
+        self._pending_age = 0
+
+    def feed(self, message: str) -> Finding | None:
+        if self._pending_gpu is not None:
+            self._pending_age += 1
+            if FELL_TAIL.search(message):
+                bus, self._pending_gpu = self._pending_gpu, None
+                return FellOffBus(bus, message)
+            if self._pending_age > 3:
+                self._pending_gpu = None
+        if "NVRM" in message:
+            if m := XID_RE.search(message):
+                bus, mig, code, rest = m.groups()
+                pid: int | None = None
+                process = ""
+                if pm := _PID.match(rest):
+                    pid = int(pm.group(1)) if pm.group(1).isdigit() else None
+                    process, rest = pm.group(2).strip(), pm.group(3)
+                return Xid(normalize_bus(bus), int(code), pid, process, mig.strip(), rest.strip()[:500])
+            if m := FELL_ONE.search(message):
+                return FellOffBus(normalize_bus(m.group(1)), message)
+            if m := FELL_HEAD.search(message):
+                if FELL_TAIL.search(message):
+                    return FellOffBus(normalize_bus(m.group(1)), message)
+                self._pending_gpu, self._pending_age = normalize_bus(m.group(1)), 0
+            return None
+        if "SXid" in message and (m := SXID_RE.search(message)):
+            sw, bus, code, rest = m.groups()
+            return SXid(sw, normalize_bus(bus), int(code), rest.lower().startswith("fatal"), rest[:500])
+        if "nvidia" in message:
+            if m := VERSION_RE.search(message):
+                return ModuleError(module_name(m.group(1)), "version_mismatch", m.group(2), message[:500])
+            if m := UNKNOWN_RE.search(message):
+                return ModuleError(module_name(m.group(1)), "unknown_symbol", m.group(2), message[:500])
+            if m := INSERT_RE.search(message):
+                return ModuleError(module_name(m.group(1)), "insert_failed", "", message[:500])
+        return None

@@ -1,0 +1,390 @@
+"""The kernel log: Xid, fallen-off-the-bus, NVSwitch SXid and NVIDIA module load errors from /dev/kmsg.
+
+Reads <host-root>/dev/kmsg for real (a character device on a node: one record per read(2),
+poll(2)-able; on a fixture a regular file or FIFO in the same text form). The last sequence
+number persists per boot, so a restart neither re-reports nor misses; the first start looks back
+``lookback_seconds``. Storms are aggregated per (GPU, Xid) per window: the first line is
+published at once, the rest as one summary per window with a count.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import json
+import os
+import stat
+import time
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import structlog
+
+from agent.config import CollectorSettings
+from agent.inotify import IN_MODIFY, Inotify
+from agent.spool import write_atomic
+from agent.types import Emitter, HostPaths, Severity
+from collectors.kmsg_parse import FellOffBus, KmsgRecord, ModuleError, NvidiaLineParser, SXid, Xid, \
+    iter_text_records, parse_record
+from collectors.xid_catalog import classify
+
+log = structlog.get_logger(__name__)
+
+READ_SIZE = 16384
+STATE_VERSION = 1
+MODULE_ERRORS_KEPT = 20
+
+
+class KmsgXidConfig(CollectorSettings, kw_only=True, forbid_unknown_fields=True):
+    path: str = "/dev/kmsg"
+    lookback_seconds: float = 600.0
+    aggregation_window: float = 10.0
+    fatal_xid_clear_after: float = 0.0  # 0: GPUFatalXid stays until the node reboots
+    poll_interval: float = 1.0  # fixture files only; the device is poll(2)-driven
+    timeout: float = 60.0  # `check` may read a full ring buffer
+
+
+@dataclass
+class _Window:
+    first: float
+    count: int = 1
+    last_text: str = ""
+    sample: dict[str, Any] = field(default_factory=dict)
+
+
+class Aggregator:
+    """First occurrence per key now; later ones in the window are counted and summarised."""
+
+    def __init__(self, window: float) -> None:
+        self.window = window
+        self.open: dict[tuple[Any, ...], _Window] = {}
+
+    def add(self, key: tuple[Any, ...], now: float, sample: dict[str, Any]) -> bool:
+        w = self.open.get(key)
+        if w is None:
+            self.open[key] = _Window(first=now, count=1, sample=sample)
+            return True
+        w.count += 1
+        return False
+
+    def due(self, now: float, *, flush_all: bool = False) -> list[tuple[tuple[Any, ...], _Window]]:
+        out = []
+        for key, w in list(self.open.items()):
+            if flush_all or now - w.first >= self.window:
+                del self.open[key]
+                if w.count > 1:
+                    out.append((key, w))
+        return out
+
+
+class KmsgXidCollector:
+    name: ClassVar[str] = "kmsg_xid"
+    config_type: ClassVar[type[KmsgXidConfig]] = KmsgXidConfig
+    phase: ClassVar[int] = 10  # evidence for kernel_modules
+    auto_resolve: ClassVar[bool] = False
+
+    def __init__(self, config: KmsgXidConfig, host: HostPaths, emit: Emitter) -> None:
+        self.config = config
+        self.host = host
+        self.emit = emit
+        self.parser = NvidiaLineParser()
+        self.agg = Aggregator(config.aggregation_window)
+        self.boot_id = (host.read_text("/proc/sys/kernel/random/boot_id") or "").strip()
+        self.last_seq: int | None = None  # highest seq handled in this process
+        self.checkpoint: int | None = None  # highest seq whose findings were all accepted
+        self._blocked = False
+        self.fatal: dict[str, dict[str, Any]] = {}  # bus -> {"codes": [...], "last": ts}
+        self.module_errors: dict[str, list[dict[str, Any]]] = {}
+        self.records = 0
+        self.malformed = 0
+        self.lost = 0
+        self._min_usec = 0
+
+    # -- state ------------------------------------------------------------------------
+    def _state_file(self) -> Any:
+        return self.emit.state_dir / "kmsg.json" if self.emit.state_dir else None
+
+    def _load_state(self) -> dict[str, Any]:
+        path = self._state_file()
+        if path is None:
+            return {}
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) and data.get("version") == STATE_VERSION else {}
+
+    def _save_state(self) -> None:
+        path = self._state_file()
+        if path is None:
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = {"version": STATE_VERSION, "boot_id": self.boot_id, "seq": self.checkpoint, "fatal": self.fatal}
+        write_atomic(path, json.dumps(data).encode(), fsync=False)
+
+    async def _start_of_boot(self) -> None:
+        state = self._load_state()
+        if state.get("boot_id") == self.boot_id and self.boot_id:
+            self.last_seq = self.checkpoint = state.get("seq")
+            self.fatal = state.get("fatal") or {}
+            return
+        # A new boot (or first start): GPUs are re-initialised, so reboot-class conditions clear.
+        for type_, entity, severity in self.emit.active_conditions():
+            if type_ in ("GPUFatalXid", "GPUFellOffBus"):
+                await self.emit.condition(type_, firing=False, severity=severity,  # type: ignore[arg-type]
+                                          entity=entity, reason="Rebooted",
+                                          message=f"{type_} on {entity} cleared: the node rebooted.")
+        uptime = (self.host.read_text("/proc/uptime") or "").split()
+        if uptime:
+            with contextlib.suppress(ValueError):
+                self._min_usec = max(0, int((float(uptime[0]) - self.config.lookback_seconds) * 1e6))
+
+    # -- handling ---------------------------------------------------------------------
+    async def handle(self, rec: KmsgRecord, now: float) -> bool:
+        """Findings of one record; False if an emit was refused (the checkpoint stays before it)."""
+        self.records += 1
+        finding = self.parser.feed(rec.message)
+        if finding is None:
+            return True
+        ok = True
+        if isinstance(finding, Xid):
+            ok = await self._xid(finding, now)
+        elif isinstance(finding, FellOffBus):
+            ok = await self._fell_off(finding.bus_id, finding.text)
+        elif isinstance(finding, SXid):
+            sev: Severity = "critical" if finding.fatal else "warning"
+            if self.agg.add(("sxid", finding.bus_id, finding.code), now, {}):
+                ok = await self.emit.event(
+                    "NVSwitchSXidError", severity=sev, entity=f"nvswitch:{finding.bus_id}",
+                    reason=f"SXid{finding.code}",
+                    message=f"{finding.switch} reported SXid {finding.code}: {finding.text[:200]}",
+                    details={"sxid": finding.code, "fatal": finding.fatal, "switch": finding.switch,
+                             "text": finding.text, "count": 1},
+                    suggested_action="inspect_hardware" if finding.fatal else "none")
+        elif isinstance(finding, ModuleError):
+            errs = self.module_errors.setdefault(finding.module, [])
+            errs.append({"kind": finding.kind, "symbol": finding.symbol, "text": finding.text, "seq": rec.seq})
+            del errs[:-MODULE_ERRORS_KEPT]
+            self.emit.facts.set("kernel.module_errors", self.module_errors)
+            if self.agg.add(("module", finding.module, finding.kind), now, {}):
+                ok = await self.emit.event(
+                    "KernelModuleLoadError", severity="warning", entity=f"module:{finding.module}",
+                    reason=finding.kind.title().replace("_", ""),
+                    message=f"Kernel module {finding.module} failed to load: {finding.text[:200]}",
+                    details={"module": finding.module, "kind": finding.kind, "symbol": finding.symbol,
+                             "text": finding.text, "count": 1})
+        return ok
+
+    async def _xid(self, x: Xid, now: float) -> bool:
+        info = classify(x.code)
+        ok = True
+        if self.agg.add(("xid", x.bus_id, x.code), now, {}):
+            ok = await self.emit.event(
+                "GPUXidError", severity=info.severity, entity=f"gpu:{x.bus_id}", reason=f"Xid{x.code}",
+                message=f"Xid {x.code} ({info.name}) on GPU {x.bus_id}"
+                        + (f", process {x.process} (pid {x.pid})" if x.process and x.pid else "") + ".",
+                details={"xid": x.code, "name": info.name, "pid": x.pid, "process": x.process or None,
+                         "mig": x.mig or None, "text": x.text, "nvidia_action": info.nvidia_action,
+                         "application_error": info.application, "count": 1},
+                suggested_action=info.action)
+        if info.fatal:
+            entry = self.fatal.setdefault(x.bus_id, {"codes": [], "last": now})
+            entry["last"] = now
+            if x.code not in entry["codes"]:
+                entry["codes"] = sorted([*entry["codes"], x.code])
+            ok = await self.emit.condition(
+                "GPUFatalXid", firing=True, severity="critical", entity=f"gpu:{x.bus_id}", reason=f"Xid{x.code}",
+                message=f"GPU {x.bus_id} hit Xid {x.code} ({info.name}): it needs "
+                        f"{'a node reboot' if info.action == 'reboot' else 'a reset'} before it can be trusted.",
+                details={"xids": entry["codes"], "nvidia_action": info.nvidia_action},
+                suggested_action=info.action) and ok
+        if x.code == 79:
+            ok = await self._fell_off(x.bus_id, x.text) and ok
+        return ok
+
+    async def _fell_off(self, bus: str, text: str) -> bool:
+        return await self.emit.condition(
+            "GPUFellOffBus", firing=True, severity="critical", entity=f"gpu:{bus}", reason="FallenOffTheBus",
+            message=f"GPU {bus} has fallen off the bus and is not responding; the node needs a reboot.",
+            details={"text": text[:500]}, suggested_action="reboot")
+
+    async def flush(self, now: float, *, flush_all: bool = False) -> None:
+        for key, w in self.agg.due(now, flush_all=flush_all):
+            kind = key[0]
+            extra = {"count": w.count, "window_s": self.config.aggregation_window, "aggregated": True,
+                     "first_seen": w.first}
+            if kind == "xid":
+                _, bus, code = key
+                info = classify(code)
+                await self.emit.event(
+                    "GPUXidError", severity=info.severity, entity=f"gpu:{bus}", reason=f"Xid{code}",
+                    message=f"Xid {code} ({info.name}) on GPU {bus} repeated {w.count} times in "
+                            f"{self.config.aggregation_window:g} s.",
+                    details={"xid": code, "name": info.name, "nvidia_action": info.nvidia_action,
+                             "application_error": info.application, **extra},
+                    suggested_action=info.action)
+            elif kind == "sxid":
+                _, bus, code = key
+                await self.emit.event("NVSwitchSXidError", severity="warning", entity=f"nvswitch:{bus}",
+                                      reason=f"SXid{code}", message=f"SXid {code} repeated {w.count} times.",
+                                      details={"sxid": code, **extra})
+            elif kind == "module":
+                _, module, what = key
+                await self.emit.event("KernelModuleLoadError", severity="warning", entity=f"module:{module}",
+                                      reason=what.title().replace("_", ""),
+                                      message=f"Kernel module {module} load error repeated {w.count} times.",
+                                      details={"module": module, "kind": what, **extra})
+        if self.config.fatal_xid_clear_after > 0:
+            for bus, entry in list(self.fatal.items()):
+                if now - entry["last"] >= self.config.fatal_xid_clear_after:
+                    del self.fatal[bus]
+                    await self.emit.condition(
+                        "GPUFatalXid", firing=False, severity="critical", entity=f"gpu:{bus}",
+                        reason="QuietPeriodElapsed",
+                        message=f"No fatal Xid on GPU {bus} for {self.config.fatal_xid_clear_after:g} s.")
+                    self._save_state()
+
+    async def process(self, records: list[KmsgRecord]) -> None:
+        now = time.time()
+        for rec in records:
+            if self.last_seq is not None and rec.seq <= self.last_seq:
+                continue  # seen before a restart
+            self.last_seq = rec.seq
+            ok = await self.handle(rec, now) if rec.usec >= self._min_usec else True
+            # After a refused emit (spool full) the checkpoint stays put: a restart re-reads from
+            # there rather than skipping what was never accepted.
+            self._blocked = self._blocked or not ok
+            if not self._blocked:
+                self.checkpoint = rec.seq
+        if records:
+            self._save_state()
+
+    # -- reading ----------------------------------------------------------------------
+    def _read_device(self, fd: int) -> list[KmsgRecord]:
+        out: list[KmsgRecord] = []
+        while True:
+            try:
+                raw = os.read(fd, READ_SIZE)
+            except BlockingIOError:
+                break
+            except OSError as exc:
+                if exc.errno == errno.EPIPE:  # overwritten before we read them: count and go on
+                    self.lost += 1
+                    continue
+                if exc.errno == errno.EINVAL:  # a record larger than our buffer: skip it
+                    self.malformed += 1
+                    continue
+                raise
+            if not raw:
+                break
+            rec = parse_record(raw)
+            if rec is None:
+                self.malformed += 1
+            else:
+                out.append(rec)
+            if len(out) >= 4096:
+                break  # yield to the loop during a storm; the fd stays readable
+        return out
+
+    def _read_text(self, fh: Any, buf: bytearray) -> list[KmsgRecord]:
+        chunk = fh.read(1 << 20)
+        if chunk:
+            buf.extend(chunk)
+        out: list[KmsgRecord] = []
+        consumed = 0
+        for rec, end in iter_text_records(bytes(buf)):
+            consumed = end
+            if rec is None:
+                self.malformed += 1
+            else:
+                out.append(rec)
+        del buf[:consumed]
+        if len(buf) > 1 << 20:  # a "line" that never ends: drop it
+            self.malformed += 1
+            buf.clear()
+        return out
+
+    async def run(self) -> None:
+        await self._start_of_boot()
+        path = self.host.path(self.config.path)
+        said = False
+        while True:
+            try:
+                st = os.stat(path)
+                break
+            except OSError as exc:  # a container without /dev/kmsg: say so once, keep looking
+                if not said:
+                    log.warning("kmsg_unavailable", path=str(path), error=str(exc))
+                    said = True
+                await asyncio.sleep(30)
+        loop = asyncio.get_running_loop()
+        ready = asyncio.Event()
+        flusher = loop.create_task(self._flush_loop())
+        watcher: Inotify | None = None
+        self.emit.facts.set("kmsg_xid.active", True)  # NVML then leaves Xids to the kernel log
+        try:
+            if stat.S_ISCHR(st.st_mode):
+                fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+                loop.add_reader(fd, ready.set)
+                try:
+                    while True:
+                        await ready.wait()
+                        ready.clear()
+                        while records := self._read_device(fd):
+                            await self.process(records)
+                finally:
+                    loop.remove_reader(fd)
+                    os.close(fd)
+            else:
+                try:
+                    watcher = Inotify(lambda _events: ready.set())
+                    watcher.add_watch(str(path), IN_MODIFY)
+                    watcher.start()
+                except OSError:
+                    watcher = None
+                buf = bytearray()
+                fh = open(path, "rb", buffering=0)  # noqa: SIM115 - held for the collector's life
+                try:
+                    while True:
+                        if os.fstat(fh.fileno()).st_size < fh.tell():
+                            fh.seek(0)  # truncated fixture file
+                            buf.clear()
+                        while records := self._read_text(fh, buf):
+                            await self.process(records)
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(ready.wait(), self.config.poll_interval)
+                        ready.clear()
+                finally:
+                    fh.close()
+        finally:
+            self.emit.facts.set("kmsg_xid.active", False)
+            flusher.cancel()
+            if watcher:
+                watcher.close()
+
+    async def _flush_loop(self) -> None:
+        while True:
+            await asyncio.sleep(min(1.0, self.config.aggregation_window))
+            await self.flush(time.time())
+
+    async def check(self) -> None:
+        """One pass over everything the ring buffer holds now (``gpu-node-agent check``)."""
+        path = self.host.path(self.config.path)
+        try:
+            st = os.stat(path)
+        except OSError:
+            return
+        if stat.S_ISCHR(st.st_mode):
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            try:
+                while records := self._read_device(fd):
+                    await self.process(records)
+            finally:
+                os.close(fd)
+        else:
+            with open(path, "rb") as fh:
+                buf = bytearray()
+                while records := self._read_text(fh, buf):
+                    await self.process(records)
+        await self.flush(time.time(), flush_all=True)

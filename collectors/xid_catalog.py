@@ -1,0 +1,62 @@
+"""Xid classification, in one place (NVIDIA's catalog actions; see shared field facts section 3).
+
+13/31/43/45/68 are usually the application's fault — one crashing job can make them appear on
+many nodes at once — so they are warnings and never a reason to cordon on their own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from agent.types import Severity, SuggestedAction
+
+
+@dataclass(frozen=True)
+class XidInfo:
+    code: int
+    name: str
+    severity: Severity
+    action: SuggestedAction
+    nvidia_action: str  # the catalog's resolution bucket
+    fatal: bool  # raises GPUFatalXid until the GPU is seen healthy again (reset/reboot class)
+    application: bool = False
+
+
+_NAMES = {
+    13: "Graphics Engine Exception", 31: "GPU memory page fault", 43: "GPU stopped processing",
+    45: "Preemptive cleanup, due to previous errors", 46: "GPU stopped processing (hardware)",
+    48: "Double Bit ECC Error", 61: "Internal micro-controller breakpoint/warning",
+    62: "Internal micro-controller halt", 63: "ECC page retirement or row remapping recording event",
+    64: "ECC page retirement or row remapper recording failure", 68: "Video processor exception",
+    69: "Graphics Engine class error", 74: "NVLink Error", 79: "GPU has fallen off the bus",
+    92: "High single-bit ECC error rate", 94: "Contained ECC error", 95: "Uncontained ECC error",
+    109: "Context Switch Timeout Error", 110: "Security Fault Error", 119: "GSP RPC Timeout",
+    120: "GSP Error", 140: "Unrecovered ECC Error", 143: "GPU Initialization Failure",
+}
+
+REBOOT = {79}
+RESET_GPU = {46, 62, 64, 95, 109, 110, 119, 120, 136, 140, 143, 155, 156, 158}
+DRAIN = {48, 74, *range(144, 151)}
+APPLICATION = {13, 31, 43, 45, 68}
+RESTART_APP = {69, 94}
+IGNORE = {63, 92}
+CONTACT_SUPPORT = {61}
+
+
+def classify(code: int) -> XidInfo:
+    name = _NAMES.get(code, f"Xid {code}")
+    if code in REBOOT:
+        return XidInfo(code, name, "critical", "reboot", "REBOOT_SYSTEM", fatal=True)
+    if code in RESET_GPU:
+        return XidInfo(code, name, "critical", "cordon", "RESET_GPU", fatal=True)
+    if code in APPLICATION:
+        return XidInfo(code, name, "warning", "none", "RESTART_APP", fatal=False, application=True)
+    if code in DRAIN:
+        return XidInfo(code, name, "critical", "cordon", "WORKFLOW_DRAIN", fatal=True)
+    if code in RESTART_APP:
+        return XidInfo(code, name, "warning", "none", "RESTART_APP", fatal=False)
+    if code in IGNORE:
+        return XidInfo(code, name, "info", "none", "IGNORE", fatal=False)
+    if code in CONTACT_SUPPORT:
+        return XidInfo(code, name, "critical", "inspect_hardware", "CONTACT_SUPPORT", fatal=False)
+    return XidInfo(code, name, "warning", "inspect_hardware", "UNKNOWN", fatal=False)
