@@ -31,6 +31,7 @@ class SimHost:
     gpus: list[SimGPU] = field(default_factory=list)
     modules: dict[str, str] = field(default_factory=dict)  # name -> "live"/"coming"/"going"
     _kmsg_seq: int = 0
+    _uptime: float = 3600.0
 
     def p(self, host_path: str) -> Path:
         return self.root / host_path.lstrip("/")
@@ -132,11 +133,13 @@ class SimHost:
         path = self.p("/dev/kmsg")
         path.parent.mkdir(parents=True, exist_ok=True)
         self._kmsg_seq = (self._kmsg_seq + 1) if seq is None else seq
-        usec = self._kmsg_seq * 1000 if usec is None else usec
+        # records are "now": at the simulated uptime, so a first start's look-back includes them
+        usec = int(self._uptime * 1e6) + self._kmsg_seq if usec is None else usec
         with open(path, "ab") as fh:
             fh.write(f"{prio},{self._kmsg_seq},{usec},-;{message}\n".encode())
 
     def set_boot(self, boot_id: str, uptime: float = 3600.0) -> None:
+        self._uptime = uptime
         self.write("/proc/sys/kernel/random/boot_id", f"{boot_id}\n")
         self.write("/proc/uptime", f"{uptime:.2f} {uptime * 10:.2f}\n")
 

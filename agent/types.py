@@ -47,8 +47,11 @@ class Emitter(Protocol):
     directory for checkpoints (None in ``check``, where nothing persists).
     """
 
-    facts: Facts
-    state_dir: Any
+    @property
+    def facts(self) -> Facts: ...
+
+    @property
+    def state_dir(self) -> Any: ...
 
     async def event(
         self,

@@ -68,7 +68,8 @@ class KernelModulesCollector:
 
     async def run(self) -> None:
         if not self.config.udev:
-            return await asyncio.Event().wait()
+            await asyncio.Event().wait()
+            return
         mon = UdevMonitor(self._on_uevent, subsystems=("module",), name="kernel_modules")
         mon.start()  # without udev the periodic pass still decides; gpu_devices already logs why
         try:

@@ -25,8 +25,16 @@ from agent.config import CollectorSettings
 from agent.inotify import IN_MODIFY, Inotify
 from agent.spool import write_atomic
 from agent.types import Emitter, HostPaths, Severity
-from collectors.kmsg_parse import FellOffBus, KmsgRecord, ModuleError, NvidiaLineParser, SXid, Xid, \
-    iter_text_records, parse_record
+from collectors.kmsg_parse import (
+    FellOffBus,
+    KmsgRecord,
+    ModuleError,
+    NvidiaLineParser,
+    SXid,
+    Xid,
+    iter_text_records,
+    parse_record,
+)
 from collectors.xid_catalog import classify
 
 log = structlog.get_logger(__name__)

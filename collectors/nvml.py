@@ -16,8 +16,7 @@ import structlog
 from agent.config import CollectorSettings
 from agent.types import Emitter, HostPaths
 from collectors.kmsg_xid import Aggregator
-from collectors.nvml_lib import NVML_ERROR_GPU_IS_LOST, NVML_ERROR_TIMEOUT, error_code, load_nvml, \
-    normalize_bus_id
+from collectors.nvml_lib import NVML_ERROR_GPU_IS_LOST, NVML_ERROR_TIMEOUT, error_code, load_nvml, normalize_bus_id
 from collectors.xid_catalog import classify
 
 log = structlog.get_logger(__name__)
@@ -191,7 +190,8 @@ class NVMLCollector:
     async def run(self) -> None:
         lib = self.lib()
         if lib is None or self.config.xid_events == "off":
-            return await asyncio.Event().wait()
+            await asyncio.Event().wait()
+            return
         event_set = await asyncio.to_thread(lib.nvmlEventSetCreate)
         buses: dict[Any, str] = {}
         for i in range(lib.nvmlDeviceGetCount()):

@@ -1,0 +1,272 @@
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from agent.emitter import CollectorEmitter, ConditionTracker
+from agent.facts import FactStore
+from agent.hostroot import HostRoot
+from agent.message import Message
+from agent.simhost import SimHost
+from collectors.kmsg_parse import (
+    FellOffBus,
+    ModuleError,
+    NvidiaLineParser,
+    SXid,
+    Xid,
+    iter_text_records,
+    normalize_bus,
+    parse_record,
+)
+from collectors.kmsg_xid import KmsgXidCollector, KmsgXidConfig
+from collectors.xid_catalog import classify
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.messages: list[Message] = []
+
+    async def __call__(self, m: Message) -> bool:
+        self.messages.append(m)
+        return True
+
+
+def test_parse_record_device_form() -> None:
+    rec = parse_record(b"4,1234,5678901,-;NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python, GPU has fallen"
+                       b" off the bus.\n SUBSYSTEM=pci\n DEVICE=+pci:0000:3b:00.0\n")
+    assert rec is not None and (rec.prio, rec.seq, rec.usec, rec.flags) == (4, 1234, 5678901, "-")
+    assert rec.level == 4 and rec.props == {"SUBSYSTEM": "pci", "DEVICE": "+pci:0000:3b:00.0"}
+    assert rec.message.startswith("NVRM: Xid")
+    assert parse_record(b"6,1,2,-,caller=T1;escaped \\x1b[0m tab") is not None
+    assert parse_record(b"6,1,2,-,caller=T1;escaped \\x41").message == "escaped A"  # type: ignore[union-attr]
+    for bad in (b"", b"no header", b"a,b,c;x", b"1,2;x", b"-1,2,3,-;x"):
+        assert parse_record(bad) is None
+
+
+XID_LINES = [
+    ("NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python, GPU has fallen off the bus.", "0000:3b:00.0", 79, 1234,
+     "python", ""),
+    ("NVRM: Xid (PCI:0000:3b:00 GPU-I:01): 94, pid=77, name=train.py, Contained ECC error.", "0000:3b:00.0", 94, 77,
+     "train.py", "GPU-I:01"),
+    ("NVRM: Xid (PCI:0000:b3:00 GPU-I:01 GPU-CI:02): 13, pid=5, name=a, Graphics Exception", "0000:b3:00.0", 13, 5,
+     "a", "GPU-I:01 GPU-CI:02"),
+    ("NVRM: Xid (PCI:0000:18:00): 95, pid='<unknown>', name=<unknown>, Uncontained ECC error.", "0000:18:00.0", 95,
+     None, "<unknown>", ""),
+    ("NVRM: Xid (0000:03:00): 14, Channel 00000001", "0000:03:00.0", 14, None, "", ""),
+    ("[ 12.3] NVRM: Xid (PCI:0000:cb:00): 13, pid='<unknown>', name=<unknown>, Graphics SM Warp Exception on (GPC 7",
+     "0000:cb:00.0", 13, None, "<unknown>", ""),
+]
+
+
+@pytest.mark.parametrize(("line", "bus", "code", "pid", "proc", "mig"), XID_LINES)
+def test_every_xid_format(line: str, bus: str, code: int, pid: int | None, proc: str, mig: str) -> None:
+    f = NvidiaLineParser().feed(line)
+    assert isinstance(f, Xid)
+    assert (f.bus_id, f.code, f.pid, f.process, f.mig) == (bus, code, pid, proc, mig)
+
+
+def test_fallen_off_the_bus_one_and_three_line_forms() -> None:
+    p = NvidiaLineParser()
+    assert p.feed("NVRM: GPU 0000:18:00.0: GPU has fallen off the bus.") == FellOffBus(
+        "0000:18:00.0", "NVRM: GPU 0000:18:00.0: GPU has fallen off the bus.")
+    assert p.feed("NVRM: The NVIDIA GPU 0000:b3:00.0") is None
+    assert p.feed("NVRM: (PCI ID: 10de:26b5) installed in this system has") is None
+    f = p.feed("NVRM: fallen off the bus and is not responding to commands.")
+    assert isinstance(f, FellOffBus) and f.bus_id == "0000:b3:00.0"
+    # a head line whose tail never comes is forgotten
+    p.feed("NVRM: The NVIDIA GPU 0000:c3:00.0")
+    for _ in range(5):
+        p.feed("something else")
+    assert p.feed("NVRM: fallen off the bus and is not responding to commands.") is None
+
+
+def test_sxid_and_module_errors_and_harmless_lines() -> None:
+    p = NvidiaLineParser()
+    s = p.feed("nvidia-nvswitch1: SXid (PCI:0000:06:00.0): 20034, Fatal, Link 30 LTSSM Fault Up")
+    assert isinstance(s, SXid) and s.code == 20034 and s.fatal and s.bus_id == "0000:06:00.0"
+    s = p.feed("nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 12028, Non-fatal, Link 32 egress non-posted PRIV error")
+    assert isinstance(s, SXid) and not s.fatal
+    m = p.feed("nvidia_peermem: disagrees about version of symbol ib_register_peer_memory_client")
+    assert m == ModuleError("nvidia_peermem", "version_mismatch", "ib_register_peer_memory_client",
+                            "nvidia_peermem: disagrees about version of symbol ib_register_peer_memory_client")
+    m = p.feed("nvidia_peermem: Unknown symbol ib_register_peer_memory_client (err -22)")
+    assert isinstance(m, ModuleError) and m.kind == "unknown_symbol"
+    m = p.feed("modprobe: ERROR: could not insert 'nvidia_peermem': Invalid argument")
+    assert isinstance(m, ModuleError) and m.kind == "insert_failed" and m.module == "nvidia_peermem"
+    assert p.feed("nvidia-peermem nv_get_p2p_free_callback:127 ERROR detected invalid context, skipping further "
+                  "processing") is None
+    assert p.feed("EXT4-fs (vda): mounted filesystem") is None
+
+
+def test_xid_catalog_never_cordons_on_application_errors() -> None:
+    for code in (13, 31, 43, 45, 68):
+        info = classify(code)
+        assert info.application and info.action == "none" and info.severity == "warning" and not info.fatal
+    assert classify(79).action == "reboot" and classify(79).fatal
+    assert classify(95).nvidia_action == "RESET_GPU" and classify(95).fatal
+    assert classify(48).action == "cordon"
+    assert classify(63).severity == "info"
+    assert classify(9999).nvidia_action == "UNKNOWN"
+
+
+@given(st.binary(max_size=600))
+def test_parse_record_never_crashes(data: bytes) -> None:
+    rec = parse_record(data)
+    if rec is not None:
+        assert rec.seq >= 0 and len(rec.message) <= 4096
+
+
+@given(st.lists(st.binary(max_size=120), max_size=30), st.integers(0, 10_000))
+def test_text_records_never_crash_and_cut_records_wait(chunks: list[bytes], cut: int) -> None:
+    data = b"\n".join(chunks)
+    end = 0
+    for _rec, stop in iter_text_records(data[: cut % (len(data) + 1)]):
+        assert stop > end
+        end = stop
+
+
+@given(st.text(max_size=2000))
+def test_line_parser_never_crashes(line: str) -> None:
+    p = NvidiaLineParser()
+    p.feed(line)
+    p.feed("NVRM: Xid (" + line)
+    p.feed("NVRM: The NVIDIA GPU " + line)
+
+
+def test_huge_line_is_capped() -> None:
+    rec = parse_record(b"4,1,1,-;NVRM: Xid (PCI:0000:3b:00): 31, " + b"A" * 10_000_000)
+    assert rec is not None and len(rec.message) == 4096
+    assert normalize_bus("PCI:0000:3B:00") == "0000:3b:00.0"
+
+
+def _collector(host: SimHost | Path, sink: Sink, state_dir: Path | None, tracker: ConditionTracker | None = None,
+               facts: FactStore | None = None, **cfg: object) -> KmsgXidCollector:
+    root = host.root if isinstance(host, SimHost) else host
+    em = CollectorEmitter("n", "kmsg_xid", sink, tracker or ConditionTracker(None), facts=facts or FactStore(),
+                          state_dir=state_dir)
+    return KmsgXidCollector(KmsgXidConfig(**cfg), HostRoot(root), em)  # type: ignore[arg-type]
+
+
+async def test_storm_of_800k_identical_xids_is_a_handful_of_messages(tmp_path: Path) -> None:
+    host = SimHost.gpu_node(tmp_path / "h", gpus=1)
+    line = b"NVRM: Xid (PCI:0000:18:00): 95, pid='<unknown>', name=<unknown>, Uncontained ECC error.\n"
+    with open(host.p("/dev/kmsg"), "wb") as fh:
+        fh.write(b"".join(b"3,%d,%d,-;" % (i, i * 10) + line for i in range(1, 800_001)))
+    sink = Sink()
+    t0 = time.perf_counter()
+    await _collector(host, sink, None).check()
+    elapsed = time.perf_counter() - t0
+    xid = [m for m in sink.messages if m.type == "GPUXidError"]
+    assert len(sink.messages) <= 5, [m.type for m in sink.messages]
+    assert xid[0].details["count"] == 1 and xid[-1].details["count"] == 800_000
+    assert {m.type for m in sink.messages} == {"GPUXidError", "GPUFatalXid"}
+    print(f"800k records in {elapsed:.1f}s")
+
+
+async def test_restart_neither_rereports_nor_misses_and_reboot_clears(tmp_path: Path) -> None:
+    host = SimHost.gpu_node(tmp_path / "h", gpus=2)
+    state = tmp_path / "state"
+    tracker = ConditionTracker(tmp_path / "conditions.json")
+    host.kmsg("NVRM: Xid (PCI:0000:18:00): 79, pid=1, name=python, GPU has fallen off the bus.")
+    sink = Sink()
+    c = _collector(host, sink, state, tracker)
+    task = asyncio.create_task(c.run())
+    await asyncio.sleep(0.5)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    first = [(m.type, m.status) for m in sink.messages]
+    assert ("GPUXidError", None) in first and ("GPUFellOffBus", "firing") in first
+    assert ("GPUFatalXid", "firing") in first
+    # restart, one new line: only the new line is reported
+    host.kmsg("NVRM: Xid (PCI:0000:2a:00): 13, pid=9, name=bad.py, Graphics Exception")
+    sink2 = Sink()
+    c2 = _collector(host, sink2, state, ConditionTracker(tmp_path / "conditions.json"))
+    task = asyncio.create_task(c2.run())
+    await asyncio.sleep(0.5)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert [(m.type, m.entity) for m in sink2.messages] == [("GPUXidError", "gpu:0000:2a:00.0")]
+    # reboot: a new boot id; reboot-class conditions from before resolve
+    host.set_boot("00000000-0000-4000-8000-000000000002", uptime=30)
+    sink3 = Sink()
+    c3 = _collector(host, sink3, state, ConditionTracker(tmp_path / "conditions.json"))
+    task = asyncio.create_task(c3.run())
+    await asyncio.sleep(0.3)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    resolved = {(m.type, m.entity) for m in sink3.messages if m.status == "resolved"}
+    assert resolved == {("GPUFellOffBus", "gpu:0000:18:00.0"), ("GPUFatalXid", "gpu:0000:18:00.0")}
+    assert all(m.reason == "Rebooted" for m in sink3.messages if m.status == "resolved")
+
+
+async def test_first_start_looks_back_only_the_window(tmp_path: Path) -> None:
+    host = SimHost.gpu_node(tmp_path / "h", gpus=1)
+    host.set_boot("b1", uptime=10_000)
+    host.kmsg("NVRM: Xid (PCI:0000:18:00): 31, pid=1, name=old, fault", usec=1_000_000)  # 9,999 s ago
+    host.kmsg("NVRM: Xid (PCI:0000:18:00): 43, pid=2, name=new, stopped", usec=9_900 * 1_000_000)  # 100 s ago
+    sink = Sink()
+    c = _collector(host, sink, tmp_path / "st", lookback_seconds=600)
+    task = asyncio.create_task(c.run())
+    await asyncio.sleep(0.4)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert [m.details["xid"] for m in sink.messages] == [43]
+
+
+async def test_fatal_xid_clears_after_quiet_period(tmp_path: Path) -> None:
+    host = SimHost.gpu_node(tmp_path / "h", gpus=1)
+    host.kmsg("NVRM: Xid (PCI:0000:18:00): 119, pid=1, name=x, GSP RPC Timeout")
+    sink = Sink()
+    c = _collector(host, sink, tmp_path / "st", fatal_xid_clear_after=0.5, aggregation_window=0.2)
+    task = asyncio.create_task(c.run())
+    await asyncio.sleep(1.8)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    fatal = [(m.status, m.reason) for m in sink.messages if m.type == "GPUFatalXid"]
+    assert fatal == [("firing", "Xid119"), ("resolved", "QuietPeriodElapsed")]
+
+
+async def test_module_errors_become_facts_and_events(tmp_path: Path) -> None:
+    host = SimHost.gpu_node(tmp_path / "h", gpus=1)
+    for _ in range(3):
+        host.kmsg("nvidia_peermem: disagrees about version of symbol ib_register_peer_memory_client")
+    sink, facts = Sink(), FactStore()
+    await _collector(host, sink, None, facts=facts).check()
+    assert [m.type for m in sink.messages] == ["KernelModuleLoadError", "KernelModuleLoadError"]
+    assert sink.messages[-1].details["count"] == 3
+    assert len(facts.get("kernel.module_errors")["nvidia_peermem"]) == 3
+
+
+def _kmsg_writable() -> bool:
+    try:
+        fd = os.open("/dev/kmsg", os.O_WRONLY)
+    except OSError:
+        return False
+    os.close(fd)
+    return True
+
+
+@pytest.mark.skipif(not _kmsg_writable(), reason="/dev/kmsg is not writable here (needs root and a kernel log)")
+async def test_real_dev_kmsg_record_is_seen_live(tmp_path: Path) -> None:
+    sink = Sink()
+    c = _collector(Path("/"), sink, tmp_path / "st", lookback_seconds=0)
+    task = asyncio.create_task(c.run())
+    await asyncio.sleep(0.5)  # old records are outside the zero look-back
+    marker = f"gna-selftest-{os.getpid()}-{time.monotonic_ns()}"
+    # a synthetic record on an impossible bus (ff), tagged so no real operator mistakes it
+    with open("/dev/kmsg", "w") as fh:
+        fh.write(f"NVRM: Xid (PCI:0000:ff:1f): 43, pid=1, name={marker}, GPU stopped processing\n")
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 5 and not any(m.details.get("process") == marker for m in sink.messages):
+        await asyncio.sleep(0.01)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    hits = [m for m in sink.messages if m.details.get("process") == marker]
+    assert len(hits) == 1 and hits[0].entity == "gpu:0000:ff:1f.0"
+    assert c.checkpoint is not None and c.checkpoint > 0

@@ -1,0 +1,132 @@
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from agent.emitter import CollectorEmitter, ConditionTracker
+from agent.facts import FactStore
+from agent.hostroot import HostRoot
+from agent.message import Message
+from collectors import nvml_lib
+from collectors.nvml import NVMLCollector, NVMLConfig
+from tests.conftest import validate_message
+from tests.fake_nvml import FakeGPU, FakeNVML
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.messages: list[Message] = []
+
+    async def __call__(self, m: Message) -> bool:
+        self.messages.append(m)
+        return True
+
+
+def _collector(fake: FakeNVML | None, sink: Sink, facts: FactStore | None = None, **cfg: object) -> NVMLCollector:
+    em = CollectorEmitter("n", "nvml", sink, ConditionTracker(None), facts=facts or FactStore())
+    return NVMLCollector(NVMLConfig(**cfg), HostRoot("/nonexistent"), em, nvml=fake)  # type: ignore[arg-type]
+
+
+def _gpus(n: int = 4) -> list[FakeGPU]:
+    return [FakeGPU(f"00000000:{b}:00.0") for b in ("18", "2A", "3A", "5D")[:n]]
+
+
+async def test_healthy_gpus_raise_nothing() -> None:
+    sink = Sink()
+    await _collector(FakeNVML(_gpus()), sink).collect()
+    assert sink.messages == []
+
+
+async def test_every_health_check_fires_with_the_right_entity() -> None:
+    gpus = _gpus()
+    gpus[0].dbe_volatile = 2
+    gpus[1].remapped = (0, 1, 1, 0)
+    gpus[1].nvlinks = [1] * 16 + [0, 0]
+    gpus[2].pcie = (5, 8, 5, 16)
+    gpus[2].clock_reasons = 0x40 | 0x1  # thermal slowdown + GPU idle (ignored)
+    gpus[3].remapped = (0, 3, 0, 1)
+    gpus[3].mig = (0, 1)
+    sink, facts = Sink(), FactStore()
+    await _collector(FakeNVML(gpus), sink, facts).collect()
+    got = {(m.type, m.entity, m.severity) for m in sink.messages}
+    assert got == {
+        ("GPUEccUncorrectable", "gpu:0000:18:00.0", "critical"),
+        ("GPURowRemapPending", "gpu:0000:2a:00.0", "warning"),
+        ("GPUNVLinkDown", "gpu:0000:2a:00.0", "warning"),
+        ("GPUPCIeLinkDegraded", "gpu:0000:3a:00.0", "warning"),
+        ("GPUThrottled", "gpu:0000:3a:00.0", "warning"),
+        ("GPURowRemapFailure", "gpu:0000:5d:00.0", "critical"),
+        ("GPUMIGModePending", "gpu:0000:5d:00.0", "warning"),
+    }
+    for m in sink.messages:
+        validate_message(__import__("agent.message", fromlist=["x"]).to_dict(m))
+    throttled = next(m for m in sink.messages if m.type == "GPUThrottled")
+    assert throttled.details["reasons"] == ["hw_thermal_slowdown"]
+    nv = next(m for m in sink.messages if m.type == "GPUNVLinkDown")
+    assert nv.details == {"links_down": [16, 17], "links": 18}
+    assert len(facts.get("nvml.devices")) == 4
+
+
+async def test_lost_gpu_and_unsupported_calls() -> None:
+    gpus = _gpus(2)
+    gpus[1].lost = True
+    gpus[0].mig = None  # NOT_SUPPORTED: skipped quietly
+    gpus[0].nvlinks = []  # PCIe-only board: no NVLink
+    sink = Sink()
+    await _collector(FakeNVML(gpus), sink).collect()
+    assert [(m.type, m.entity, m.suggested_action) for m in sink.messages] == [("GPULost", "gpu:nvml1", "reboot")]
+
+
+async def test_gen_drop_is_ignored_by_default_but_width_is_not() -> None:
+    gpus = _gpus(1)
+    gpus[0].pcie = (1, 16, 5, 16)  # idle power saving drops the generation
+    sink = Sink()
+    await _collector(FakeNVML(gpus), sink).collect()
+    assert sink.messages == []
+    await _collector(FakeNVML(gpus), sink, pcie_gen_check=True).collect()
+    assert [m.type for m in sink.messages] == ["GPUPCIeLinkDegraded"]
+
+
+async def test_absent_nvml_is_quiet(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    why = "NVMLError_LibraryNotFound: NVML Shared Library Not Found"
+    monkeypatch.setattr(nvml_lib, "_state", {"lib": None, "why": why})
+    sink, facts = Sink(), FactStore()
+    c = _collector(None, sink, facts)
+    for _ in range(3):
+        await c.collect()
+    assert sink.messages == [] and facts.get("nvml.available") is False
+    assert c._said_unsupported
+
+
+async def test_xid_events_from_event_set_aggregate_and_defer_to_kmsg() -> None:
+    fake = FakeNVML(_gpus(2))
+    sink, facts = Sink(), FactStore()
+    c = _collector(fake, sink, facts, aggregation_window=0.5)
+    task = asyncio.create_task(c.run())
+    await asyncio.sleep(0.2)
+    for _ in range(50):
+        fake.inject_xid(1, 95)
+    await asyncio.sleep(2.5)
+    facts.set("kmsg_xid.active", True)  # the kernel log is read: NVML stops double-reporting
+    fake.inject_xid(0, 48)
+    await asyncio.sleep(1.5)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    xids = [(m.entity, m.details["xid"], m.details["count"]) for m in sink.messages if m.type == "GPUXidError"]
+    assert xids[0] == ("gpu:0000:2a:00.0", 95, 1)
+    assert xids[1][2] == 50 and len(xids) == 2, xids
+    assert fake.registered == [0, 1]
+
+
+def test_normalize_bus_id() -> None:
+    assert nvml_lib.normalize_bus_id(b"00000000:3B:00.0") == "0000:3b:00.0"
+    assert nvml_lib.normalize_bus_id("0000:3b:00.0") == "0000:3b:00.0"
+
+
+def test_real_nvml_absent_here_reports_why(tmp_path: Path) -> None:
+    lib, why = nvml_lib.load_nvml()
+    if lib is not None:
+        pytest.skip("a real NVML is present on this machine")
+    assert why
