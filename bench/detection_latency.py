@@ -1,0 +1,205 @@
+#!/usr/bin/env python3
+"""Detection latency of the fast paths, to a NATS subscriber, and the agent's idle CPU.
+
+(a) /dev/nvidiaN deleted on a simulated host root -> GPUDevicesMissing received (inotify path);
+    baseline in the same invocation: the same agent with inotify/udev off and a 1 s poll
+    (what a polling monitor gets at its best).
+(b) an Xid line written to the kernel log -> GPUXidError received: the real /dev/kmsg when it
+    is writable (root), else a kmsg file on the simulated host root.
+(c) idle CPU (millicores) and RSS of an agent on an 8-GPU / 8-HCA simulated node with every
+    collector at its default interval.
+
+    python bench/detection_latency.py [--trials 200] [--idle 60]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import nats
+
+from agent.nats_server import NatsServerProcess
+from agent.simhost import SimHost
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def start_agent(work: Path, host: SimHost, url: str, extra: str, name: str) -> subprocess.Popen[bytes]:
+    cfg = work / f"{name}.toml"
+    cfg.write_text(f'node = "{name}"\nhost_root = "{host.root}"\nstate_dir = "{work / name}"\n'
+                   f'[nats]\nservers = ["{url}"]\n[metrics]\nlisten = ""\n[log]\nlevel = "warning"\n{extra}')
+    return subprocess.Popen([sys.executable, "-m", "agent", "run", "--config", str(cfg)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+class Waiter:
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[dict[str, object]] = asyncio.Queue()
+
+    async def on_msg(self, msg: object) -> None:
+        await self.queue.put(json.loads(msg.data))  # type: ignore[attr-defined]
+
+    async def wait_for(self, pred: object, timeout: float = 10.0) -> float:
+        deadline = time.perf_counter() + timeout
+        while True:
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                raise TimeoutError
+            m = await asyncio.wait_for(self.queue.get(), left)
+            if pred(m):  # type: ignore[operator]
+                return time.perf_counter()
+
+    def drain(self) -> None:
+        while not self.queue.empty():
+            self.queue.get_nowait()
+
+
+def pct(xs: list[float], p: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(round(p / 100 * (len(s) - 1))))]
+
+
+async def devnode_trials(url: str, work: Path, trials: int, extra: str, name: str) -> list[float]:
+    host = SimHost.gpu_node(work / f"host-{name}", gpus=8)
+    proc = start_agent(work, host, url, extra, name)
+    nc = await nats.connect(url)
+    w = Waiter()
+    await nc.subscribe(f"gna.events.{name}.gpu_devices.>", cb=w.on_msg)
+    lat: list[float] = []
+    try:
+        await asyncio.sleep(3.0)
+        w.drain()
+        for _ in range(trials):
+            t0 = time.perf_counter()
+            host.remove_dev_node("nvidia3")
+            t1 = await w.wait_for(lambda m: m["type"] == "GPUDevicesMissing" and m["status"] == "firing")
+            lat.append((t1 - t0) * 1000)
+            host.add_dev_node("nvidia3")
+            await w.wait_for(lambda m: m["type"] == "GPUDevicesMissing" and m["status"] == "resolved")
+            await asyncio.sleep(0.01)
+    finally:
+        await nc.close()
+        stop(proc)
+    return lat
+
+
+def kmsg_writable() -> bool:
+    try:
+        os.close(os.open("/dev/kmsg", os.O_WRONLY))
+        return True
+    except OSError:
+        return False
+
+
+async def kmsg_trials(url: str, work: Path, trials: int, real: bool) -> list[float]:
+    host = SimHost.gpu_node(work / "host-kmsg", gpus=8)
+    extra = "[collectors.kmsg_xid]\nlookback_seconds = 0.0\n"
+    if real:
+        extra += f'path = "{os.path.relpath("/dev/kmsg", host.root)}"\n'  # ../../dev/kmsg: the real device
+        # the look-back is measured against the real kernel's uptime and boot
+        host.write("/proc/uptime", Path("/proc/uptime").read_text())
+        host.write("/proc/sys/kernel/random/boot_id", Path("/proc/sys/kernel/random/boot_id").read_text())
+    proc = start_agent(work, host, url, extra, "kmsg-node")
+    nc = await nats.connect(url)
+    w = Waiter()
+    await nc.subscribe("gna.events.kmsg-node.kmsg_xid.>", cb=w.on_msg)
+    lat: list[float] = []
+    tag = f"gna-bench-{os.getpid()}"
+    try:
+        await asyncio.sleep(3.0)
+        w.drain()
+        for i in range(trials):
+            bus = f"0000:{i % 256:02x}:{(i // 256) % 32:02x}"  # a new (GPU, Xid) key: not aggregated
+            line = f"NVRM: Xid (PCI:{bus}): 43, pid={i + 1}, name={tag}, GPU stopped processing"
+            t0 = time.perf_counter()
+            if real:
+                with open("/dev/kmsg", "w") as fh:
+                    fh.write(line + "\n")
+            else:
+                host.kmsg(line)
+            want = f"gpu:{bus}.0"
+            t1 = await w.wait_for(lambda m, want=want: m["type"] == "GPUXidError" and m["entity"] == want)
+            lat.append((t1 - t0) * 1000)
+    finally:
+        await nc.close()
+        stop(proc)
+    return lat
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+async def idle(url: str, work: Path, seconds: float) -> tuple[float, float]:
+    host = SimHost.gpu_node(work / "host-idle", gpus=8, hcas=8)
+    proc = start_agent(work, host, url, "", "idle-node")
+    try:
+        await asyncio.sleep(5.0)  # start-up (imports, first passes) is not idle
+        c0, t0 = cpu_seconds(proc.pid), time.monotonic()
+        await asyncio.sleep(seconds)
+        c1, t1 = cpu_seconds(proc.pid), time.monotonic()
+        return (c1 - c0) / (t1 - t0) * 1000, rss_mib(proc.pid)
+    finally:
+        stop(proc)
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--trials", type=int, default=200)
+    ap.add_argument("--idle", type=float, default=60.0)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="gna-lat-") as tmp:
+        work = Path(tmp)
+        server = NatsServerProcess(work / "nats")
+        server.start()
+        try:
+            fast = await devnode_trials(server.url, work, args.trials,
+                                        "[collectors.gpu_devices]\ninterval = 3600.0\nudev = false\n", "inotify-node")
+            poll = await devnode_trials(server.url, work, max(20, args.trials // 10),
+                                        "[collectors.gpu_devices]\ninterval = 1.0\njitter = 0.0\nudev = false\n"
+                                        "inotify = false\n", "poll-node")
+            real = kmsg_writable()
+            kmsg = await kmsg_trials(server.url, work, args.trials, real)
+            millicores, rss = await idle(server.url, work, args.idle)
+        finally:
+            server.stop()
+    print(f"(a) /dev/nvidia3 deleted -> GPUDevicesMissing at a NATS subscriber, {len(fast)} trials (inotify):")
+    print(f"    p50 {pct(fast, 50):.1f} ms   p99 {pct(fast, 99):.1f} ms   max {max(fast):.1f} ms   (goal p99 <= 100 ms)")
+    print(f"    baseline, same agent polling every 1 s ({len(poll)} trials): p50 {pct(poll, 50):.0f} ms  "
+          f"p99 {pct(poll, 99):.0f} ms   ratio p50 poll/inotify {pct(poll, 50) / pct(fast, 50):.0f}x")
+    print(f"(b) Xid line -> GPUXidError at a NATS subscriber, {len(kmsg)} trials "
+          f"({'real /dev/kmsg' if real else 'kmsg fixture file'}):")
+    print(f"    p50 {pct(kmsg, 50):.1f} ms   p99 {pct(kmsg, 99):.1f} ms   max {max(kmsg):.1f} ms   (goal p99 <= 100 ms)")
+    print(f"(c) idle agent, 8 GPUs + 8 HCAs, default intervals, {args.idle:.0f} s: {millicores:.2f} millicores, "
+          f"RSS {rss:.1f} MiB")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
