@@ -168,3 +168,25 @@ def test_restart_with_a_device_already_missing(tmp_path: Path) -> None:
                        capture_output=True, text=True, timeout=60)
     conds = [(c["type"], c["entity"]) for c in json.loads(r.stdout)["conditions"]]
     assert r.returncode == 2 and conds == [("GPUDevicesMissing", "gpu:0000:ba:00.0")]
+
+
+async def test_without_udev_it_says_so_once_and_still_fires(tmp_path: Path, nats_server: NatsServerProcess,
+                                                            monkeypatch: pytest.MonkeyPatch,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    def no_netlink(self: UdevMonitor) -> bool:
+        self.error = "PermissionError(1, 'Operation not permitted')"
+        return False
+
+    monkeypatch.setattr(UdevMonitor, "start", no_netlink)
+    host = SimHost.gpu_node(tmp_path / "h", gpus=2)
+    cfg = agent_config(tmp_path, servers=[nats_server.url], host_root=host.root,
+                       extra="[collectors.gpu_devices]\ninterval = 3600.0\njitter = 0.0\n")
+    async with running_agent(cfg) as agent:
+        await asyncio.sleep(0.5)
+        host.remove_dev_node("nvidia1")
+        t0 = time.monotonic()
+        while not agent.tracker or not agent.tracker.active:  # type: ignore[truthy-function]
+            await asyncio.sleep(0.005)
+            assert time.monotonic() - t0 < 5
+    out = capsys.readouterr().out
+    assert out.count("gpu_devices_udev_unavailable") == 1
