@@ -135,6 +135,8 @@ class Agent:
                 self.metrics.collector_errors.labels(name, "init").inc()
                 continue
             runner = CollectorRunner(collector, settings, emitter, self.metrics, agent_emitter)
+            if callable(getattr(collector, "prometheus_families", None)):
+                self.metrics.plugins.sources[name] = collector.prometheus_families
             self.runners[name] = runner
             self._collector_tasks[name] = asyncio.get_running_loop().create_task(runner.run(), name=f"collector:{name}")
         log.info("collectors_started", collectors=sorted(self.runners))
@@ -145,6 +147,7 @@ class Agent:
         await asyncio.gather(*self._collector_tasks.values(), return_exceptions=True)
         self._collector_tasks.clear()
         self.runners.clear()
+        self.metrics.plugins.sources.clear()
 
     # -- health / metrics ------------------------------------------------------------
     def health(self) -> tuple[bool, str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable
+from typing import Any
 
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -45,8 +46,31 @@ class AgentMetrics:
         self.nats_connected = Gauge("gna_nats_connected", "1 while connected to NATS", registry=r)
         self.conditions_active = Gauge("gna_conditions_active", "Firing conditions", registry=r)
 
+        self.plugins = PluginMetrics()
+        r.register(self.plugins)
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class PluginMetrics:
+    """Collectors with ``prometheus_families()`` export their own series (from their last pass:
+    a scrape never reads sysfs)."""
+
+    def __init__(self) -> None:
+        self.sources: dict[str, Callable[[], list[Any]]] = {}
+
+    def collect(self) -> list[Any]:
+        out: list[Any] = []
+        for name, source in list(self.sources.items()):
+            try:
+                out.extend(source())
+            except Exception as exc:  # a plugin bug must not break /metrics
+                log.error("plugin_metrics_failed", collector=name, error=repr(exc))
+        return out
+
+    def describe(self) -> list[Any]:
+        return []
 
 
 class MetricsServer:

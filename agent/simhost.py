@@ -15,6 +15,19 @@ NVIDIA_VENDOR = "0x10de"
 H100_SXM = "0x2330"
 H200_SXM = "0x2335"
 NVIDIA_MAJOR = 195
+IB_COUNTERS = ("VL15_dropped", "excessive_buffer_overrun_errors", "link_downed", "link_error_recovery",
+               "local_link_integrity_errors", "port_rcv_constraint_errors", "port_rcv_data", "port_rcv_errors",
+               "port_rcv_packets", "port_rcv_remote_physical_errors", "port_rcv_switch_relay_errors",
+               "port_xmit_constraint_errors", "port_xmit_data", "port_xmit_discards", "port_xmit_packets",
+               "port_xmit_wait", "symbol_error", "unicast_rcv_packets", "unicast_xmit_packets",
+               "multicast_rcv_packets", "multicast_xmit_packets")
+IB_HW_COUNTERS = ("duplicate_request", "implied_nak_seq_err", "lifespan", "local_ack_timeout_err", "out_of_buffer",
+                  "out_of_sequence", "packet_seq_err", "req_cqe_error", "req_cqe_flush_error",
+                  "req_remote_access_errors", "req_remote_invalid_request", "resp_cqe_error",
+                  "resp_cqe_flush_error", "resp_local_length_error", "resp_remote_access_errors",
+                  "rnr_nak_retry_err", "rx_atomic_requests", "rx_read_requests", "rx_write_requests",
+                  "np_cnp_sent", "np_ecn_marked_roce_packets", "rp_cnp_handled", "rp_cnp_ignored",
+                  "roce_adp_retrans", "roce_slow_restart")
 UVM_MAJOR = 511
 
 
@@ -117,11 +130,35 @@ class SimHost:
         self.write(f"{base}/node_type", "1: CA\n")
         self.write(f"{base}/fw_ver", "28.39.1002\n")
         for port in range(1, ports + 1):
-            p = f"{base}/ports/{port}"
-            self.write(f"{p}/state", f"{state}\n")
-            self.write(f"{p}/phys_state", f"{phys_state}\n")
-            self.write(f"{p}/rate", f"{rate}\n")
-            self.write(f"{p}/link_layer", f"{link_layer}\n")
+            self.set_port(name, port, state=state, phys_state=phys_state, rate=rate)
+            self.write(f"{base}/ports/{port}/link_layer", f"{link_layer}\n")
+            for counter in IB_COUNTERS:
+                self.set_counter(name, port, counter, 0)
+            for counter in IB_HW_COUNTERS:
+                self.set_counter(name, port, counter, 0, hw=True)
+
+    def set_port(self, hca: str, port: int = 1, *, state: str | None = None, phys_state: str | None = None,
+                 rate: str | None = None) -> None:
+        p = f"/sys/class/infiniband/{hca}/ports/{port}"
+        for name, value in (("state", state), ("phys_state", phys_state), ("rate", rate)):
+            if value is not None:
+                self.write(f"{p}/{name}", f"{value}\n")
+
+    def set_counter(self, hca: str, port: int, name: str, value: int | str, *, hw: bool = False) -> None:
+        sub = "hw_counters" if hw else "counters"
+        self.write(f"/sys/class/infiniband/{hca}/ports/{port}/{sub}/{name}", f"{value}\n")
+
+    def add_counter(self, hca: str, port: int, name: str, delta: int, *, hw: bool = False) -> int:
+        sub = "hw_counters" if hw else "counters"
+        path = self.p(f"/sys/class/infiniband/{hca}/ports/{port}/{sub}/{name}")
+        value = int(path.read_text().strip() or 0) + delta
+        self.set_counter(hca, port, name, value, hw=hw)
+        return value
+
+    def remove_hca(self, name: str) -> None:
+        import shutil
+
+        shutil.rmtree(self.p(f"/sys/class/infiniband/{name}"))
 
     def add_gdr_provider(self) -> None:
         """What nvidia_peermem (or nv_peer_mem) exposes when GPUDirect RDMA is available."""
@@ -146,9 +183,10 @@ class SimHost:
     # -- presets ---------------------------------------------------------------------
     @classmethod
     def gpu_node(cls, root: str | Path, gpus: int = 8, *, driver_loaded: bool = True, hcas: int = 0,
-                 peermem: bool = True) -> SimHost:
+                 peermem: bool = True, storage_nic: bool = False) -> SimHost:
         """An HGX-style node: ``gpus`` H100s, driver and device nodes present (healthy); with
-        ``hcas`` NDR HCAs (mlx5_0..) and nvidia_peermem loaded when ``peermem``."""
+        ``hcas`` NDR HCAs (mlx5_0..), an extra RoCE storage NIC when ``storage_nic``, and
+        nvidia_peermem loaded when ``peermem``."""
         host = cls(Path(root))
         host.root.mkdir(parents=True, exist_ok=True)
         host.set_boot("00000000-0000-4000-8000-000000000001")
@@ -169,6 +207,8 @@ class SimHost:
             host._write_proc_modules()
         for i in range(hcas):
             host.add_hca(f"mlx5_{i}")
+        if storage_nic:
+            host.add_hca(f"mlx5_{hcas}", link_layer="Ethernet", rate="200 Gb/sec (4X HDR)")
         if hcas and driver_loaded and peermem:
             host.load_module("nvidia_peermem", version="550.127.05")
             host.add_gdr_provider()

@@ -1,0 +1,151 @@
+"""Reading /sys/class/infiniband: value parsers (property-tested) and one cheap port snapshot.
+
+Facts (shared field facts section 4): ``state`` is "%d: %s", ``phys_state`` "%u: %s" and may
+contain a space ("7: Phy Test": split at the first ':'); ``rate`` "400 Gb/sec (4X NDR)";
+legacy PMA error counters keep their native width and saturate at all-ones; ``port_*_data``
+counts 4-byte words; several hw_counters are 32-bit and wrap; reads may fail (EINVAL, EACCES)
+or say "N/A (no PMA)".
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+
+# Native widths of the legacy PMA counters (bits). Data/packet counters are read through the
+# 64-bit extended PMA on every HCA the kernel still supports; a 32-bit all-ones still means stuck.
+COUNTER_BITS = {
+    "symbol_error": 16, "link_error_recovery": 8, "link_downed": 8, "port_rcv_errors": 16,
+    "port_rcv_remote_physical_errors": 16, "port_rcv_switch_relay_errors": 16, "port_xmit_discards": 16,
+    "port_xmit_constraint_errors": 8, "port_rcv_constraint_errors": 8, "local_link_integrity_errors": 4,
+    "excessive_buffer_overrun_errors": 4, "VL15_dropped": 16, "port_xmit_wait": 32,
+    "port_xmit_data": 64, "port_rcv_data": 64, "port_xmit_packets": 64, "port_rcv_packets": 64,
+    "unicast_xmit_packets": 64, "unicast_rcv_packets": 64, "multicast_xmit_packets": 64,
+    "multicast_rcv_packets": 64,
+}
+# hw_counters read by default (mlx5); others in the directory are ignored unless configured.
+HW_COUNTERS = ("out_of_buffer", "out_of_sequence", "packet_seq_err", "local_ack_timeout_err", "rnr_nak_retry_err",
+               "roce_adp_retrans", "roce_slow_restart", "np_ecn_marked_roce_packets", "np_cnp_sent",
+               "rp_cnp_handled", "rp_cnp_ignored", "implied_nak_seq_err", "req_cqe_error")
+WORD_BYTES = 4  # port_xmit_data / port_rcv_data count 4-byte words
+
+_RATE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*Gb/sec(?:\s*\((\d+)X\s*([A-Za-z0-9]*)\))?")
+
+
+def parse_enum(text: str | None) -> tuple[int, str] | None:
+    """'4: ACTIVE' -> (4, 'ACTIVE'); '7: Phy Test' -> (7, 'Phy Test'); None when unparsable."""
+    if not text:
+        return None
+    num, sep, name = text.strip().partition(":")
+    if not sep:
+        return None
+    try:
+        return int(num.strip()), name.strip()
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class Rate:
+    gbps: float
+    width: int | None  # lanes: 1, 2, 4, 8, 12
+    speed: str  # SDR DDR QDR FDR10 FDR EDR HDR NDR XDR, "" when not given
+
+
+def parse_rate(text: str | None) -> Rate | None:
+    if not text:
+        return None
+    m = _RATE.match(text)
+    if not m:
+        return None
+    return Rate(float(m.group(1)), int(m.group(2)) if m.group(2) else None, (m.group(3) or "").upper())
+
+
+def parse_counter(text: str | bytes | None) -> int | None:
+    """A counter file's content -> int; None for empty, 'N/A (no PMA)', garbage, negatives."""
+    if text is None:
+        return None
+    if isinstance(text, bytes):
+        text = text.decode("ascii", "replace")
+    text = text.strip()
+    if not text or not text.isdigit():
+        return None
+    return int(text)
+
+
+def saturated(name: str, value: int) -> bool:
+    bits = COUNTER_BITS.get(name)
+    if bits is None:
+        return False
+    return value == (1 << bits) - 1 or (bits == 64 and value == (1 << 32) - 1)
+
+
+def counter_delta(name: str, old: int, new: int, *, hw: bool) -> int | None:
+    """Increase since the last read; None when the counter went backwards (reset: new baseline)."""
+    if new >= old:
+        return new - old
+    if hw and (1 << 31) <= old < (1 << 32) and new < (1 << 31):  # a 32-bit hw_counter wrapped
+        return new + (1 << 32) - old
+    return None
+
+
+def _read_small(path: str) -> bytes | None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return os.read(fd, 256)
+    except OSError:  # EINVAL/EIO from a PMA that does not answer
+        return None
+    finally:
+        os.close(fd)
+
+
+@dataclass
+class PortSnapshot:
+    hca: str
+    port: int
+    state: tuple[int, str] | None
+    phys_state: tuple[int, str] | None
+    rate: Rate | None
+    link_layer: str
+    counters: dict[str, int] = field(default_factory=dict)
+    hw_counters: dict[str, int] = field(default_factory=dict)
+    unreadable: list[str] = field(default_factory=list)  # files that failed to read or parse
+
+    @property
+    def entity(self) -> str:
+        return f"ib:{self.hca}/{self.port}"
+
+    @property
+    def active(self) -> bool:
+        return bool(self.state and self.state[0] == 4 and self.phys_state and self.phys_state[0] == 5)
+
+
+def read_port(hca_dir: str, hca: str, port: int, counters: tuple[str, ...], hw: tuple[str, ...],
+              names_cache: dict[str, list[str]]) -> PortSnapshot:
+    base = f"{hca_dir}/{hca}/ports/{port}"
+
+    def text(name: str) -> str | None:
+        raw = _read_small(f"{base}/{name}")
+        return raw.decode("ascii", "replace") if raw is not None else None
+
+    snap = PortSnapshot(hca, port, parse_enum(text("state")), parse_enum(text("phys_state")), parse_rate(text("rate")),
+                        (text("link_layer") or "").strip())
+    for sub, wanted, out in (("counters", counters, snap.counters), ("hw_counters", hw, snap.hw_counters)):
+        present = names_cache.get(f"{base}/{sub}")
+        if present is None:
+            try:
+                present = sorted(set(os.listdir(f"{base}/{sub}")) & set(wanted))
+            except OSError:
+                present = []
+            names_cache[f"{base}/{sub}"] = present
+        for name in present:
+            value = parse_counter(_read_small(f"{base}/{sub}/{name}"))
+            if value is None:
+                snap.unreadable.append(f"{sub}/{name}")
+            else:
+                out[name] = value
+    return snap

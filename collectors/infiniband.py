@@ -1,0 +1,393 @@
+"""InfiniBand / RoCE: port state, rate, flaps, error and congestion counter rates.
+
+Discovery under <host-root>/sys/class/infiniband/<hca>/ports/<n>/, rescanned on udev
+``infiniband`` events and every pass. Counter rates come from deltas between reads, aware of
+each counter's width (saturating PMA counters, wrapping 32-bit hw_counters, resets). Metrics are
+exported with node_exporter's ``node_infiniband_*`` names so existing dashboards map.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fnmatch
+import json
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import msgspec
+import structlog
+
+from agent.config import CollectorSettings
+from agent.spool import write_atomic
+from agent.types import Emitter, HostPaths, Severity
+from agent.udev import UdevMonitor, Uevent
+from collectors.ib_sysfs import COUNTER_BITS, HW_COUNTERS, WORD_BYTES, PortSnapshot, counter_delta, read_port, \
+    saturated
+
+log = structlog.get_logger(__name__)
+
+
+class Threshold(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Per counter: any increase critical, and/or rate limits (per second over the last interval,
+    per hour over the trailing hour)."""
+
+    any_increase: bool = False
+    warning_per_s: float = 0.0
+    warning_per_min: float = 0.0
+    critical_per_hour: float = 0.0
+
+
+# NVSentinel-like defaults (shared field facts section 4).
+DEFAULT_THRESHOLDS: dict[str, Threshold] = {
+    "link_downed": Threshold(any_increase=True),
+    "excessive_buffer_overrun_errors": Threshold(any_increase=True),
+    "local_link_integrity_errors": Threshold(any_increase=True),
+    "rnr_nak_retry_err": Threshold(any_increase=True),
+    "symbol_error": Threshold(warning_per_s=10, critical_per_hour=120),  # > 120/h breaks the IBTA 1e-12 BER
+    "link_error_recovery": Threshold(warning_per_min=5),
+    "port_rcv_errors": Threshold(warning_per_s=10),
+    "port_xmit_discards": Threshold(warning_per_s=100),
+    "local_ack_timeout_err": Threshold(warning_per_s=1),
+}
+
+
+class CongestionThresholds(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    np_cnp_sent_per_s: float = 1000.0
+    rp_cnp_handled_per_s: float = 1000.0
+    np_ecn_marked_roce_packets_per_s: float = 1000.0
+    port_xmit_wait_per_s: float = 1_000_000.0  # ticks with data queued but nothing sent
+
+
+class InfinibandConfig(CollectorSettings, kw_only=True, forbid_unknown_fields=True):
+    interval: float = 10.0
+    expected_hcas: list[str] = msgspec.field(default_factory=list)
+    exclude_hcas: list[str] = msgspec.field(default_factory=list)  # globs, e.g. a storage NIC
+    expected_rate_gbps: float = 0.0  # per node; 0: no rate check
+    expected_rate_gbps_per_hca: dict[str, float] = msgspec.field(default_factory=dict)
+    flap_count: int = 3
+    flap_window: float = 600.0
+    flap_hold_down: float = 900.0  # IBPortFlapping stays firing this long after the last flap
+    counter_hold_down: float = 300.0  # IBErrorCountersIncreasing clears after this long quiet
+    thresholds: dict[str, Threshold] = msgspec.field(default_factory=dict)  # merged over the defaults
+    congestion: CongestionThresholds = msgspec.field(default_factory=CongestionThresholds)
+    udev: bool = True
+
+
+@dataclass
+class PortState:
+    last: PortSnapshot | None = None
+    last_t: float = 0.0
+    was_active: bool | None = None
+    flaps: deque[float] = field(default_factory=deque)
+    last_flap: float = 0.0
+    history: dict[str, deque[tuple[float, int]]] = field(default_factory=dict)  # counter -> (t, cumulative)
+    cumulative: dict[str, int] = field(default_factory=dict)  # reset/wrap-corrected running totals
+    offending: dict[str, tuple[float, dict[str, Any]]] = field(default_factory=dict)  # counter -> (last t, info)
+    rates: dict[str, float] = field(default_factory=dict)
+
+
+class InfinibandCollector:
+    name: ClassVar[str] = "infiniband"
+    config_type: ClassVar[type[InfinibandConfig]] = InfinibandConfig
+    phase: ClassVar[int] = 15
+    wakeup: asyncio.Event | None = None
+
+    def __init__(self, config: InfinibandConfig, host: HostPaths, emit: Emitter) -> None:
+        self.config = config
+        self.host = host
+        self.emit = emit
+        self.thresholds = {**DEFAULT_THRESHOLDS, **config.thresholds}
+        self.counters = tuple(sorted(set(COUNTER_BITS)))
+        self.hw = tuple(sorted(set(HW_COUNTERS) | {c for c in config.thresholds if c not in COUNTER_BITS}))
+        self.ports: dict[tuple[str, int], PortState] = {}
+        self.seen_hcas: set[str] = set()
+        self.unreadable: dict[str, int] = {}  # "hca/port/file" -> times skipped
+        self._names: dict[str, list[str]] = {}
+        self._layout: list[tuple[str, int]] | None = None
+        self._boot_id = (host.read_text("/proc/sys/kernel/random/boot_id") or "").strip()
+        self._load_seen()
+
+    # -- discovery --------------------------------------------------------------------
+    def _excluded(self, hca: str) -> bool:
+        return any(fnmatch.fnmatchcase(hca, pat) for pat in self.config.exclude_hcas)
+
+    def _discover(self) -> list[tuple[str, int]]:
+        root = self.host.path("/sys/class/infiniband")
+        out: list[tuple[str, int]] = []
+        try:
+            hcas = sorted(p.name for p in root.iterdir())
+        except OSError:
+            hcas = []
+        for hca in hcas:
+            if self._excluded(hca):
+                continue
+            try:
+                ports = sorted(int(p.name) for p in (root / hca / "ports").iterdir() if p.name.isdigit())
+            except OSError:
+                ports = []
+            out.extend((hca, p) for p in ports)
+        return out
+
+    def _seen_file(self) -> Any:
+        return self.emit.state_dir / "seen_hcas.json" if self.emit.state_dir else None
+
+    def _load_seen(self) -> None:
+        path = self._seen_file()
+        if path is None:
+            return
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return
+        if isinstance(data, dict) and data.get("version") == 1 and data.get("boot_id") == self._boot_id:
+            self.seen_hcas = set(data.get("seen", []))
+
+    def _save_seen(self) -> None:
+        path = self._seen_file()
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(path, json.dumps({"version": 1, "boot_id": self._boot_id,
+                                           "seen": sorted(self.seen_hcas)}).encode(), fsync=False)
+
+    def _on_uevent(self, ev: Uevent) -> None:
+        self._layout = None  # rescan at once
+        self._names.clear()
+        if self.wakeup:
+            self.wakeup.set()
+
+    async def run(self) -> None:
+        mon = UdevMonitor(self._on_uevent, subsystems=("infiniband", "infiniband_verbs", "net"),
+                          name="infiniband") if self.config.udev else None
+        if mon and not mon.start():
+            log.info("infiniband_udev_unavailable", error=mon.error, fallback="periodic rescan")
+            mon = None
+        try:
+            await asyncio.Event().wait()
+        finally:
+            if mon:
+                mon.close()
+
+    # -- the pass ---------------------------------------------------------------------
+    def _read_all(self) -> list[PortSnapshot]:
+        layout = self._discover()
+        if layout != self._layout:
+            self._names.clear()
+            self._layout = layout
+        base = str(self.host.path("/sys/class/infiniband"))
+        return [read_port(base, hca, port, self.counters, self.hw, self._names) for hca, port in layout]
+
+    async def collect(self) -> None:
+        snaps = await asyncio.to_thread(self._read_all)
+        now = time.monotonic()
+        hcas = {s.hca for s in snaps}
+        if not hcas <= self.seen_hcas:
+            self.seen_hcas |= hcas
+            self._save_seen()
+        for hca in sorted((self.seen_hcas | set(self.config.expected_hcas)) - hcas):
+            if self._excluded(hca):
+                continue
+            await self.emit.condition(
+                "IBDeviceMissing", firing=True, severity="critical", entity=f"ib:{hca}",
+                reason="RemovedOrNotFound" if hca in self.seen_hcas else "ExpectedNotFound",
+                message=f"RDMA device {hca} is missing from /sys/class/infiniband.",
+                details={"expected": sorted(self.config.expected_hcas), "present": sorted(hcas)},
+                suggested_action="cordon")
+        present = set()
+        for snap in snaps:
+            key = (snap.hca, snap.port)
+            present.add(key)
+            st = self.ports.setdefault(key, PortState())
+            for f in snap.unreadable:
+                k = f"{snap.hca}/{snap.port}/{f}"
+                self.unreadable[k] = self.unreadable.get(k, 0) + 1
+            await self._port_state(snap, st, now)
+            await self._counters(snap, st, now)
+            st.last, st.last_t = snap, now
+        for key in set(self.ports) - present:
+            del self.ports[key]
+        self.emit.facts.set("infiniband.ports", {
+            s.entity: {"active": s.active, "link_layer": s.link_layer, "rate_gbps": s.rate.gbps if s.rate else None}
+            for s in snaps})
+
+    async def _port_state(self, snap: PortSnapshot, st: PortState, now: float) -> None:
+        active = snap.active
+        details = {"state": snap.state[1] if snap.state else None,
+                   "phys_state": snap.phys_state[1] if snap.phys_state else None,
+                   "rate": f"{snap.rate.gbps:g} Gb/sec" if snap.rate else None, "link_layer": snap.link_layer}
+        # A flap is a down->up; link_downed increments catch the ones shorter than the interval.
+        downs = 0
+        if st.last is not None and "link_downed" in snap.counters and "link_downed" in st.last.counters:
+            d = counter_delta("link_downed", st.last.counters["link_downed"], snap.counters["link_downed"], hw=False)
+            downs = d or 0
+        if st.was_active is False and active:
+            downs = max(downs, 1)
+        for _ in range(min(downs, 100)):
+            st.flaps.append(now)
+            st.last_flap = now
+        while st.flaps and now - st.flaps[0] > self.config.flap_window:
+            st.flaps.popleft()
+        st.was_active = active
+        if not active and snap.state is not None:
+            await self.emit.condition(
+                "IBPortDown", firing=True, severity="critical", entity=snap.entity,
+                reason="PhysicalLinkDown" if snap.phys_state and snap.phys_state[0] != 5 else "StateNotActive",
+                message=f"Port {snap.hca}/{snap.port} is {details['state']} ({details['phys_state']}).",
+                details=details, suggested_action="cordon")
+        flapping = len(st.flaps) >= self.config.flap_count
+        if flapping or (st.last_flap and now - st.last_flap < self.config.flap_hold_down
+                        and self._is_firing("IBPortFlapping", snap.entity)):
+            await self.emit.condition(
+                "IBPortFlapping", firing=True, severity="critical", entity=snap.entity, reason="LinkFlaps",
+                message=f"Port {snap.hca}/{snap.port} went down and came back {len(st.flaps)} times in "
+                        f"{self.config.flap_window:g} s.",
+                details={**details, "flaps_in_window": len(st.flaps), "window_s": self.config.flap_window,
+                         "hold_down_s": self.config.flap_hold_down}, suggested_action="cordon")
+        want = self.config.expected_rate_gbps_per_hca.get(snap.hca, self.config.expected_rate_gbps)
+        if want and active and snap.rate and snap.rate.gbps < want:
+            await self.emit.condition(
+                "IBPortDegraded", firing=True, severity="warning", entity=snap.entity, reason="RateBelowExpected",
+                message=f"Port {snap.hca}/{snap.port} runs at {snap.rate.gbps:g} Gb/s "
+                        f"({snap.rate.width}X {snap.rate.speed}), expected {want:g} Gb/s.",
+                details={**details, "expected_gbps": want, "width": snap.rate.width, "speed": snap.rate.speed},
+                suggested_action="inspect_hardware")
+
+    def _is_firing(self, type_: str, entity: str) -> bool:
+        return any(t == type_ and e == entity for t, e, _ in self.emit.active_conditions())
+
+    async def _counters(self, snap: PortSnapshot, st: PortState, now: float) -> None:
+        prev = st.last
+        dt = now - st.last_t if prev else 0.0
+        sat: list[str] = []
+        allc = {**snap.counters, **{f"hw:{k}": v for k, v in snap.hw_counters.items()}}
+        for key, value in allc.items():
+            hw = key.startswith("hw:")
+            name = key[3:] if hw else key
+            if not hw and saturated(name, value):
+                sat.append(name)
+                continue  # "at least": no rate from a stuck counter
+            old = (prev.hw_counters if hw else prev.counters).get(name) if prev else None
+            if old is None or (not hw and saturated(name, old)):
+                st.cumulative.setdefault(key, 0)
+                continue
+            delta = counter_delta(name, old, value, hw=hw)
+            if delta is None:
+                continue  # reset or driver reload: new baseline, no negative rate
+            total = st.cumulative.get(key, 0) + delta
+            st.cumulative[key] = total
+            hist = st.history.setdefault(key, deque())
+            hist.append((now, total))
+            while hist and now - hist[0][0] > 3600:
+                hist.popleft()
+            st.rates[key] = delta / dt if dt > 0 else 0.0
+            self._evaluate(name, delta, dt, hist, st, now)
+        offending = {c: info for c, (t, info) in st.offending.items() if now - t < self.config.counter_hold_down}
+        st.offending = {c: v for c, v in st.offending.items() if c in offending}
+        if offending:
+            worst: Severity = "critical" if any(i["severity"] == "critical" for i in offending.values()) else "warning"
+            names = ", ".join(sorted(offending))
+            await self.emit.condition(
+                "IBErrorCountersIncreasing", firing=True, severity=worst, entity=snap.entity,
+                reason="CountersAboveThreshold",
+                message=f"Error counters rising on {snap.hca}/{snap.port}: {names}.",
+                details={"counters": [offending[c] for c in sorted(offending)]},
+                suggested_action="cordon" if worst == "critical" else "inspect_hardware")
+        if sat:
+            await self.emit.condition(
+                "IBCounterSaturated", firing=True, severity="warning", entity=snap.entity, reason="CounterAtMaximum",
+                message=f"Counters on {snap.hca}/{snap.port} are stuck at their maximum ({', '.join(sat)}): "
+                        f"rates cannot be computed until they are reset (perfquery -x -R).",
+                details={"counters": sat, "bits": {c: COUNTER_BITS[c] for c in sat}})
+        await self._congestion(snap, st)
+
+    def _evaluate(self, name: str, delta: int, dt: float, hist: deque[tuple[float, int]], st: PortState,
+                  now: float) -> None:
+        th = self.thresholds.get(name)
+        if th is None or delta <= 0:
+            return
+        per_s = delta / dt if dt > 0 else float(delta)
+        last_hour = hist[-1][1] - hist[0][1] + (delta if len(hist) == 1 else 0)
+        info: dict[str, Any] | None = None
+        if th.any_increase:
+            info = {"counter": name, "delta": delta, "severity": "critical", "rule": "any increase"}
+        elif th.critical_per_hour and last_hour > th.critical_per_hour:
+            info = {"counter": name, "delta": delta, "last_hour": last_hour, "severity": "critical",
+                    "rule": f"> {th.critical_per_hour:g}/hour"}
+        elif th.warning_per_s and per_s > th.warning_per_s:
+            info = {"counter": name, "delta": delta, "rate_per_s": round(per_s, 3), "severity": "warning",
+                    "rule": f"> {th.warning_per_s:g}/s"}
+        elif th.warning_per_min and per_s * 60 > th.warning_per_min:
+            info = {"counter": name, "delta": delta, "rate_per_min": round(per_s * 60, 3), "severity": "warning",
+                    "rule": f"> {th.warning_per_min:g}/min"}
+        if info is not None:
+            info["window_s"] = round(dt, 3)
+            st.offending[name] = (now, info)
+
+    async def _congestion(self, snap: PortSnapshot, st: PortState) -> None:
+        c = self.config.congestion
+        rates = {
+            "np_cnp_sent": (st.rates.get("hw:np_cnp_sent", 0.0), c.np_cnp_sent_per_s),
+            "rp_cnp_handled": (st.rates.get("hw:rp_cnp_handled", 0.0), c.rp_cnp_handled_per_s),
+            "np_ecn_marked_roce_packets": (st.rates.get("hw:np_ecn_marked_roce_packets", 0.0),
+                                           c.np_ecn_marked_roce_packets_per_s),
+            "port_xmit_wait": (st.rates.get("port_xmit_wait", 0.0), c.port_xmit_wait_per_s),
+        }
+        over = {k: round(v, 1) for k, (v, limit) in rates.items() if limit and v > limit}
+        if over:
+            drops = st.rates.get("port_xmit_discards", 0.0) + st.rates.get("hw:out_of_buffer", 0.0)
+            await self.emit.condition(
+                "RoCECongestion", firing=True, severity="warning", entity=snap.entity, reason="CongestionSignals",
+                message=f"Congestion on {snap.hca}/{snap.port} without loss ({', '.join(sorted(over))} high): "
+                        f"check PFC/ECN settings; AllReduce stalls while nothing fails.",
+                details={"rates_per_s": {k: round(v, 1) for k, (v, _l) in rates.items()}, "over": over,
+                         "drop_rate_per_s": round(drops, 3)}, suggested_action="inspect_hardware")
+
+    # -- Prometheus (node_exporter names where they overlap) ---------------------------
+    def prometheus_families(self) -> list[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        labels = ["device", "port"]
+        state = GaugeMetricFamily("node_infiniband_state_id", "State of the InfiniBand port (0-5)", labels=labels)
+        phys = GaugeMetricFamily("node_infiniband_physical_state_id", "Physical state of the port (0-7)",
+                                 labels=labels)
+        rate = GaugeMetricFamily("node_infiniband_rate_bytes_per_second", "Maximum signal transfer rate",
+                                 labels=labels)
+        fams: dict[str, Any] = {}
+        rates = GaugeMetricFamily("gna_infiniband_counter_rate_per_second",
+                                  "Counter increase per second over the last interval", labels=[*labels, "counter"])
+
+        def counter(name: str) -> Any:
+            if name not in fams:
+                fams[name] = CounterMetricFamily(f"node_infiniband_{name}", f"InfiniBand {name}", labels=labels)
+            return fams[name]
+
+        for (hca, port), st in sorted(self.ports.items()):
+            snap = st.last
+            if snap is None:
+                continue
+            lv = [hca, str(port)]
+            if snap.state:
+                state.add_metric(lv, snap.state[0])
+            if snap.phys_state:
+                phys.add_metric(lv, snap.phys_state[0])
+            if snap.rate:
+                rate.add_metric(lv, snap.rate.gbps * 125_000_000)
+            for name, value in snap.counters.items():
+                if name == "port_xmit_data":
+                    counter("port_data_transmitted_bytes").add_metric(lv, value * WORD_BYTES)
+                elif name == "port_rcv_data":
+                    counter("port_data_received_bytes").add_metric(lv, value * WORD_BYTES)
+                elif name == "port_xmit_packets":
+                    counter("port_packets_transmitted").add_metric(lv, value)
+                elif name == "port_rcv_packets":
+                    counter("port_packets_received").add_metric(lv, value)
+                else:
+                    counter(name.lower()).add_metric(lv, value)
+            for key, value in st.rates.items():
+                rates.add_metric([*lv, key.removeprefix("hw:")], value)
+        skipped = CounterMetricFamily("gna_infiniband_unreadable_files", "Counter files skipped (EINVAL, N/A...)",
+                                      labels=["file"])
+        for f, n in sorted(self.unreadable.items()):
+            skipped.add_metric([f], n)
+        return [state, phys, rate, *fams.values(), rates, skipped]
