@@ -33,6 +33,20 @@ WORD_BYTES = 4  # port_xmit_data / port_rcv_data count 4-byte words
 _RATE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*Gb/sec(?:\s*\((\d+)X\s*([A-Za-z0-9]*)\))?")
 
 
+PORT_STATES = {1: "DOWN", 2: "INIT", 3: "ARMED", 4: "ACTIVE", 5: "ACTIVE_DEFER"}
+PHYS_STATES = {1: "Sleep", 2: "Polling", 3: "Disabled", 4: "PortConfigurationTraining", 5: "LinkUp",
+               6: "LinkErrorRecovery", 7: "Phy Test"}
+
+
+def consistent(value: tuple[int, str] | None, table: dict[int, str]) -> tuple[int, str] | None:
+    """The kernel prints number and name from one table; a file where they disagree (seen in a
+    capture: phys_state "4: ACTIVE") is not trusted either way."""
+    if value is None or value[0] not in table:
+        return value
+    norm = value[1].replace(" ", "").lower()
+    return value if norm == table[value[0]].replace(" ", "").lower() else None
+
+
 def parse_enum(text: str | None) -> tuple[int, str] | None:
     """'4: ACTIVE' -> (4, 'ACTIVE'); '7: Phy Test' -> (7, 'Phy Test'); None when unparsable."""
     if not text:
@@ -69,7 +83,7 @@ def parse_counter(text: str | bytes | None) -> int | None:
     if isinstance(text, bytes):
         text = text.decode("ascii", "replace")
     text = text.strip()
-    if not text or not text.isdigit():
+    if not text or not (text.isascii() and text.isdigit()):
         return None
     return int(text)
 
@@ -121,7 +135,8 @@ class PortSnapshot:
 
     @property
     def active(self) -> bool:
-        return bool(self.state and self.state[0] == 4 and self.phys_state and self.phys_state[0] == 5)
+        """ACTIVE (or ACTIVE_DEFER) with the physical link up; an unreadable phys_state defers to state."""
+        return bool(self.state and self.state[0] in (4, 5) and (self.phys_state is None or self.phys_state[0] == 5))
 
 
 def read_port(hca_dir: str, hca: str, port: int, counters: tuple[str, ...], hw: tuple[str, ...],
@@ -132,8 +147,13 @@ def read_port(hca_dir: str, hca: str, port: int, counters: tuple[str, ...], hw: 
         raw = _read_small(f"{base}/{name}")
         return raw.decode("ascii", "replace") if raw is not None else None
 
-    snap = PortSnapshot(hca, port, parse_enum(text("state")), parse_enum(text("phys_state")), parse_rate(text("rate")),
-                        (text("link_layer") or "").strip())
+    raw_state, raw_phys = parse_enum(text("state")), parse_enum(text("phys_state"))
+    snap = PortSnapshot(hca, port, consistent(raw_state, PORT_STATES), consistent(raw_phys, PHYS_STATES),
+                        parse_rate(text("rate")), (text("link_layer") or "").strip())
+    if snap.state is None:
+        snap.unreadable.append("state")
+    if snap.phys_state is None:
+        snap.unreadable.append("phys_state")
     for sub, wanted, out in (("counters", counters, snap.counters), ("hw_counters", hw, snap.hw_counters)):
         present = names_cache.get(f"{base}/{sub}")
         if present is None:

@@ -23,8 +23,7 @@ from agent.config import CollectorSettings
 from agent.spool import write_atomic
 from agent.types import Emitter, HostPaths, Severity
 from agent.udev import UdevMonitor, Uevent
-from collectors.ib_sysfs import COUNTER_BITS, HW_COUNTERS, WORD_BYTES, PortSnapshot, counter_delta, read_port, \
-    saturated
+from collectors.ib_sysfs import COUNTER_BITS, HW_COUNTERS, WORD_BYTES, PortSnapshot, counter_delta, read_port, saturated
 
 log = structlog.get_logger(__name__)
 
@@ -276,9 +275,9 @@ class InfinibandCollector:
                 continue  # reset or driver reload: new baseline, no negative rate
             total = st.cumulative.get(key, 0) + delta
             st.cumulative[key] = total
-            hist = st.history.setdefault(key, deque())
+            hist = st.history.setdefault(key, deque([(st.last_t, total - delta)]))  # baseline: previous read
             hist.append((now, total))
-            while hist and now - hist[0][0] > 3600:
+            while len(hist) > 1 and now - hist[1][0] >= 3600:
                 hist.popleft()
             st.rates[key] = delta / dt if dt > 0 else 0.0
             self._evaluate(name, delta, dt, hist, st, now)
@@ -307,7 +306,7 @@ class InfinibandCollector:
         if th is None or delta <= 0:
             return
         per_s = delta / dt if dt > 0 else float(delta)
-        last_hour = hist[-1][1] - hist[0][1] + (delta if len(hist) == 1 else 0)
+        last_hour = hist[-1][1] - hist[0][1]
         info: dict[str, Any] | None = None
         if th.any_increase:
             info = {"counter": name, "delta": delta, "severity": "critical", "rule": "any increase"}
@@ -384,8 +383,8 @@ class InfinibandCollector:
                     counter("port_packets_received").add_metric(lv, value)
                 else:
                     counter(name.lower()).add_metric(lv, value)
-            for key, value in st.rates.items():
-                rates.add_metric([*lv, key.removeprefix("hw:")], value)
+            for key, per_s in st.rates.items():
+                rates.add_metric([*lv, key.removeprefix("hw:")], per_s)
         skipped = CounterMetricFamily("gna_infiniband_unreadable_files", "Counter files skipped (EINVAL, N/A...)",
                                       labels=["file"])
         for f, n in sorted(self.unreadable.items()):
