@@ -129,6 +129,9 @@ class SimHost:
         base = f"/sys/class/infiniband/{name}"
         self.write(f"{base}/node_type", "1: CA\n")
         self.write(f"{base}/fw_ver", "28.39.1002\n")
+        self.write(f"{base}/board_id", "MT_0000000838\n")  # ConnectX-7
+        self.write(f"{base}/hca_type", "MT4129\n")
+        self.write(f"{base}/node_guid", f"946d:ae03:00{len(name):02x}:{abs(hash(name)) % 65536:04x}\n")
         for port in range(1, ports + 1):
             self.set_port(name, port, state=state, phys_state=phys_state, rate=rate)
             self.write(f"{base}/ports/{port}/link_layer", f"{link_layer}\n")

@@ -30,6 +30,23 @@ HW_COUNTERS = ("out_of_buffer", "out_of_sequence", "packet_seq_err", "local_ack_
                "rp_cnp_handled", "rp_cnp_ignored", "implied_nak_seq_err", "req_cqe_error")
 WORD_BYTES = 4  # port_xmit_data / port_rcv_data count 4-byte words
 
+# sysfs counter -> node_exporter 1.5 metric name (without node_infiniband_ and _total), checked
+# against a real node_exporter reading the same tree (bench/ib_scrape.py prints the comparison).
+NODE_EXPORTER_NAMES = {
+    "excessive_buffer_overrun_errors": "excessive_buffer_overrun_errors", "link_downed": "link_downed",
+    "link_error_recovery": "link_error_recovery", "local_link_integrity_errors": "local_link_integrity_errors",
+    "multicast_rcv_packets": "multicast_packets_received", "multicast_xmit_packets": "multicast_packets_transmitted",
+    "port_rcv_constraint_errors": "port_constraint_errors_received",
+    "port_xmit_constraint_errors": "port_constraint_errors_transmitted",
+    "port_rcv_data": "port_data_received_bytes", "port_xmit_data": "port_data_transmitted_bytes",
+    "port_xmit_discards": "port_discards_transmitted", "port_rcv_errors": "port_errors_received",
+    "port_rcv_packets": "port_packets_received", "port_xmit_packets": "port_packets_transmitted",
+    "port_rcv_remote_physical_errors": "port_receive_remote_physical_errors",
+    "port_rcv_switch_relay_errors": "port_receive_switch_relay_errors", "port_xmit_wait": "port_transmit_wait",
+    "symbol_error": "symbol_error", "unicast_rcv_packets": "unicast_packets_received",
+    "unicast_xmit_packets": "unicast_packets_transmitted", "VL15_dropped": "vl15_dropped",
+}
+
 _RATE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*Gb/sec(?:\s*\((\d+)X\s*([A-Za-z0-9]*)\))?")
 
 

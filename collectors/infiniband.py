@@ -23,7 +23,8 @@ from agent.config import CollectorSettings
 from agent.spool import write_atomic
 from agent.types import Emitter, HostPaths, Severity
 from agent.udev import UdevMonitor, Uevent
-from collectors.ib_sysfs import COUNTER_BITS, HW_COUNTERS, WORD_BYTES, PortSnapshot, counter_delta, read_port, saturated
+from collectors.ib_sysfs import COUNTER_BITS, HW_COUNTERS, NODE_EXPORTER_NAMES, WORD_BYTES, PortSnapshot, \
+    counter_delta, read_port, saturated
 
 log = structlog.get_logger(__name__)
 
@@ -105,6 +106,7 @@ class InfinibandCollector:
         self.unreadable: dict[str, int] = {}  # "hca/port/file" -> times skipped
         self._names: dict[str, list[str]] = {}
         self._layout: list[tuple[str, int]] | None = None
+        self._info: dict[str, tuple[str, ...]] = {}
         self._boot_id = (host.read_text("/proc/sys/kernel/random/boot_id") or "").strip()
         self._load_seen()
 
@@ -174,6 +176,8 @@ class InfinibandCollector:
         if layout != self._layout:
             self._names.clear()
             self._layout = layout
+            self._info = {hca: tuple((self.host.read_text(f"/sys/class/infiniband/{hca}/{f}") or "").strip()
+                                     for f in ("board_id", "fw_ver", "hca_type")) for hca, _ in layout}
         base = str(self.host.path("/sys/class/infiniband"))
         return [read_port(base, hca, port, self.counters, self.hw, self._names) for hca, port in layout]
 
@@ -353,6 +357,8 @@ class InfinibandCollector:
         rate = GaugeMetricFamily("node_infiniband_rate_bytes_per_second", "Maximum signal transfer rate",
                                  labels=labels)
         fams: dict[str, Any] = {}
+        hw = CounterMetricFamily("gna_infiniband_hw_counter", "mlx5 hw_counters (node_exporter 1.5 has none)",
+                                 labels=[*labels, "counter"])
         rates = GaugeMetricFamily("gna_infiniband_counter_rate_per_second",
                                   "Counter increase per second over the last interval", labels=[*labels, "counter"])
 
@@ -361,6 +367,10 @@ class InfinibandCollector:
                 fams[name] = CounterMetricFamily(f"node_infiniband_{name}", f"InfiniBand {name}", labels=labels)
             return fams[name]
 
+        info = GaugeMetricFamily("node_infiniband_info", "Non-numeric data from /sys/class/infiniband/<device>",
+                                 labels=["device", "board_id", "firmware_version", "hca_type"])
+        for hca, (board, fw, hca_type) in sorted(self._info.items()):
+            info.add_metric([hca, board, fw, hca_type], 1)
         for (hca, port), st in sorted(self.ports.items()):
             snap = st.last
             if snap is None:
@@ -373,20 +383,15 @@ class InfinibandCollector:
             if snap.rate:
                 rate.add_metric(lv, snap.rate.gbps * 125_000_000)
             for name, value in snap.counters.items():
-                if name == "port_xmit_data":
-                    counter("port_data_transmitted_bytes").add_metric(lv, value * WORD_BYTES)
-                elif name == "port_rcv_data":
-                    counter("port_data_received_bytes").add_metric(lv, value * WORD_BYTES)
-                elif name == "port_xmit_packets":
-                    counter("port_packets_transmitted").add_metric(lv, value)
-                elif name == "port_rcv_packets":
-                    counter("port_packets_received").add_metric(lv, value)
-                else:
-                    counter(name.lower()).add_metric(lv, value)
+                metric = NODE_EXPORTER_NAMES.get(name)
+                if metric is not None:
+                    counter(metric).add_metric(lv, value * WORD_BYTES if metric.endswith("_bytes") else value)
+            for name, value in snap.hw_counters.items():
+                hw.add_metric([*lv, name], value)
             for key, per_s in st.rates.items():
                 rates.add_metric([*lv, key.removeprefix("hw:")], per_s)
         skipped = CounterMetricFamily("gna_infiniband_unreadable_files", "Counter files skipped (EINVAL, N/A...)",
                                       labels=["file"])
         for f, n in sorted(self.unreadable.items()):
             skipped.add_metric([f], n)
-        return [state, phys, rate, *fams.values(), rates, skipped]
+        return [info, state, phys, rate, *fams.values(), hw, rates, skipped]

@@ -24,6 +24,15 @@ from collectors.ib_sysfs import (
 )
 from tests.ttar import extract
 
+# Metric families a real node_exporter 1.5 (Debian) exposes for this tree (names without _total).
+NODE_EXPORTER_1_5 = {f"node_infiniband_{n}" for n in (
+    "excessive_buffer_overrun_errors", "info", "link_downed", "link_error_recovery", "local_link_integrity_errors",
+    "multicast_packets_received", "multicast_packets_transmitted", "physical_state_id",
+    "port_constraint_errors_received", "port_constraint_errors_transmitted", "port_data_received_bytes",
+    "port_data_transmitted_bytes", "port_discards_transmitted", "port_errors_received", "port_packets_received",
+    "port_packets_transmitted", "port_receive_remote_physical_errors", "port_receive_switch_relay_errors",
+    "port_transmit_wait", "rate_bytes_per_second", "state_id", "symbol_error", "unicast_packets_received",
+    "unicast_packets_transmitted", "vl15_dropped")}
 FIXTURE = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "procfs-sys-class-infiniband.ttar"
 
 
@@ -133,9 +142,11 @@ async def test_procfs_capture_reads_every_port(tmp_path: Path) -> None:
     assert mlx5.phys_state is None and "phys_state" in mlx5.unreadable
     assert r.sink.messages == []
     assert r.c.unreadable["mlx5_0/1/phys_state"] == 1
-    names = {f.name for f in r.c.prometheus_families()}
-    assert {"node_infiniband_state_id", "node_infiniband_port_data_transmitted_bytes",
-            "node_infiniband_rate_bytes_per_second"} <= names
+    fams = {f.name: f for f in r.c.prometheus_families()}
+    ours = {n for n in fams if n.startswith("node_infiniband_")}
+    assert ours == NODE_EXPORTER_1_5, ours ^ NODE_EXPORTER_1_5
+    tx = fams["node_infiniband_port_data_transmitted_bytes"].samples
+    assert any(s.labels == {"device": "mlx5_0", "port": "1"} and s.value == 2880761508848 * 4 for s in tx)
 
 
 # -- scenarios on an 8-HCA NDR node ---------------------------------------------------
