@@ -77,7 +77,8 @@ class Forwarder:
                 if self.spool.last_seq > after:
                     continue
                 self.idle.set()
-                await self.spool.wait_new(after, 1.0)
+                # Appends wake this at once; the timeout only bounds a missed wake-up.
+                await self.spool.wait_new(after, 30.0)
                 if not self.link.connected.is_set():
                     return
                 continue

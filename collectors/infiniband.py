@@ -23,10 +23,21 @@ from agent.config import CollectorSettings
 from agent.spool import write_atomic
 from agent.types import Emitter, HostPaths, Severity
 from agent.udev import UdevMonitor, Uevent
-from collectors.ib_sysfs import COUNTER_BITS, HW_COUNTERS, NODE_EXPORTER_NAMES, WORD_BYTES, PortSnapshot, \
-    counter_delta, read_port, saturated
+from collectors.ib_sysfs import (
+    COUNTER_BITS,
+    HW_COUNTERS,
+    NODE_EXPORTER_NAMES,
+    WORD_BYTES,
+    PortSnapshot,
+    counter_delta,
+    read_port,
+)
 
 log = structlog.get_logger(__name__)
+
+# All-ones of each legacy counter (saturation); a 64-bit data counter stuck at 2^32-1 counts too.
+_SATURATED = {n: (1 << b) - 1 if b < 64 else (1 << 32) - 1 for n, b in COUNTER_BITS.items()}
+_HW_KEYS: dict[str, str] = {}
 
 
 class Threshold(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -263,28 +274,30 @@ class InfinibandCollector:
         prev = st.last
         dt = now - st.last_t if prev else 0.0
         sat: list[str] = []
-        allc = {**snap.counters, **{f"hw:{k}": v for k, v in snap.hw_counters.items()}}
-        for key, value in allc.items():
-            hw = key.startswith("hw:")
-            name = key[3:] if hw else key
-            if not hw and saturated(name, value):
-                sat.append(name)
-                continue  # "at least": no rate from a stuck counter
-            old = (prev.hw_counters if hw else prev.counters).get(name) if prev else None
-            if old is None or (not hw and saturated(name, old)):
-                st.cumulative.setdefault(key, 0)
-                continue
-            delta = counter_delta(name, old, value, hw=hw)
-            if delta is None:
-                continue  # reset or driver reload: new baseline, no negative rate
-            total = st.cumulative.get(key, 0) + delta
-            st.cumulative[key] = total
-            hist = st.history.setdefault(key, deque([(st.last_t, total - delta)]))  # baseline: previous read
-            hist.append((now, total))
-            while len(hist) > 1 and now - hist[1][0] >= 3600:
-                hist.popleft()
-            st.rates[key] = delta / dt if dt > 0 else 0.0
-            self._evaluate(name, delta, dt, hist, st, now)
+        for hw, values, olds in ((False, snap.counters, prev.counters if prev else {}),
+                                 (True, snap.hw_counters, prev.hw_counters if prev else {})):
+            for name, value in values.items():
+                key = _HW_KEYS.setdefault(name, "hw:" + name) if hw else name
+                if not hw and value == _SATURATED.get(name):
+                    sat.append(name)
+                    continue  # "at least": no rate from a stuck counter
+                old = olds.get(name)
+                if old is None or (not hw and old == _SATURATED.get(name)):
+                    continue
+                delta = counter_delta(name, old, value, hw=hw)
+                if delta is None:
+                    continue  # reset or driver reload: new baseline, no negative rate
+                st.rates[key] = delta / dt if dt > 0 else 0.0
+                if name in self.thresholds:
+                    total = st.cumulative.get(key, 0) + delta
+                    st.cumulative[key] = total
+                    hist = st.history.get(key)
+                    if hist is None:
+                        hist = st.history[key] = deque([(st.last_t, total - delta)])  # baseline: previous read
+                    hist.append((now, total))
+                    while len(hist) > 1 and now - hist[1][0] >= 3600:
+                        hist.popleft()
+                    self._evaluate(name, delta, dt, hist, st, now)
         offending = {c: info for c, (t, info) in st.offending.items() if now - t < self.config.counter_hold_down}
         st.offending = {c: v for c, v in st.offending.items() if c in offending}
         if offending:

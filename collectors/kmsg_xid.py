@@ -108,6 +108,7 @@ class KmsgXidCollector:
         self.malformed = 0
         self.lost = 0
         self._min_usec = 0
+        self._timers_needed = asyncio.Event()
 
     # -- state ------------------------------------------------------------------------
     def _state_file(self) -> Any:
@@ -155,6 +156,7 @@ class KmsgXidCollector:
         finding = self.parser.feed(rec.message)
         if finding is None:
             return True
+        self._timers_needed.set()
         ok = True
         if isinstance(finding, Xid):
             ok = await self._xid(finding, now)
@@ -372,7 +374,11 @@ class KmsgXidCollector:
                 watcher.close()
 
     async def _flush_loop(self) -> None:
+        # Sleeps until something needs a timer: an open aggregation window or a fatal-Xid clear.
         while True:
+            if not self.agg.open and not (self.config.fatal_xid_clear_after > 0 and self.fatal):
+                self._timers_needed.clear()
+                await self._timers_needed.wait()
             await asyncio.sleep(min(1.0, self.config.aggregation_window))
             await self.flush(time.time())
 
