@@ -125,11 +125,12 @@ class CollectorEmitter:
         return ok
 
     async def event(self, type: str, *, severity: Severity, entity: str, reason: str, message: str,
-                    details: Details | None = None, suggested_action: SuggestedAction = "none") -> bool:
+                    details: Details | None = None, suggested_action: SuggestedAction = "none",
+                    msg_id: str | None = None) -> bool:
         return await self._send(make_message(
             node=self.node, collector=self.collector, kind="event", type=type, severity=severity,
             entity=entity, reason=reason, message=message, details=dict(details or {}),
-            suggested_action=suggested_action))
+            suggested_action=suggested_action, msg_id=msg_id))
 
     async def condition(self, type: str, *, firing: bool, severity: Severity, entity: str, reason: str,
                         message: str, details: Details | None = None,

@@ -43,3 +43,14 @@ def id_time_ms(ulid: str) -> int:
     for ch in ulid[:10]:
         value = value * 32 + _ALPHABET.index(ch)
     return value
+
+
+def derived_id(ms: int, seq: int, *parts: object) -> str:
+    """A reproducible ULID: ``ms`` and ``seq`` (order within a batch) up front, then a hash of
+    ``parts``. Re-processing the same input after a crash yields the same id, so the NATS
+    duplicate window drops the re-send; a different message never collides with it."""
+    import hashlib
+
+    digest = hashlib.blake2b("\x1f".join(map(str, parts)).encode(), digest_size=8).digest()
+    rand = ((seq & 0xFFFF) << 64) | int.from_bytes(digest, "big")
+    return _encode(ms, 10) + _encode(rand, 16)

@@ -54,13 +54,14 @@ def make_message(
     status: Status | None = None,
     details: dict[str, Any] | None = None,
     suggested_action: SuggestedAction = "none",
+    msg_id: str | None = None,
 ) -> Message:
     if not TYPE_NAME.match(type):
         raise ValueError(f"message type {type!r} must be CamelCase")
     if (kind == "condition") != (status is not None):
         raise ValueError("conditions carry a status, events do not")
     return Message(
-        id=new_id(),
+        id=msg_id or new_id(),
         time=rfc3339(),
         node=node,
         collector=collector,

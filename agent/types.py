@@ -63,8 +63,10 @@ class Emitter(Protocol):
         message: str,
         details: Details | None = None,
         suggested_action: SuggestedAction = "none",
+        msg_id: str | None = None,
     ) -> bool:
-        """True once the message is accepted (durable); False if the spool policy refused it."""
+        """True once the message is accepted (durable); False if the spool policy refused it.
+        ``msg_id`` (agent.ids.derived_id) makes a re-sent event after a crash a duplicate."""
         ...
 
     async def condition(

@@ -1,0 +1,339 @@
+"""Follow log files through rotation without loss: Vector / Fluent Bit style.
+
+A file is identified by (device, inode) plus a fingerprint of its first bytes, never by path.
+Files are found by globs under the host root (inotify on their directories, plus a periodic
+rescan) and read through an open descriptor, so a file that is renamed (rename+create rotation),
+deleted or replaced behind a symlink is drained to its end. A file that shrinks (copytruncate)
+or whose first bytes change starts over. Offsets only advance when the consumer says the lines
+were accepted; checkpoints are written atomically (write, then rename) with a version field.
+
+Hostile input: a line cut in half at EOF waits for its end; a line longer than ``max_line`` is
+cut (counted); a run of bytes with no newline for a whole chunk is skipped to the next newline
+(counted); binary is passed through as bytes (the consumer decodes only what it matches).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import glob
+import hashlib
+import json
+import os
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from agent.hostroot import HostRoot
+from agent.inotify import (
+    IN_CLOSE_WRITE,
+    IN_CREATE,
+    IN_DELETE,
+    IN_DELETE_SELF,
+    IN_MODIFY,
+    IN_MOVE_SELF,
+    IN_MOVED_FROM,
+    IN_MOVED_TO,
+    Inotify,
+    InotifyEvent,
+)
+from agent.spool import write_atomic
+
+log = structlog.get_logger(__name__)
+
+CHECKPOINT_VERSION = 1
+DIR_MASK = IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO | IN_MODIFY | IN_CLOSE_WRITE | IN_DELETE_SELF | \
+    IN_MOVE_SELF
+
+# handler(file, data, base_offset) -> True when everything derived from data was accepted.
+Handler = Callable[["TailedFile", bytes, int], Awaitable[bool]]
+
+
+@dataclass
+class TailedFile:
+    dev: int
+    ino: int
+    path: str  # host path it was last seen at (for messages; identity is dev/ino/fingerprint)
+    offset: int = 0
+    fp: str = ""
+    fp_len: int = 0
+    first_seen_ms: int = 0
+    pending: dict[str, Any] | None = None  # consumer's in-flight batch (see nccl_logs)
+    fd: int | None = None
+    last_data: float = 0.0
+    gone_since: float | None = None  # no glob path leads to it any more
+    oversize_lines: int = 0
+    skipped_bytes: int = 0
+
+    @property
+    def key(self) -> str:
+        return f"{self.dev}:{self.ino}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"dev": self.dev, "ino": self.ino, "path": self.path, "offset": self.offset, "fp": self.fp,
+                "fp_len": self.fp_len, "first_seen_ms": self.first_seen_ms, "pending": self.pending}
+
+
+def fingerprint(fd: int, nbytes: int) -> tuple[str, int]:
+    head = os.pread(fd, nbytes, 0)
+    return hashlib.blake2b(head, digest_size=12).hexdigest(), len(head)
+
+
+class Tailer:
+    def __init__(self, host: HostRoot, globs: list[str], state_file: Path | None, *, chunk_bytes: int = 1 << 20,
+                 max_line: int = 65536, fp_bytes: int = 256, rescan_interval: float = 10.0,
+                 linger: float = 5.0, debounce: float = 0.05) -> None:
+        self.host = host
+        self.globs = globs
+        self.state_file = state_file
+        self.chunk_bytes = chunk_bytes
+        self.max_line = max_line
+        self.fp_bytes = fp_bytes
+        self.rescan_interval = rescan_interval
+        self.linger = linger
+        self.debounce = debounce
+        self.files: dict[str, TailedFile] = {}
+        self._restored: dict[str, dict[str, Any]] = {}
+        self._wake = asyncio.Event()
+        self._watch: Inotify | None = None
+        self._watched_dirs: dict[str, int] = {}
+        self.stats = {"lines_cut": 0, "bytes_skipped": 0, "truncations": 0, "rotations": 0, "files_opened": 0,
+                      "files_closed": 0, "read_errors": 0}
+
+    # -- checkpoints ------------------------------------------------------------------
+    def load(self) -> None:
+        if self.state_file is None:
+            return
+        try:
+            data = json.loads(self.state_file.read_text())
+        except (OSError, ValueError):
+            return
+        if isinstance(data, dict) and data.get("version") == CHECKPOINT_VERSION:
+            self._restored = {f"{f['dev']}:{f['ino']}": f for f in data.get("files", []) if isinstance(f, dict)}
+
+    def save(self) -> None:
+        if self.state_file is None:
+            return
+        self.state_file.parent.mkdir(parents=True, exist_ok=True)
+        data = {"version": CHECKPOINT_VERSION, "files": [f.to_json() for f in self.files.values()]}
+        write_atomic(self.state_file, json.dumps(data, separators=(",", ":")).encode(), fsync=False)
+
+    # -- discovery --------------------------------------------------------------------
+    def _matches(self) -> dict[tuple[int, int], str]:
+        found: dict[tuple[int, int], str] = {}
+        for pattern in self.globs:
+            for path in glob.glob(str(self.host.path(pattern))):
+                try:
+                    st = os.stat(path)  # follows symlinks: a swapped link is a new file
+                except OSError:
+                    continue
+                if os.path.isfile(path):
+                    found.setdefault((st.st_dev, st.st_ino), path)
+        return found
+
+    def _host_path(self, real: str) -> str:
+        root = str(self.host.root)
+        return "/" + os.path.relpath(real, root) if real.startswith(root) else real
+
+    def _open(self, dev: int, ino: int, path: str) -> TailedFile | None:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return None
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino) != (dev, ino):  # replaced between stat and open
+            os.close(fd)
+            return None
+        tf = TailedFile(dev, ino, self._host_path(path), fd=fd, first_seen_ms=int(time.time() * 1000))
+        tf.fp, tf.fp_len = fingerprint(fd, self.fp_bytes)
+        saved = self._restored.pop(tf.key, None)
+        if saved and saved.get("fp_len", 0) <= tf.fp_len:
+            head_fp = fingerprint(fd, saved["fp_len"])[0] if saved["fp_len"] != tf.fp_len else tf.fp
+            if head_fp == saved.get("fp") and saved.get("offset", 0) <= st.st_size:
+                tf.offset = int(saved["offset"])
+                tf.first_seen_ms = int(saved.get("first_seen_ms") or tf.first_seen_ms)
+                tf.pending = saved.get("pending")
+        self.stats["files_opened"] += 1
+        return tf
+
+    def rescan(self) -> None:
+        now = time.monotonic()
+        matches = self._matches()
+        for (dev, ino), path in matches.items():
+            key = f"{dev}:{ino}"
+            tf = self.files.get(key)
+            if tf is None:
+                tf = self._open(dev, ino, path)
+                if tf is not None:
+                    self.files[key] = tf
+            else:
+                if tf.path != self._host_path(path):
+                    self.stats["rotations"] += 1
+                    tf.path = self._host_path(path)
+                tf.gone_since = None
+        for tf in list(self.files.values()):
+            if (tf.dev, tf.ino) in matches:
+                continue
+            if tf.gone_since is None:
+                tf.gone_since = now
+        self._watch_dirs()
+
+    def _watch_dirs(self) -> None:
+        if self._watch is None:
+            return
+        for pattern in self.globs:
+            d = str(self.host.path(pattern))
+            while glob.has_magic(d):
+                d = os.path.dirname(d)
+            if d not in self._watched_dirs and os.path.isdir(d):
+                try:
+                    self._watched_dirs[d] = self._watch.add_watch(d, DIR_MASK)
+                except OSError as exc:
+                    log.warning("tail_watch_failed", dir=d, error=str(exc))
+
+    def _on_inotify(self, events: list[InotifyEvent]) -> None:
+        for ev in events:
+            if ev.mask & (IN_DELETE_SELF | IN_MOVE_SELF):
+                self._watched_dirs = {d: w for d, w in self._watched_dirs.items() if w != ev.wd}
+        self._wake.set()
+
+    # -- reading ----------------------------------------------------------------------
+    def read_chunk(self, tf: TailedFile) -> tuple[bytes, int] | None:
+        """Complete lines from tf.offset (a truncated view when a line is too long), or None.
+
+        Returns (data, new_offset): data ends at a newline; new_offset may be larger than
+        tf.offset + len(data) when an over-long run of bytes was skipped.
+        """
+        assert tf.fd is not None
+        try:
+            st = os.fstat(tf.fd)
+        except OSError:
+            self.stats["read_errors"] += 1
+            return None
+        if st.st_size < tf.offset:  # copytruncate (or the writer truncated it)
+            self.stats["truncations"] += 1
+            tf.offset = 0
+            tf.pending = None
+        if tf.offset == 0 or tf.fp_len < self.fp_bytes:
+            fp, n = fingerprint(tf.fd, self.fp_bytes)
+            if n >= tf.fp_len and tf.fp_len and fingerprint(tf.fd, tf.fp_len)[0] != tf.fp and tf.offset:
+                tf.offset, tf.pending = 0, None  # same inode, different content
+            tf.fp, tf.fp_len = fp, n
+        if st.st_size == tf.offset:
+            return None
+        try:
+            data = os.pread(tf.fd, self.chunk_bytes, tf.offset)
+        except OSError:
+            self.stats["read_errors"] += 1
+            return None
+        if not data:
+            return None
+        end = data.rfind(b"\n")
+        if end < 0:
+            if len(data) < self.chunk_bytes:
+                return None  # a line cut in half at EOF: wait for the rest
+            # no newline in a whole chunk: skip it (counted), keep going
+            self.stats["bytes_skipped"] += len(data)
+            tf.skipped_bytes += len(data)
+            return b"", tf.offset + len(data)
+        data = data[: end + 1]
+        new_offset = tf.offset + len(data)
+        if self.max_line and len(data) > self.max_line and b"\n" in data:
+            data = self._cut_long_lines(tf, data)
+        return data, new_offset
+
+    def _cut_long_lines(self, tf: TailedFile, data: bytes) -> bytes:
+        out = []
+        start = 0
+        cap = self.max_line
+        while start < len(data):
+            nl = data.find(b"\n", start)
+            if nl - start > cap:
+                out.append(data[start : start + cap] + b"\n")
+                tf.oversize_lines += 1
+                self.stats["lines_cut"] += 1
+            else:
+                out.append(data[start : nl + 1])
+            start = nl + 1
+        return b"".join(out)
+
+    def _close_finished(self) -> None:
+        now = time.monotonic()
+        for key, tf in list(self.files.items()):
+            if tf.gone_since is None or now - tf.gone_since < self.linger:
+                continue
+            try:
+                size = os.fstat(tf.fd).st_size if tf.fd is not None else 0
+            except OSError:
+                size = 0
+            stale = now - max(tf.last_data, tf.gone_since) > 60  # a writer that died mid-line
+            if (tf.offset >= size and tf.pending is None) or stale:
+                if tf.fd is not None:
+                    os.close(tf.fd)
+                del self.files[key]
+                self.stats["files_closed"] += 1
+
+    async def pump(self, handler: Handler) -> bool:
+        """Read every file until nothing is left or the consumer refuses; True if any data moved."""
+        moved = False
+        for tf in list(self.files.values()):
+            while True:
+                got = await asyncio.to_thread(self.read_chunk, tf)
+                if got is None:
+                    break
+                data, new_offset = got
+                ok = await handler(tf, data, tf.offset) if data else True
+                if not ok:
+                    return moved  # retry later from the same offset
+                tf.offset = new_offset
+                tf.pending = None
+                tf.last_data = time.monotonic()
+                moved = True
+                self.save()
+        return moved
+
+    async def run(self, handler: Handler) -> None:
+        self.load()
+        try:
+            self._watch = Inotify(self._on_inotify)
+            self._watch.start()
+        except OSError as exc:
+            log.warning("tail_inotify_unavailable", error=str(exc), fallback="periodic rescan")
+            self._watch = None
+        last_scan = 0.0
+        try:
+            while True:
+                now = time.monotonic()
+                if now - last_scan >= self.rescan_interval or self._wake.is_set():
+                    self.rescan()
+                    last_scan = now
+                self._wake.clear()
+                await self.pump(handler)
+                self._close_finished()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), self.rescan_interval)
+                await asyncio.sleep(self.debounce)  # batch a burst of appends into one read
+        finally:
+            if self._watch:
+                self._watch.close()
+            for tf in self.files.values():
+                if tf.fd is not None:
+                    os.close(tf.fd)
+                    tf.fd = None
+
+    async def read_all_once(self, handler: Handler) -> None:
+        """Every matched file from its beginning, no checkpoint (``check``)."""
+        self.state_file = None
+        self.rescan()
+        for tf in self.files.values():
+            tf.offset = 0
+            tf.pending = None
+        await self.pump(handler)
+        for tf in self.files.values():
+            if tf.fd is not None:
+                os.close(tf.fd)
+                tf.fd = None

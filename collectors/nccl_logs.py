@@ -1,0 +1,271 @@
+"""NCCL and training logs: what NCCL chose (and silently fell back to), IB errors and timeouts.
+
+Tails ``globs`` under the host root (default /var/log/nccl/*.log, where jobs point
+NCCL_DEBUG_FILE=/var/log/nccl/%h.%p.log). Per process (host:pid) it tracks the communicators
+(Init COMPLETE lines), the network chosen, the IB devices selected and the channel transports,
+and raises NCCLSocketFallback, NCCLNoGDRDMA, NCCLP2PViaHost and NCCLHCASelection; IB completion
+errors, socket errors, PyTorch watchdog timeouts and other WARN lines are events.
+
+Exactly once: before the events of a chunk are emitted the chunk is recorded as pending in the
+checkpoint with a timestamp; event ids are derived from it (agent.ids.derived_id), so a chunk
+re-read after a crash re-sends the same ids and the NATS duplicate window drops them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import time
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+import msgspec
+import structlog
+
+from agent.config import CollectorSettings
+from agent.hostroot import HostRoot
+from agent.ids import derived_id
+from agent.tailer import TailedFile, Tailer
+from agent.types import Emitter, HostPaths, Severity, SuggestedAction
+from collectors.ib_sysfs import parse_enum
+from collectors.nccl_parse import Match, ProcessState, candidate_lines, hca_prefix_surprises, match_line, parse_line
+
+log = structlog.get_logger(__name__)
+
+_HOST_PID_NAME = re.compile(r"(?P<host>[^/.]+)\.(?P<pid>\d+)\.[^/]*$")  # NCCL_DEBUG_FILE=%h.%p.log
+
+Tri = Literal["auto", "yes", "no"]
+IB_STATUS = {12: "IBV_WC_RETRY_EXC_ERR (transport retry counter exceeded: peer gone or link down)",
+             13: "IBV_WC_RNR_RETRY_EXC_ERR", 4: "IBV_WC_LOC_PROT_ERR (memory registration; GDR?)",
+             10: "IBV_WC_REM_ACCESS_ERR", 5: "IBV_WC_WR_FLUSH_ERR"}
+
+
+class NCCLLogsConfig(CollectorSettings, kw_only=True, forbid_unknown_fields=True):
+    interval: float = 30.0  # housekeeping: ended processes, quiet logs
+    timeout: float = 120.0  # `check` reads whole files
+    globs: list[str] = msgspec.field(default_factory=lambda: ["/var/log/nccl/*.log"])
+    quiet_resolve: float = 3600.0  # a job's conditions resolve when its log is quiet this long
+    expect_ib: Tri = "auto"  # auto: the node has ACTIVE IB/RoCE ports
+    gdr_available: Tri = "auto"  # auto: kernel_modules' verdict (peermem/DMA-BUF/GDR files)
+    nvlink: Tri = "auto"  # auto: NVML sees NVLinks
+    storage_hcas: list[str] = msgspec.field(default_factory=list)  # must never carry NCCL traffic
+    warning_window: float = 60.0  # NCCLWarning: first per (process, text) at once, then one summary
+    chunk_bytes: int = 1 << 20
+    max_line: int = 65536
+    rescan_interval: float = 10.0
+
+
+class NCCLLogsCollector:
+    name: ClassVar[str] = "nccl_logs"
+    config_type: ClassVar[type[NCCLLogsConfig]] = NCCLLogsConfig
+    phase: ClassVar[int] = 40  # after infiniband / kernel_modules / nvml: their facts are used
+    auto_resolve: ClassVar[bool] = False
+
+    def __init__(self, config: NCCLLogsConfig, host: HostPaths, emit: Emitter) -> None:
+        self.config = config
+        self.host = host
+        self.emit = emit
+        state = emit.state_dir / "nccl_checkpoints.json" if emit.state_dir else None
+        self.tailer = Tailer(host if isinstance(host, HostRoot) else HostRoot(host.root), config.globs, state,
+                             chunk_bytes=config.chunk_bytes, max_line=config.max_line,
+                             rescan_interval=config.rescan_interval)
+        self.procs: dict[str, ProcessState] = {}
+        self.warn_windows: dict[tuple[str, str], list[Any]] = {}  # (proc, text) -> [first, count, sample]
+        self.lines_matched = 0
+        self.node_host = (host.read_text("/proc/sys/kernel/hostname") or "").strip().split(".")[0]
+
+    # -- node facts ---------------------------------------------------------------------
+    def _active_rdma_ports(self) -> list[str]:
+        ports = self.emit.facts.get("infiniband.ports")
+        if ports is not None:
+            return sorted(e for e, p in ports.items() if p.get("active"))
+        out = []
+        root = self.host.path("/sys/class/infiniband")
+        with contextlib.suppress(OSError):
+            for hca in root.iterdir():
+                for port in (hca / "ports").iterdir():
+                    st = parse_enum(self.host.read_text(f"/sys/class/infiniband/{hca.name}/ports/{port.name}/state"))
+                    if st and st[0] in (4, 5):
+                        out.append(f"ib:{hca.name}/{port.name}")
+        return sorted(out)
+
+    def _tri(self, value: Tri, auto: bool) -> bool:
+        return value == "yes" or (value == "auto" and auto)
+
+    def _gdr_available(self) -> bool:
+        km = self.emit.facts.get("kernel.modules")
+        auto = bool(km.get("gpudirect_available")) if km else any(
+            self.host.path(p).exists() for p in ("/sys/kernel/mm/memory_peers/nv_mem/version",
+                                                 "/sys/module/nvidia_peermem/version"))
+        return self._tri(self.config.gdr_available, auto)
+
+    def _nvlink(self) -> bool:
+        devs = self.emit.facts.get("nvml.devices") or []
+        return self._tri(self.config.nvlink, any(d.get("nvlinks") for d in devs))
+
+    # -- chunks ---------------------------------------------------------------------------
+    async def _handle(self, tf: TailedFile, data: bytes, base: int) -> bool:
+        matches: list[Match] = []
+        for offset, raw in candidate_lines(data, base):
+            m = match_line(parse_line(offset, raw))
+            if m is not None:
+                matches.append(m)
+        self.lines_matched += len(matches)
+        now = time.monotonic()
+        touched: dict[str, ProcessState] = {}
+        events: list[tuple[Match, ProcessState]] = []
+        for m in matches:
+            line = m.line
+            host, pid = (line.host, line.pid) if line.host else self._from_name(tf.path)
+            key = f"{host}:{pid}"
+            st = self.procs.get(key)
+            if st is None:
+                st = self.procs[key] = ProcessState(host, pid, tf.path)
+            st.last_seen = now
+            st.apply(m)
+            touched[key] = st
+            if m.rule.name in ("ib_completion", "socket_error", "watchdog", "warn"):
+                events.append((m, st))
+        if not events and not touched:
+            return True
+        if tf.pending is None or tf.pending.get("from") != base:
+            tf.pending = {"from": base, "ms": int(time.time() * 1000)}
+            self.tailer.save()  # the ids below are now reproducible
+        ms = int(tf.pending["ms"])
+        for k, (m, st) in enumerate(events):
+            if not await self._event(m, st, tf, ms, k):
+                return False
+        for st in touched.values():
+            if not await self._evaluate(st):
+                return False
+        return True
+
+    @staticmethod
+    def _from_name(path: str) -> tuple[str, int]:
+        """Lines without NCCL's prefix (PyTorch's watchdog) belong to the file's %h.%p."""
+        m = _HOST_PID_NAME.search(path)
+        return (m["host"], int(m["pid"])) if m else (Path(path).name, 0)
+
+    async def _event(self, m: Match, st: ProcessState, tf: TailedFile, ms: int, k: int) -> bool:
+        f, line = m.fields, m.line
+        where = {**st.summary(), "file": tf.path, "offset": line.offset, "line": line.raw[:2000],
+                 "source": line.src or None, "function": line.func or None, "nccl_time": line.ts or None}
+        msg_id = derived_id(ms, k, tf.key, tf.fp, line.offset, m.rule.type)
+        severity: Severity = m.rule.severity
+        action: SuggestedAction = "none"
+        if m.rule.name == "ib_completion":
+            status = int(f["status"])
+            text = f.get("sname") or IB_STATUS.get(status, "")
+            severity = "critical" if status in (12, 13) else "warning"
+            action = "inspect_hardware" if status in (12, 13) else "none"
+            return await self.emit.event(
+                "NCCLIBCompletionError", severity=severity, entity=st.entity, reason=f"IBStatus{status}",
+                message=f"NCCL on {st.key} got an IB completion error from {f['peer']}: status {status}"
+                        + (f" ({text})" if text else "") + (f" on {f['hca']}" if f.get("hca") else "") + ".",
+                details={**where, "peer": f["peer"], "status": status, "status_name": text or None,
+                         "vendor_err": f.get("vendor_err"), "hca": f.get("hca")},
+                suggested_action=action, msg_id=msg_id)
+        if m.rule.name == "socket_error":
+            return await self.emit.event(
+                "NCCLSocketError", severity="warning", entity=st.entity, reason="SocketError",
+                message=f"NCCL on {st.key}: {f['what']}.", details={**where, "error": f["what"]}, msg_id=msg_id)
+        if m.rule.name == "watchdog":
+            details = {**where, "seq_num": int(f["seq"]), "op_type": f["op"],
+                       "timeout_ms": int(f["timeout"]) if "timeout" in f else None, "ran_for_ms": int(f["ran"])}
+            return await self.emit.event(
+                "NCCLCollectiveTimeout", severity="critical", entity=st.entity, reason="WatchdogTimeout",
+                message=f"A {f['op']} (SeqNum {f['seq']}) timed out after {int(f['ran']) / 1000:.0f} s in "
+                        f"{st.key}: one rank is stuck or far behind.", details=details, msg_id=msg_id)
+        # other WARN lines: first per (process, text) at once, the rest counted into one summary
+        text = line.msg[:300]
+        win = self.warn_windows.get((st.key, text))
+        if win is not None and time.monotonic() - win[0] < self.config.warning_window:
+            win[1] += 1
+            return True
+        self.warn_windows[(st.key, text)] = [time.monotonic(), 1, where]
+        return await self.emit.event(
+            "NCCLWarning", severity="warning", entity=st.entity, reason="NCCLWarn",
+            message=f"NCCL WARN in {st.key}: {text[:200]}", details={**where, "count": 1}, msg_id=msg_id)
+
+    async def _flush_warnings(self, *, everything: bool = False) -> None:
+        now = time.monotonic()
+        for key, (first, count, where) in list(self.warn_windows.items()):
+            if not everything and now - first < self.config.warning_window:
+                continue
+            del self.warn_windows[key]
+            if count > 1:
+                await self.emit.event(
+                    "NCCLWarning", severity="warning", entity=f"nccl:{key[0]}", reason="NCCLWarnRepeated",
+                    message=f"NCCL WARN repeated {count} times in {key[0]}: {key[1][:200]}",
+                    details={**where, "count": count, "window_s": self.config.warning_window, "aggregated": True})
+
+    async def _evaluate(self, st: ProcessState) -> bool:
+        ok = True
+        base = st.summary()
+        rdma = self._active_rdma_ports()
+        if st.net == "Socket" or (st.socket_ifs and not st.ib_devices):
+            ib_node = self._tri(self.config.expect_ib, bool(rdma))
+            ok &= await self.emit.condition(
+                "NCCLSocketFallback", firing=True, severity="critical" if ib_node else "warning", entity=st.entity,
+                reason="NoIBDevice" if st.ib_no_device else "SocketTransport",
+                message=f"NCCL in {st.key} (ranks {st.ranks() or '?'}) uses TCP sockets"
+                        + (f" although {len(rdma)} IB/RoCE ports are ACTIVE" if rdma else "")
+                        + ("; NCCL found no IB device" if st.ib_no_device else "") + ".",
+                details={**base, "net": st.net, "socket_ifs": st.socket_ifs or None, "ib_no_device": st.ib_no_device,
+                         "active_rdma_ports": rdma}, suggested_action="cordon" if ib_node else "fix_config")
+        if (st.non_gdr_channels or st.gdr_disabled) and st.net != "Socket" and self._gdr_available():
+            ok &= await self.emit.condition(
+                "NCCLNoGDRDMA", firing=True, severity="warning", entity=st.entity, reason="GDRNotUsed",
+                message=f"NCCL in {st.key} moves IB traffic through host memory (no GPUDirect RDMA) although "
+                        f"the node supports it.",
+                details={**base, "channels_without_gdrdma": st.non_gdr_channels,
+                         "gdr_disabled_hcas": sorted(st.gdr_disabled)}, suggested_action="fix_config")
+        if st.shm_channels and self._nvlink():
+            ok &= await self.emit.condition(
+                "NCCLP2PViaHost", firing=True, severity="warning", entity=st.entity, reason="SHMOnNVLinkNode",
+                message=f"NCCL in {st.key} sends GPU-to-GPU traffic through host shared memory on an NVLink node "
+                        f"({st.shm_channels} channels): P2P is disabled or blocked.",
+                details={**base, "shm_channels": st.shm_channels}, suggested_action="fix_config")
+        selected = [d["name"] for d in st.ib_devices]
+        env = st.env_hca or (self.emit.facts.get("nccl_env.ib_hca") or {}).get(str(st.pid), "")
+        surprises = hca_prefix_surprises(env, selected)
+        storage = sorted(set(selected) & set(self.config.storage_hcas))
+        if surprises or storage:
+            ok &= await self.emit.condition(
+                "NCCLHCASelection", firing=True, severity="warning", entity=st.entity,
+                reason="PrefixMatch" if surprises else "StorageNIC",
+                message=f"NCCL in {st.key} selected {', '.join(surprises + storage)}"
+                        + (f": NCCL_IB_HCA={env} is a prefix match (use ={env})" if surprises else
+                           ": a storage NIC excluded by config") + ".",
+                details={**base, "selected": selected, "nccl_ib_hca": env or None, "unintended": surprises,
+                         "storage_nics": storage}, suggested_action="fix_config")
+        return ok
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def _alive(self, st: ProcessState) -> bool:
+        if not st.pid or (st.host and self.node_host and st.host != self.node_host):
+            return True  # not ours to judge by pid: the quiet timeout decides
+        return bool(self.host.path(f"/proc/{st.pid}").exists())
+
+    async def collect(self) -> None:
+        """Housekeeping: a job's conditions resolve when it ends or its log goes quiet."""
+        await self._flush_warnings()
+        now = time.monotonic()
+        for key, st in list(self.procs.items()):
+            quiet = now - st.last_seen > self.config.quiet_resolve
+            if self._alive(st) and not quiet:
+                continue
+            for type_, entity, severity in self.emit.active_conditions():
+                if entity == st.entity:
+                    await self.emit.condition(type_, firing=False, severity=severity,  # type: ignore[arg-type]
+                                              entity=entity, reason="LogQuiet" if quiet else "ProcessEnded",
+                                              message=f"{type_} for {st.key} cleared: the process "
+                                                      f"{'log went quiet' if quiet else 'ended'}.")
+            del self.procs[key]
+
+    async def run(self) -> None:
+        await self.tailer.run(self._handle)
+
+    async def check(self) -> None:
+        await self.tailer.read_all_once(self._handle)
+        await self._flush_warnings(everything=True)

@@ -1,0 +1,223 @@
+"""NCCL and PyTorch log lines: one rule table, a bytes prefilter, and per-process state.
+
+Line shapes (NCCL src/debug.cc): ``host:pid:tid [cudaDev] NCCL INFO msg``;
+``host:pid:tid [cudaDev] file.cc:LINE NCCL WARN msg``; since 2.26 WARN lines usually start with
+``[YYYY-MM-DD HH:MM:SS] ``; since 2.30 ``file.cc:LINE (function) NCCL WARN``. ``host`` is the
+hostname cut at its first dot. PyTorch's watchdog has its own prefix; its text is matched anywhere.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent.types import Severity
+
+PREFIX = re.compile(
+    r"^(?:\[(?P<ts>\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}(?:\.\d+)?)\] )?"
+    r"(?P<host>[^\s:\[]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>-?\d+)\] "
+    r"(?:(?P<src>[^\s]+:\d+)(?: \((?P<func>[^)]*)\))? )?NCCL (?P<level>INFO|WARN|TRACE|CALL|ABORT) (?P<msg>.*)$")
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    pattern: re.Pattern[str]
+    type: str  # message type it feeds (a condition or an event)
+    severity: Severity
+    fields: tuple[str, ...]
+    warn_only: bool = False
+
+
+def _r(p: str) -> re.Pattern[str]:
+    return re.compile(p)
+
+
+# The whole vocabulary. Strings checked against NCCL's sources 2.18-2.30 (tests/golden/).
+RULES: tuple[Rule, ...] = (
+    Rule("network", _r(r"\bUsing network (?P<net>\S[^\n]*?)\s*$"), "NCCLSocketFallback", "critical", ("net",)),
+    Rule("ib_no_device", _r(r"NET/IB : No device found"), "NCCLSocketFallback", "critical", ()),
+    Rule("ib_using", _r(r"NET/IB : Using (?P<devs>.*?)\s*(?P<ro>\[RO\])?\s*; OOB (?P<oob>\S+)"), "NCCLHCASelection",
+         "warning", ("devs", "oob")),
+    Rule("socket_using", _r(r"NET/Socket : Using (?P<ifs>.+?)\s*$"), "NCCLSocketFallback", "critical", ("ifs",)),
+    Rule("gdr", _r(r"GPU Direct RDMA (?P<state>Enabled|Disabled) for (?:GPU \d+ / )?HCA (?P<hca>\d+)"
+                   r"(?: '(?P<name>[^']+)')?"), "NCCLNoGDRDMA", "warning", ("state", "hca", "name")),
+    Rule("channel_net", _r(r"Channel (?P<ch>\d+)/\d+ : (?P<src>\d+)\[[^\]]*\] -> (?P<dst>\d+)\[[^\]]*\] "
+                           r"\[(?P<dir>send|receive)\] via NET/(?P<net>\w+)/(?P<dev>\d+)(?P<flags>\S*)"),
+         "NCCLNoGDRDMA", "warning", ("ch", "src", "dst", "dir", "net", "dev", "flags")),
+    Rule("channel_shm", _r(r"Channel (?P<ch>\d+)/\d+ : (?P<src>\d+)\[[^\]]*\] -> (?P<dst>\d+)\[[^\]]*\] "
+                           r"via SHM/(?P<mode>\S+)"), "NCCLP2PViaHost", "warning", ("ch", "src", "dst", "mode")),
+    Rule("init", _r(r"comm (?P<comm>0x[0-9a-f]+) rank (?P<rank>\d+) nranks (?P<nranks>\d+) cudaDev (?P<cuda>\d+)"
+                    r"(?: nvmlDev (?P<nvml>\d+))? busId (?P<bus>[0-9a-f]+)(?: commId (?P<commid>0x[0-9a-f]+))?"
+                    r".*Init COMPLETE"), "", "info", ("comm", "rank", "nranks", "bus", "commid")),
+    Rule("env_hca", _r(r"NCCL_IB_HCA set by environment to (?P<value>\S+)"), "NCCLHCASelection", "warning",
+         ("value",)),
+    Rule("ib_completion", _r(r"NET/IB(?:/GIN)? ?: Got completion from peer (?P<peer>\S+) with "
+                             r"(?:status=(?:(?P<sname>[A-Z_]+)\()?(?P<status>\d+)\)?|error (?P<err>\d+))"),
+         "NCCLIBCompletionError", "critical", ("peer", "status", "sname", "vendor_err", "hca")),
+    Rule("socket_error", _r(r"(?P<what>Connection closed by remote peer|Connection reset by peer|Call to recv from "
+                            r"\S+ failed|Connect to \S+ failed|exceeded retries)"), "NCCLSocketError", "warning",
+         ("what",), warn_only=True),
+    Rule("watchdog", _r(r"Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=(?P<seq>\d+), "
+                        r"OpType=(?P<op>\w+)(?:.*?Timeout\(ms\)=(?P<timeout>\d+))?.*?\) ran for (?P<ran>\d+) "
+                        r"milliseconds"), "NCCLCollectiveTimeout", "critical", ("seq", "op", "timeout", "ran")),
+)
+RULES_BY_NAME = {r.name: r for r in RULES}
+
+# Byte needles: only lines containing one of these are decoded. Channel lines over P2P and
+# NET/IB with /GDRDMA (the healthy, numerous ones) never pass.
+PREFILTER = re.compile(
+    rb"Using network |NET/IB|NET/Socket : Using|GPU Direct RDMA|via SHM/|via NET/IB/\d+(?!\d)(?!/GDRDMA)|via NET/Socket"
+    rb"|Init COMPLETE|NCCL_IB_HCA set|NCCL WARN|Watchdog caught")
+
+_IB_DEV = re.compile(r"\[(\d+)\]([^\s:\[\]]+):(\d+)/(IB|RoCE)(/SHARP)?")
+_VENDOR = re.compile(r"vendor[ _]err[= ]?(\d+)")
+_HCA = re.compile(r"\bhca (\S+)")
+
+
+@dataclass(frozen=True)
+class Line:
+    offset: int  # byte offset in its file
+    host: str
+    pid: int
+    dev: int
+    level: str  # INFO, WARN, ... or "" for a non-NCCL line (PyTorch)
+    ts: str
+    src: str
+    func: str
+    msg: str
+    raw: str
+
+
+@dataclass(frozen=True)
+class Match:
+    rule: Rule
+    line: Line
+    fields: dict[str, Any]
+
+
+def candidate_lines(data: bytes, base: int) -> list[tuple[int, bytes]]:
+    """(offset, line) for lines with a needle; a byte scan in C, no decoding of the rest."""
+    out: list[tuple[int, bytes]] = []
+    last_start = -1
+    for m in PREFILTER.finditer(data):
+        start = data.rfind(b"\n", 0, m.start()) + 1
+        if start == last_start:
+            continue
+        end = data.find(b"\n", m.end())
+        if end < 0:
+            end = len(data)
+        out.append((base + start, data[start:end]))
+        last_start = start
+    return out
+
+
+def parse_line(offset: int, raw: bytes) -> Line:
+    text = raw.decode("utf-8", "replace").rstrip("\r")
+    m = PREFIX.match(text)
+    if m is None:
+        return Line(offset, "", 0, -1, "", "", "", "", text, text)
+    return Line(offset, m["host"], int(m["pid"]), int(m["dev"]), m["level"], m["ts"] or "", m["src"] or "",
+                m["func"] or "", m["msg"], text)
+
+
+def match_line(line: Line) -> Match | None:
+    """The first rule that matches; WARN lines no rule explains become NCCLWarning."""
+    msg = line.msg
+    for rule in RULES:
+        if rule.warn_only and line.level != "WARN":
+            continue
+        m = rule.pattern.search(msg)
+        if m is None:
+            continue
+        fields = {k: v for k, v in m.groupdict().items() if v is not None}
+        if rule.name == "ib_completion":
+            if "err" in fields:
+                fields["status"] = fields.pop("err")
+            if vm := _VENDOR.search(msg):
+                fields["vendor_err"] = int(vm.group(1))
+            if hm := _HCA.search(msg):
+                fields["hca"] = hm.group(1)
+            fields["status"] = int(fields["status"])
+        return Match(rule, line, fields)
+    if line.level == "WARN":
+        return Match(WARNING_RULE, line, {})
+    return None
+
+
+WARNING_RULE = Rule("warn", _r(r"."), "NCCLWarning", "warning", ())
+
+
+def parse_ib_devices(devs: str) -> list[dict[str, Any]]:
+    return [{"index": int(i), "name": n, "port": int(p), "link": ll, "sharp": bool(sh)}
+            for i, n, p, ll, sh in _IB_DEV.findall(devs)]
+
+
+def hca_prefix_surprises(value: str, selected: list[str]) -> list[str]:
+    """HCAs NCCL picked that an NCCL_IB_HCA value without '=' did not mean.
+
+    ``mlx5_1`` is a prefix: it also selects mlx5_10..mlx5_19. ``=mlx5_1`` is exact; ``^`` excludes.
+    """
+    if not value or value.startswith(("=", "^")):
+        return []
+    wanted = [e.split(":")[0] for e in value.split(",") if e]
+    return sorted({s for s in selected for w in wanted if s.startswith(w) and s != w and s not in wanted})
+
+
+@dataclass
+class ProcessState:
+    host: str
+    pid: int
+    file: str
+    comms: dict[str, dict[str, Any]] = field(default_factory=dict)
+    net: str | None = None
+    ib_no_device: bool = False
+    ib_devices: list[dict[str, Any]] = field(default_factory=list)
+    socket_ifs: str = ""
+    gdr_disabled: set[str] = field(default_factory=set)
+    non_gdr_channels: int = 0
+    shm_channels: int = 0
+    env_hca: str = ""
+    last_seen: float = 0.0
+    lines: int = 0
+
+    @property
+    def key(self) -> str:
+        return f"{self.host}:{self.pid}"
+
+    @property
+    def entity(self) -> str:
+        return f"nccl:{self.host}:{self.pid}"
+
+    def ranks(self) -> list[int]:
+        return sorted({c["rank"] for c in self.comms.values()})
+
+    def apply(self, m: Match) -> None:
+        f = m.fields
+        name = m.rule.name
+        if name == "network":
+            self.net = f["net"]
+        elif name == "ib_no_device":
+            self.ib_no_device = True
+        elif name == "ib_using":
+            self.ib_devices = parse_ib_devices(f["devs"])
+        elif name == "socket_using":
+            self.socket_ifs = f["ifs"]
+        elif name == "gdr" and f["state"] == "Disabled":
+            self.gdr_disabled.add(f.get("name") or f"hca{f['hca']}")
+        elif name == "channel_net" and f["net"] == "IB" and "/GDRDMA" not in f.get("flags", ""):
+            self.non_gdr_channels += 1
+        elif name == "channel_shm":
+            self.shm_channels += 1
+        elif name == "init":
+            self.comms[f.get("commid") or f["comm"]] = {"rank": int(f["rank"]), "nranks": int(f["nranks"]),
+                                                        "bus_id": f["bus"], "comm": f["comm"]}
+        elif name == "env_hca":
+            self.env_hca = f["value"]
+
+    def summary(self) -> dict[str, Any]:
+        first = next(iter(self.comms.values()), {})
+        return {"host": self.host, "pid": self.pid, "file": self.file, "ranks": self.ranks(),
+                "nranks": first.get("nranks"), "bus_id": first.get("bus_id"),
+                "comm_ids": sorted(self.comms)[:8]}
