@@ -1,0 +1,171 @@
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from agent.nats_server import NatsServerProcess
+from agent.simhost import SimHost
+from collectors.nccl_env import hca_prefix_overmatch, ifname_matches, lint, parse_environ
+from collectors.nccl_parse import candidate_lines, hca_prefix_surprises, match_line, parse_ib_devices, parse_line
+from tests.conftest import AGENT_CMD, agent_config, running_agent, stream_messages
+
+# -- line parser properties ------------------------------------------------------------
+
+@given(st.binary(max_size=3000), st.integers(0, 10**9))
+def test_prefilter_and_parser_never_crash(data: bytes, base: int) -> None:
+    for off, raw in candidate_lines(data, base):
+        assert off >= base and b"\n" not in raw
+        match_line(parse_line(off, raw))
+
+
+@given(st.text(max_size=400))
+def test_any_text_after_a_real_prefix(text: str) -> None:
+    for level in ("INFO", "WARN"):
+        line = parse_line(0, f"host:1:2 [0] misc/x.cc:1 NCCL {level} {text}".encode())
+        match_line(line)
+
+
+def test_prefix_forms() -> None:
+    a = parse_line(0, b"[2026-11-20 08:00:01] node-e:99:120 [2] p2p.cc:648 (fn) NCCL WARN boom")
+    assert (a.host, a.pid, a.dev, a.level, a.ts, a.src, a.func, a.msg) == (
+        "node-e", 99, 2, "WARN", "2026-11-20 08:00:01", "p2p.cc:648", "fn", "boom")
+    b = parse_line(0, b"node-a:1:2 [0] NCCL INFO Using network IB")
+    assert (b.level, b.src, b.msg) == ("INFO", "", "Using network IB")
+    assert parse_line(0, b"\xff\xfe garbage").host == ""
+
+
+def test_healthy_lines_never_reach_the_decoder() -> None:
+    healthy = (b"h:1:1 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/IPC/read\n"
+               b"h:1:1 [0] NCCL INFO Channel 00/0 : 0[0] -> 8[0] [send] via NET/IB/10/GDRDMA\n"
+               b"h:1:1 [0] NCCL INFO Connected all rings\n") * 100
+    assert candidate_lines(healthy, 0) == []
+
+
+def test_ib_device_list_and_prefix_surprises() -> None:
+    devs = parse_ib_devices("[0]mlx5_1:1/IB [1]mlx5_10:1/RoCE/SHARP")
+    assert devs == [{"index": 0, "name": "mlx5_1", "port": 1, "link": "IB", "sharp": False},
+                    {"index": 1, "name": "mlx5_10", "port": 1, "link": "RoCE", "sharp": True}]
+    assert hca_prefix_surprises("mlx5_1", ["mlx5_1", "mlx5_10"]) == ["mlx5_10"]
+    assert hca_prefix_surprises("=mlx5_1", ["mlx5_1", "mlx5_10"]) == []
+    assert hca_prefix_surprises("mlx5_1:1,mlx5_10", ["mlx5_1", "mlx5_10"]) == []
+
+
+# -- environment lint ------------------------------------------------------------------
+
+def test_environ_lint_rules() -> None:
+    env = parse_environ(b"PATH=/bin\0NCCL_IB_HCA=mlx5_1\0NCCL_IB_GID_INDEX=3\0NCCL_NET_GDR_LEVEL=5\0"
+                        b"NCCL_IB_TIMEOUT=14\0NCCL_SOCKET_IFNAME=eth9\0NCCL_IB_DISABLE=1\0NCCL_DEBUG=WARN\0"
+                        b"NCCL_IB_RETRY_CNT=9\0broken\0")
+    hcas = [f"mlx5_{i}" for i in range(12)]
+    found = {v: (sev, reason) for v, sev, reason, _m, _d in lint(env, hcas=hcas, active_ib=True,
+                                                                 ifaces=["eth0", "ib0", "lo"], min_ib_timeout=20)}
+    assert found == {
+        "NCCL_IB_HCA": ("warning", "PrefixMatch"), "NCCL_IB_GID_INDEX": ("warning", "SetByHand"),
+        "NCCL_NET_GDR_LEVEL": ("warning", "IntegerLevel"), "NCCL_IB_TIMEOUT": ("warning", "TooShort"),
+        "NCCL_SOCKET_IFNAME": ("warning", "NoSuchInterface"), "NCCL_IB_DISABLE": ("warning", "IBDisabledOnIBNode"),
+        "NCCL_DEBUG": ("info", "FallbackInvisible"), "NCCL_IB_RETRY_CNT": ("warning", "OutOfRange")}
+    good = {"NCCL_IB_HCA": "=mlx5_0,=mlx5_1", "NCCL_NET_GDR_LEVEL": "PHB", "NCCL_DEBUG": "INFO",
+            "NCCL_SOCKET_IFNAME": "^docker,lo", "NCCL_IB_TIMEOUT": "22"}
+    assert lint(good, hcas=hcas, active_ib=True, ifaces=["eth0", "lo", "docker0"], min_ib_timeout=20) == []
+    assert lint({"NCCL_NET_GDR_LEVEL": "NODE", "NCCL_DEBUG": "INFO"}, hcas=[], active_ib=False, ifaces=[],
+                min_ib_timeout=20)[0][2] == "InvalidLevel"  # there is no NODE level
+    assert hca_prefix_overmatch("mlx5_1", ["mlx5_1", "mlx5_2"]) == {}
+    assert ifname_matches("=eth", ["eth0"]) == [] and ifname_matches("eth", ["eth0"]) == ["eth0"]
+
+
+def test_env_collector_on_a_simulated_proc(tmp_path: Path) -> None:
+    host = SimHost.gpu_node(tmp_path / "h", gpus=8, hcas=12)
+    host.write("/proc/4242/environ", "HOME=/root\0NCCL_IB_HCA=mlx5_1\0NCCL_DEBUG=INFO\0")
+    host.write("/proc/4343/environ", "HOME=/root\0PATH=/bin\0")  # not an NCCL job
+    host.write("/sys/class/net/eth0/operstate", "up\n")
+    r = subprocess.run([*AGENT_CMD, "check", "--host-root", str(host.root), "--format", "json"],
+                       capture_output=True, text=True, timeout=60)
+    conds = [c for c in json.loads(r.stdout)["conditions"] if c["type"] == "NCCLEnvMisconfigured"]
+    assert [(c["entity"], c["reason"]) for c in conds] == [("proc:4242/NCCL_IB_HCA", "PrefixMatch")]
+    assert conds[0]["details"]["matches"] == {"mlx5_1": ["mlx5_1", "mlx5_10", "mlx5_11"]}
+
+
+# -- live ---------------------------------------------------------------------------------
+
+async def test_live_fallback_fires_within_a_second_and_resolves_when_the_job_ends(
+        tmp_path: Path, nats_server: NatsServerProcess) -> None:
+    host = SimHost.gpu_node(tmp_path / "h", gpus=8, hcas=8)
+    host.write("/proc/sys/kernel/hostname", "worker-7\n")
+    host.write("/proc/5151/environ", "NCCL_DEBUG=INFO\0")  # the job's process exists
+    logdir = host.p("/var/log/nccl")
+    logdir.mkdir(parents=True)
+    cfg = agent_config(tmp_path, servers=[nats_server.url], host_root=host.root,
+                       extra="[collectors.nccl_logs]\ninterval = 0.3\njitter = 0.0\n")
+    async with running_agent(cfg) as agent:
+        await asyncio.sleep(0.5)
+        t0 = time.monotonic()
+        with open(logdir / "worker-7.5151.log", "ab") as fh:
+            fh.write(b"worker-7:5151:5151 [0] NCCL INFO NET/IB : No device found.\n"
+                     b"worker-7:5151:5151 [0] NCCL INFO Using network Socket\n")
+        while not any(c.type == "NCCLSocketFallback" for c in agent.tracker.active.values()):  # type: ignore[union-attr]
+            await asyncio.sleep(0.01)
+            assert time.monotonic() - t0 < 3
+        latency = time.monotonic() - t0
+        host.p("/proc/5151/environ").unlink()
+        host.p("/proc/5151").rmdir()  # the job ended
+        while agent.tracker.active:  # type: ignore[union-attr]
+            await asyncio.sleep(0.02)
+            assert time.monotonic() - t0 < 10
+        while agent.spool and agent.spool.depth:
+            await asyncio.sleep(0.02)
+    msgs = [m for m in await stream_messages(nats_server.url) if m["type"] == "NCCLSocketFallback"]
+    assert [(m["status"], m["severity"], m["reason"]) for m in msgs] == [
+        ("firing", "critical", "NoIBDevice"), ("resolved", "critical", "ProcessEnded")]
+    assert latency < 1.0
+
+
+def test_kill_and_restart_loses_no_line_and_rereads_none(tmp_path: Path, nats_server: NatsServerProcess) -> None:
+    host = SimHost.gpu_node(tmp_path / "h", gpus=1)
+    logdir = host.p("/var/log/nccl")
+    logdir.mkdir(parents=True)
+    log = logdir / "trainer.77.log"
+    n_lines = 1500
+    cfg = tmp_path / "a.toml"
+    off = "".join(f"[collectors.{c}]\nenabled = false\n" for c in ("gpu_devices", "kernel_modules", "kmsg_xid",
+                                                                     "nvml", "infiniband", "nccl_env"))
+    cfg.write_text(f'node = "trainer"\nhost_root = "{host.root}"\nstate_dir = "{tmp_path / "st"}"\n'
+                   f'[nats]\nservers = ["{nats_server.url}"]\n[metrics]\nlisten = ""\n{off}')
+
+    def write() -> None:
+        with open(log, "ab", buffering=0) as fh:
+            for i in range(n_lines):
+                fh.write(b"trainer:77:78 [0] misc/socket.cc:1 NCCL WARN distinct warning %d\n" % i)
+                if i % 20 == 0:
+                    time.sleep(0.01)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    kills = 0
+    while True:
+        proc = subprocess.Popen([*AGENT_CMD, "run", "--config", str(cfg)], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        time.sleep(1.2 + (kills % 3) * 0.3)
+        if kills < 5:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+            kills += 1
+            continue
+        writer.join()
+        time.sleep(3.0)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+        break
+    msgs = [m for m in asyncio.run(stream_messages(nats_server.url)) if m["type"] == "NCCLWarning"]
+    offsets = [m["details"]["offset"] for m in msgs]
+    assert len(offsets) == len(set(offsets)), "a line was re-read and re-published"
+    texts = sorted(int(m["details"]["line"].rsplit(" ", 1)[1]) for m in msgs)
+    assert texts == list(range(n_lines)), f"{n_lines - len(texts)} lines lost"

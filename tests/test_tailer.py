@@ -1,0 +1,244 @@
+"""The tailer through every kind of rotation, with a writer running concurrently."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from agent.hostroot import HostRoot
+from agent.tailer import TailedFile, Tailer
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.lines: list[bytes] = []
+        self.refuse = False
+
+    async def __call__(self, tf: TailedFile, data: bytes, base: int) -> bool:
+        if self.refuse:
+            return False
+        self.lines.extend(data.splitlines())
+        return True
+
+    def seqs(self) -> list[int]:
+        return [int(x.split(b"seq=")[1]) for x in self.lines if b"seq=" in x]
+
+
+def _tailer(root: Path, state: Path | None = None, **kw: object) -> Tailer:
+    return Tailer(HostRoot(root), ["/var/log/nccl/*.log"], state, rescan_interval=0.1, linger=0.3,
+                  debounce=0.01, **kw)  # type: ignore[arg-type]
+
+
+def _logdir(root: Path) -> Path:
+    d = root / "var/log/nccl"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+async def _run_until(t: Tailer, rec: Recorder, done: object, timeout: float = 20) -> None:
+    task = asyncio.create_task(t.run(rec))
+    deadline = time.monotonic() + timeout
+    try:
+        while not done():  # type: ignore[operator]
+            assert time.monotonic() < deadline, f"timed out with {len(rec.lines)} lines"
+            await asyncio.sleep(0.02)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+class Writer(threading.Thread):
+    """Appends numbered lines; ``rotate(i)`` is called every ``every`` lines."""
+
+    def __init__(self, path: Path, n: int, every: int, rotate: object) -> None:
+        super().__init__(daemon=True)
+        self.path, self.n, self.every, self.rotate = path, n, every, rotate
+
+    def run(self) -> None:
+        fh = open(self.path, "ab", buffering=0)  # noqa: SIM115
+        for i in range(self.n):
+            fh.write(b"host:1:1 [0] NCCL INFO line seq=%d\n" % i)
+            if i % self.every == self.every - 1:
+                fh = self.rotate(fh, i)  # type: ignore[operator]
+            if i % 50 == 0:
+                time.sleep(0.002)
+        fh.close()
+
+
+async def test_rename_and_create_rotation_loses_nothing(tmp_path: Path) -> None:
+    d = _logdir(tmp_path)
+    log = d / "job.log"
+
+    def rotate(fh: object, i: int) -> object:
+        fh.close()  # type: ignore[attr-defined]
+        os.rename(log, d / f"job.log.{i}")  # no longer matches the glob: drained through the open fd
+        return open(log, "ab", buffering=0)
+
+    log.touch()
+    rec = Recorder()
+    w = Writer(log, 3000, 500, rotate)
+    t = _tailer(tmp_path)
+    w.start()
+    await _run_until(t, rec, lambda: len(rec.lines) >= 3000 and not w.is_alive())
+    assert sorted(rec.seqs()) == list(range(3000)), "every line exactly once"
+    assert t.stats["files_opened"] >= 6
+
+
+async def test_copytruncate(tmp_path: Path) -> None:
+    d = _logdir(tmp_path)
+    log = d / "job.log"
+    log.write_bytes(b"".join(b"host:1:1 [0] NCCL INFO seq=%d\n" % i for i in range(100)))
+    rec = Recorder()
+    t = _tailer(tmp_path)
+    task = asyncio.create_task(t.run(rec))
+    while len(rec.lines) < 100:
+        await asyncio.sleep(0.01)
+    shutil.copy(log, d / "job.log.1")
+    with open(log, "r+b") as fh:
+        fh.truncate(0)
+    with open(log, "ab") as fh:
+        fh.write(b"".join(b"host:1:1 [0] NCCL INFO seq=%d\n" % i for i in range(100, 150)))
+    deadline = time.monotonic() + 10
+    while len(rec.lines) < 150 and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert rec.seqs() == list(range(150))
+    assert t.stats["truncations"] >= 1
+
+
+async def test_deleted_file_is_drained_and_symlink_swap(tmp_path: Path) -> None:
+    d = _logdir(tmp_path)
+    a, b = d / "a.data", d / "b.data"
+    a.write_bytes(b"x seq=0\n")
+    (d / "current.log").symlink_to("a.data")
+    rec = Recorder()
+    t = _tailer(tmp_path)
+    task = asyncio.create_task(t.run(rec))
+    while len(rec.lines) < 1:
+        await asyncio.sleep(0.01)
+    with open(a, "ab") as fh:  # written, then the link moves and the file is deleted before we read
+        fh.write(b"x seq=1\n")
+    b.write_bytes(b"x seq=2\n")
+    tmp_link = d / ".current.tmp"
+    tmp_link.symlink_to("b.data")
+    os.replace(tmp_link, d / "current.log")
+    a.unlink()
+    deadline = time.monotonic() + 10
+    while len(rec.lines) < 3 and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.6)  # past the linger: the drained, deleted file is closed
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert sorted(rec.seqs()) == [0, 1, 2]
+    assert t.stats["files_closed"] >= 1
+
+
+async def test_half_line_waits_long_line_is_cut_and_runaway_bytes_are_skipped(tmp_path: Path) -> None:
+    d = _logdir(tmp_path)
+    log = d / "x.log"
+    log.write_bytes(b"first seq=0\nsecond half")
+    t = _tailer(tmp_path, chunk_bytes=1 << 20, max_line=1000)
+    t.rescan()
+    rec = Recorder()
+    await t.pump(rec)
+    assert rec.lines == [b"first seq=0"]
+    with open(log, "ab") as fh:
+        fh.write(b" of it seq=1\n" + b"L" * 5000 + b" seq=2\n")
+        fh.write(b"\xff\xfe binary \x00 seq=3\n")
+        fh.write(b"N" * (10 * 1024 * 1024))  # 10 MB and no newline
+        fh.write(b"\nafter seq=4\n")
+    await t.pump(rec)
+    assert rec.lines[1] == b"second half of it seq=1"
+    assert len(rec.lines[2]) == 1000 and t.stats["lines_cut"] == 1
+    assert b"binary" in rec.lines[3]
+    assert rec.lines[-1] == b"after seq=4"
+    assert t.stats["bytes_skipped"] >= 9 * 1024 * 1024
+
+
+async def test_refusal_keeps_the_offset_and_shrink_and_missing_dir(tmp_path: Path) -> None:
+    d = _logdir(tmp_path)
+    log = d / "x.log"
+    log.write_bytes(b"a seq=0\nb seq=1\n")
+    t = _tailer(tmp_path)
+    t.rescan()
+    rec = Recorder()
+    rec.refuse = True
+    await t.pump(rec)
+    assert next(iter(t.files.values())).offset == 0, "not accepted: not advanced"
+    rec.refuse = False
+    await t.pump(rec)
+    assert rec.seqs() == [0, 1]
+    log.write_bytes(b"c seq=2\n")  # rewritten shorter (same inode)
+    await t.pump(rec)
+    assert rec.seqs() == [0, 1, 2]
+    shutil.rmtree(d)
+    t.rescan()  # no crash; nothing matches
+    await t.pump(rec)
+    d.mkdir(parents=True)
+    (d / "new.log").write_bytes(b"n seq=3\n")
+    t.rescan()
+    await t.pump(rec)
+    assert rec.seqs() == [0, 1, 2, 3]
+
+
+async def test_checkpoint_resumes_exactly(tmp_path: Path) -> None:
+    d = _logdir(tmp_path)
+    log = d / "x.log"
+    log.write_bytes(b"".join(b"l seq=%d\n" % i for i in range(10)))
+    state = tmp_path / "ckpt.json"
+    t = _tailer(tmp_path, state)
+    t.load()
+    t.rescan()
+    rec = Recorder()
+    await t.pump(rec)
+    with open(log, "ab") as fh:
+        fh.write(b"".join(b"l seq=%d\n" % i for i in range(10, 15)))
+    t2 = _tailer(tmp_path, state)  # a restart
+    t2.load()
+    t2.rescan()
+    rec2 = Recorder()
+    await t2.pump(rec2)
+    assert rec.seqs() == list(range(10)) and rec2.seqs() == list(range(10, 15))
+    # a different file that reuses the inode number (fingerprint differs) starts at 0
+    log.unlink()
+    (d / "y.log").write_bytes(b"other content seq=99\n")
+    t3 = _tailer(tmp_path, state)
+    t3.load()
+    t3.rescan()
+    rec3 = Recorder()
+    await t3.pump(rec3)
+    assert rec3.seqs() == [99]
+
+
+def test_checkpoint_is_versioned_and_atomic(tmp_path: Path) -> None:
+    import json
+
+    d = _logdir(tmp_path)
+    (d / "x.log").write_bytes(b"l seq=0\n")
+    state = tmp_path / "ckpt.json"
+    t = _tailer(tmp_path, state)
+    t.rescan()
+    asyncio.run(t.pump(Recorder()))
+    data = json.loads(state.read_text())
+    assert data["version"] == 1 and data["files"][0]["offset"] == 8
+    assert not list(tmp_path.glob(".ckpt.json.tmp"))
+    state.write_text('{"version": 99, "files": []}')  # a future format: ignored, not misread
+    t2 = _tailer(tmp_path, state)
+    t2.load()
+    assert t2._restored == {}
+
+
+@pytest.mark.parametrize("garbage", [b"", b"not json", b'{"version": 1, "files": "x"}'])
+def test_corrupt_checkpoint_is_ignored(tmp_path: Path, garbage: bytes) -> None:
+    state = tmp_path / "ckpt.json"
+    state.write_bytes(garbage)
+    t = _tailer(tmp_path, state)
+    t.load()
+    assert t._restored == {}
