@@ -68,8 +68,8 @@ RULES_BY_NAME = {r.name: r for r in RULES}
 # Byte needles: only lines containing one of these are decoded. Channel lines over P2P and
 # NET/IB with /GDRDMA (the healthy, numerous ones) never pass.
 PREFILTER = re.compile(
-    rb"Using network |NET/IB(?:/GIN)? ?:|NET/Socket : Using|GPU Direct RDMA|via SHM/|via NET/IB/\d+(?!\d)(?!/GDRDMA)|via NET/Socket"
-    rb"|Init COMPLETE|NCCL_IB_HCA set|NCCL WARN|Watchdog caught")
+    rb"Using network |NET/IB(?:/GIN)? ?:|NET/Socket : Using|GPU Direct RDMA|via SHM/"
+    rb"|via NET/IB/\d+(?!\d)(?!/GDRDMA)|via NET/Socket|Init COMPLETE|NCCL_IB_HCA set|NCCL WARN|Watchdog caught")
 
 _IB_DEV = re.compile(r"\[(\d+)\]([^\s:\[\]]+):(\d+)/(IB|RoCE)(/SHARP)?")
 _VENDOR = re.compile(r"vendor[ _]err[= ]?(\d+)")
