@@ -7,8 +7,9 @@ deleted or replaced behind a symlink is drained to its end. A file that shrinks 
 or whose first bytes change starts over. Offsets only advance when the consumer says the lines
 were accepted; checkpoints are written atomically (write, then rename) with a version field.
 
-Hostile input: a line cut in half at EOF waits for its end; a line longer than ``max_line`` is
-cut (counted); a run of bytes with no newline for a whole chunk is skipped to the next newline
+Hostile input: a line cut in half at EOF waits for its end; with ``max_line`` set, a longer
+line is cut (counted; consumers that only decode a few lines cap those instead); a run of
+bytes with no newline for a whole chunk is skipped to the next newline
 (counted); binary is passed through as bytes (the consumer decodes only what it matches).
 """
 
@@ -85,7 +86,7 @@ def fingerprint(fd: int, nbytes: int) -> tuple[str, int]:
 
 class Tailer:
     def __init__(self, host: HostRoot, globs: list[str], state_file: Path | None, *, chunk_bytes: int = 1 << 20,
-                 max_line: int = 65536, fp_bytes: int = 256, rescan_interval: float = 10.0,
+                 max_line: int = 0, fp_bytes: int = 256, rescan_interval: float = 10.0,
                  linger: float = 5.0, debounce: float = 0.05) -> None:
         self.host = host
         self.globs = globs

@@ -28,7 +28,15 @@ from agent.ids import derived_id
 from agent.tailer import TailedFile, Tailer
 from agent.types import Emitter, HostPaths, Severity, SuggestedAction
 from collectors.ib_sysfs import parse_enum
-from collectors.nccl_parse import Match, ProcessState, candidate_lines, hca_prefix_surprises, match_line, parse_line
+from collectors.nccl_parse import (
+    SCANNER,
+    Match,
+    ProcessState,
+    candidate_lines,
+    hca_prefix_surprises,
+    match_line,
+    parse_line,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -52,6 +60,8 @@ class NCCLLogsConfig(CollectorSettings, kw_only=True, forbid_unknown_fields=True
     warning_window: float = 60.0  # NCCLWarning: first per (process, text) at once, then one summary
     chunk_bytes: int = 1 << 20
     max_line: int = 65536
+    # Byte prefilter engine: auto = Hyperscan (x86_64) > RE2 > Python re; all find the same lines.
+    scanner: Literal["auto", "hyperscan", "re2", "re"] = "auto"
     rescan_interval: float = 10.0
 
 
@@ -67,8 +77,8 @@ class NCCLLogsCollector:
         self.emit = emit
         state = emit.state_dir / "nccl_checkpoints.json" if emit.state_dir else None
         self.tailer = Tailer(host if isinstance(host, HostRoot) else HostRoot(host.root), config.globs, state,
-                             chunk_bytes=config.chunk_bytes, max_line=config.max_line,
-                             rescan_interval=config.rescan_interval)
+                             chunk_bytes=config.chunk_bytes, rescan_interval=config.rescan_interval)
+        self.engine = SCANNER if config.scanner == "auto" else config.scanner
         self.procs: dict[str, ProcessState] = {}
         self.warn_windows: dict[tuple[str, str], list[Any]] = {}  # (proc, text) -> [first, count, sample]
         self.lines_matched = 0
@@ -106,7 +116,7 @@ class NCCLLogsCollector:
     # -- chunks ---------------------------------------------------------------------------
     async def _handle(self, tf: TailedFile, data: bytes, base: int) -> bool:
         matches: list[Match] = []
-        for offset, raw in candidate_lines(data, base):
+        for offset, raw in candidate_lines(data, base, max_line=self.config.max_line, engine=self.engine):
             m = match_line(parse_line(offset, raw))
             if m is not None:
                 matches.append(m)

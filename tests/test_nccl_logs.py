@@ -169,3 +169,18 @@ def test_kill_and_restart_loses_no_line_and_rereads_none(tmp_path: Path, nats_se
     assert len(offsets) == len(set(offsets)), "a line was re-read and re-published"
     texts = sorted(int(m["details"]["line"].rsplit(" ", 1)[1]) for m in msgs)
     assert texts == list(range(n_lines)), f"{n_lines - len(texts)} lines lost"
+
+
+@given(st.lists(st.sampled_from([
+    b"h:1:1 [0] NCCL INFO Channel 00/0 : 0[0] -> 8[0] [send] via NET/IB/1", b"via NET/IB/12/GDRDMA",
+    b"via NET/IB/3(1)/GDRDMA", b"NCCL WARN x", b"Using network IB", b"NET/IB : Using [0]mlx5_0:1/IB ; OOB e:1",
+    b"via SHM/direct", b"GPU Direct RDMA Disabled", b"Init COMPLETE", b"\xff\x00 junk", b"", b"via NET/IB/",
+    b"NET/IB: Got completion", b"Watchdog caught", b"NCCL_IB_HCA set by environment to x",
+    b"h:1:1 [0] NCCL INFO Connected all rings"]), max_size=40), st.sampled_from([b"\n", b""]))
+def test_all_scanner_engines_find_the_same_lines(parts: list[bytes], tail: bytes) -> None:
+    from collectors import nccl_parse
+
+    data = b"\n".join(parts) + tail
+    engines = ["re"] + [e for e in ("re2", "hyperscan") if getattr(nccl_parse, "_RE2" if e == "re2" else "_HS")]
+    results = {e: candidate_lines(data, 0, engine=e) for e in engines}
+    assert all(r == results["re"] for r in results.values()), results
