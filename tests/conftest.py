@@ -93,7 +93,7 @@ async def stream_messages(url: str, subject: str = "gna.events.>", *, expect: in
         while True:
             try:
                 batch = await sub.fetch(1000, timeout=1.0)
-            except nats.errors.TimeoutError:
+            except (nats.errors.TimeoutError, TimeoutError):  # nats-py raises either at the end
                 break
             for m in batch:
                 out.append(json.loads(m.data))
