@@ -44,6 +44,7 @@ class SimHost:
     gpus: list[SimGPU] = field(default_factory=list)
     modules: dict[str, str] = field(default_factory=dict)  # name -> "live"/"coming"/"going"
     _kmsg_seq: int = 0
+    mounts: list[tuple[str, str, str, str]] = field(default_factory=list)
     _uptime: float = 3600.0
 
     def p(self, host_path: str) -> Path:
@@ -183,6 +184,41 @@ class SimHost:
         self.write("/proc/sys/kernel/random/boot_id", f"{boot_id}\n")
         self.write("/proc/uptime", f"{uptime:.2f} {uptime * 10:.2f}\n")
 
+    # -- mounts and JuiceFS -------------------------------------------------------------
+    def add_mount(self, source: str, mountpoint: str, fstype: str, options: str = "rw,relatime") -> None:
+        self.mounts.append((source, mountpoint, fstype, options))
+        self.write("/proc/mounts", "".join(
+            f"{src.replace(' ', chr(92) + '040')} {mp.replace(' ', chr(92) + '040')} {fs} {opt} 0 0\n"
+            for src, mp, fs, opt in self.mounts))
+
+    def add_juicefs(self, mountpoint: str, cache_dir: str, *, volume: str = "myjfs", cache_size: int = 10 << 30,
+                    version: str = "1.2.1+2024-08-30.cc3b8f2", prefetch: int = 1, free_space: float = 0.1,
+                    uuid: str = "9f5e8c2a-0b1d-4c6e-8f7a-3d2b1c0e9a88", blocks: int = 10) -> None:
+        import json
+
+        self.add_mount(f"JuiceFS:{volume}", mountpoint, "fuse.juicefs",
+                       "rw,relatime,user_id=0,group_id=0,default_permissions,allow_other")
+        self.write(f"{mountpoint}/.config", json.dumps({
+            "Version": version, "Format": {"Name": volume, "UUID": uuid},
+            "Chunk": {"CacheDir": f"{cache_dir}/{uuid}", "CacheSize": cache_size, "FreeSpace": free_space,
+                      "Prefetch": prefetch, "BufferSize": 300 << 20, "AutoCreate": True}}))
+        raw = self.p(f"{cache_dir}/{uuid}/raw/chunks/0/0")
+        raw.mkdir(parents=True, exist_ok=True)
+        for i in range(blocks):
+            (raw / f"{i}_0_4194304").write_bytes(b"x" * 64)
+        self.juicefs_stats(mountpoint, hits=0, miss=0, blocks=blocks)
+
+    def juicefs_stats(self, mountpoint: str, *, hits: int, miss: int, hit_bytes: int = 0, miss_bytes: int = 0,
+                      blocks: int = 10, object_get_bytes: int = 0, fuse_read_bytes: int = 0) -> None:
+        self.write(f"{mountpoint}/.stats", (
+            f"juicefs_blockcache_blocks {blocks}\njuicefs_blockcache_bytes {blocks * 4194304}\n"
+            f"juicefs_blockcache_hits {hits}\njuicefs_blockcache_miss {miss}\n"
+            f"juicefs_blockcache_hit_bytes {hit_bytes}\njuicefs_blockcache_miss_bytes {miss_bytes}\n"
+            f"juicefs_blockcache_evicts 0\njuicefs_blockcache_drops 0\n"
+            f'juicefs_object_request_data_bytes{{method="GET"}} {object_get_bytes}\n'
+            f'juicefs_object_request_data_bytes{{method="PUT"}} 0\n'
+            f"juicefs_fuse_read_size_bytes_sum {fuse_read_bytes}\njuicefs_uptime 3600.5\n"))
+
     # -- presets ---------------------------------------------------------------------
     @classmethod
     def gpu_node(cls, root: str | Path, gpus: int = 8, *, driver_loaded: bool = True, hcas: int = 0,
@@ -193,6 +229,9 @@ class SimHost:
         host = cls(Path(root))
         host.root.mkdir(parents=True, exist_ok=True)
         host.set_boot("00000000-0000-4000-8000-000000000001")
+        host.add_mount("/dev/nvme0n1p2", "/", "ext4")
+        host.add_mount("tmpfs", "/dev/shm", "tmpfs", "rw,nosuid,nodev")
+        host.add_mount("/dev/nvme1n1", "/var/jfsCache", "xfs")
         host.p("/dev").mkdir(parents=True, exist_ok=True)
         host.p("/dev/kmsg").touch()
         buses = ["18", "2a", "3a", "5d", "9a", "ab", "ba", "db", "1b", "2b", "3b", "4b", "5b", "6b", "7b", "8b"]

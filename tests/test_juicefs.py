@@ -1,0 +1,193 @@
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from agent.emitter import CollectorEmitter, ConditionTracker
+from agent.facts import FactStore
+from agent.hostroot import HostRoot
+from agent.message import Message
+from agent.simhost import SimHost
+from collectors import juicefs as jmod
+from collectors.juicefs_parse import (
+    GIB,
+    MIB,
+    parse_config,
+    parse_mount_argv,
+    parse_mounts,
+    parse_size,
+    parse_stats,
+    redact_meta_url,
+    stat_value,
+)
+
+EMPTYDIR = "/var/lib/kubelet/pods/3f1c2b4a-aaaa-bbbb-cccc-1234567890ab/volumes/kubernetes.io~empty-dir/jfs-cache"
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.messages: list[Message] = []
+
+    async def __call__(self, m: Message) -> bool:
+        self.messages.append(m)
+        return True
+
+
+def _collector(root: Path, sink: Sink, facts: FactStore | None = None, **cfg: object) -> jmod.JuiceFSCollector:
+    em = CollectorEmitter("n", "juicefs", sink, ConditionTracker(None), facts=facts or FactStore())
+    conf = jmod.JuiceFSConfig(**{"cold_start_grace": 0.0, **cfg})  # type: ignore[arg-type]
+    return jmod.JuiceFSCollector(conf, HostRoot(root), em)
+
+
+# -- parsers ------------------------------------------------------------------------------
+
+def test_parsers() -> None:
+    m = parse_mounts("JuiceFS:myjfs /mnt/my\\040jfs fuse.juicefs rw,relatime 0 0\nbad\n")
+    assert [(x.source, x.mountpoint, x.fstype) for x in m] == [("JuiceFS:myjfs", "/mnt/my jfs", "fuse.juicefs")]
+    stats = parse_stats('juicefs_blockcache_hits 10\nfoo{m="GET"} 3\nfoo{m="PUT"} 4\ngarbage\nx NaN\n# c\n')
+    assert stats == {"juicefs_blockcache_hits": 10.0, 'foo{m="GET"}': 3.0, 'foo{m="PUT"}': 4.0}
+    assert stat_value(stats, "foo") == 7.0
+    assert parse_size("100") == 100 * MIB and parse_size("100G") == 100 * GIB and parse_size("1.5Gi") == int(1.5 * GIB)
+    assert parse_size("lots") is None
+    v10 = parse_config(json.dumps({"Version": "1.0.4", "Chunk": {"CacheDir": "/a:/b", "CacheSize": 100}}), "/m")
+    v11 = parse_config(json.dumps({"Version": "1.1.0", "Chunk": {"CacheSize": 100 * MIB}}), "/m")
+    assert v10 and v10.cache_size == 100 * MIB and v10.cache_dirs == ["/a", "/b"]
+    assert v11 and v11.cache_size == 100 * MIB
+    assert parse_config("[1]", "/m") is None and parse_config("{", "/m") is None
+    s = parse_mount_argv(["/usr/local/bin/juicefs", "mount", "-d", "--cache-size", "100",
+                          "redis://u:pw@10.0.0.1:6379/1", "/mnt/jfs", "--cache-dir=/dev/shm/jfs", "--prefetch=0"])
+    assert s and (s.mountpoint, s.cache_size, s.cache_dirs, s.prefetch) == ("/mnt/jfs", 100 * MIB, ["/dev/shm/jfs"], 0)
+    assert parse_mount_argv(["python", "train.py"]) is None
+    assert redact_meta_url("redis://u:pw@10.0.0.1:6379/1") == "redis://u:***@10.0.0.1:6379/1"
+
+
+@given(st.text(max_size=500))
+def test_stats_and_mount_parsers_never_crash(text: str) -> None:
+    for v in parse_stats(text).values():
+        assert v == v
+    for m in parse_mounts(text):
+        assert m.fstype
+
+
+@given(st.lists(st.text(min_size=1, max_size=20), max_size=12))
+def test_argv_parser_never_crashes(argv: list[str]) -> None:
+    parse_mount_argv(["juicefs", "mount", *argv])
+
+
+# -- scenarios --------------------------------------------------------------------------
+
+async def test_healthy_mount_is_quiet(tmp_path: Path) -> None:
+    host = SimHost.gpu_node(tmp_path / "h", gpus=1)
+    host.add_juicefs("/mnt/jfs", "/var/jfsCache")
+    sink, facts = Sink(), FactStore()
+    c = _collector(host.root, sink, facts, min_reads=10)
+    await c.collect()
+    host.juicefs_stats("/mnt/jfs", hits=900, miss=100)
+    await c.collect()
+    assert sink.messages == []
+    assert facts.get("juicefs.mounts")[0]["cache_dirs"][0].startswith("/var/jfsCache/")
+
+
+async def test_emptydir_tmpfs_overlay_and_memory_are_ephemeral(tmp_path: Path) -> None:
+    host = SimHost.gpu_node(tmp_path / "h", gpus=1)
+    host.add_mount("overlay", "/", "overlay")  # a container's root
+    host.add_juicefs("/mnt/a", EMPTYDIR, volume="a")
+    host.add_juicefs("/mnt/b", "/dev/shm/jfs", volume="b")
+    host.add_juicefs("/mnt/c", "/tmp/jfs", volume="c")  # on the overlay root now
+    host.write("/proc/77/cmdline", "juicefs\0mount\0redis://x:secret@h/1\0/mnt/d\0--cache-dir=memory\0")
+    host.add_mount("JuiceFS:d", "/mnt/d", "fuse.juicefs")  # no .config: settings from the command line
+    sink = Sink()
+    await _collector(host.root, sink, ephemeral_severity="critical").collect()
+    eph = {(m.entity.split(":")[1], m.reason, m.severity) for m in sink.messages if m.type == "JuiceFSCacheEphemeral"}
+    assert eph == {("/mnt/a", "emptyDir", "critical"), ("/mnt/b", "tmpfs", "critical"),
+                   ("/mnt/c", "overlay", "critical"), ("/mnt/d", "memory", "critical")}
+    assert all("secret" not in json.dumps(m.details) for m in sink.messages)
+
+
+async def test_100_mib_cache_and_dataset_size(tmp_path: Path) -> None:
+    host = SimHost.gpu_node(tmp_path / "h", gpus=1)
+    host.add_juicefs("/mnt/jfs", "/var/jfsCache", cache_size=100 * MIB)  # cache-size=100: MiB, not GiB
+    host.add_juicefs("/mnt/big", "/var/jfsCache", volume="big", cache_size=200 * GIB)
+    sink = Sink()
+    mounts = [jmod.MountConfig(mountpoint="/mnt/big", dataset_bytes=2000 * GIB, dataset_paths=["/mnt/big/ckpt"])]
+    await _collector(host.root, sink, mounts=mounts).collect()
+    sus = {(m.entity, m.reason) for m in sink.messages if m.type == "JuiceFSCacheSizeSuspicious"}
+    assert sus == {("juicefs:/mnt/jfs", "BelowFloor"), ("juicefs:/mnt/big", "BelowDataset")}
+
+
+async def test_missing_dir_low_space_and_configured_unseen_mount(tmp_path: Path) -> None:
+    host = SimHost.gpu_node(tmp_path / "h", gpus=1)
+    host.add_juicefs("/mnt/jfs", "/var/jfsCache", uuid="u-1")
+    shutil.rmtree(host.p("/var/jfsCache/u-1"))  # the cache dir vanished (node re-imaged, disk swapped)
+    host.add_juicefs("/mnt/huge", "/data/cache", volume="huge", cache_size=10**15, uuid="u-2")  # 1 PB: cannot grow
+    host.p("/data/jfs-other").mkdir(parents=True)
+    sink = Sink()
+    mounts = [jmod.MountConfig(mountpoint="/mnt/other", cache_dirs=["/data/jfs-other"])]
+    await _collector(host.root, sink, mounts=mounts).collect()
+    got = sorted((m.type, m.entity, m.reason) for m in sink.messages)
+    assert got == [("JuiceFSCacheDirMissing", "juicefs:/mnt/jfs:/var/jfsCache/u-1", "Missing"),
+                   ("JuiceFSCacheLowSpace", "juicefs:/mnt/huge:/data/cache/u-2", "CannotGrow")]
+
+
+async def test_hit_ratio_window_grace_and_read_amplification(tmp_path: Path) -> None:
+    host = SimHost.gpu_node(tmp_path / "h", gpus=1)
+    host.add_juicefs("/mnt/jfs", "/var/jfsCache", prefetch=1)
+    sink = Sink()
+    c = _collector(host.root, sink, min_reads=1000)
+    await c.collect()
+    host.juicefs_stats("/mnt/jfs", hits=5, miss=50)  # too few reads to judge
+    await c.collect()
+    assert not [m for m in sink.messages if m.type == "JuiceFSCacheHitRatioLow"]
+    host.juicefs_stats("/mnt/jfs", hits=50, miss=5000, object_get_bytes=10 * GIB, fuse_read_bytes=GIB)
+    await c.collect()
+    (low,) = [m for m in sink.messages if m.type == "JuiceFSCacheHitRatioLow"]
+    assert low.details["hit_ratio"] < 0.02 and low.suggested_action == "warmup"
+    (amp,) = [m for m in sink.messages if m.type == "JuiceFSReadAmplification"]
+    assert amp.details["amplification"] == 10.0
+    # during the cold-start grace nothing is judged
+    sink2 = Sink()
+    c2 = _collector(host.root, sink2, min_reads=1000, cold_start_grace=3600.0)
+    await c2.collect()
+    host.juicefs_stats("/mnt/jfs", hits=60, miss=9000)
+    await c2.collect()
+    assert sink2.messages == []
+    fams = {f.name: f for f in c.prometheus_families()}
+    assert fams["gna_juicefs_hit_ratio"].samples[0].value < 0.02
+
+
+def _can_mount_tmpfs() -> bool:
+    d = tempfile.mkdtemp()
+    try:
+        ok = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", d], capture_output=True).returncode == 0
+        if ok:
+            subprocess.run(["umount", d], check=False)
+        return ok
+    except FileNotFoundError:
+        return False
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.mark.skipif(not _can_mount_tmpfs(), reason="cannot mount tmpfs here (needs CAP_SYS_ADMIN in this namespace)")
+async def test_real_tmpfs_vs_real_disk_on_the_live_host(tmp_path: Path) -> None:
+    tmpfs = tmp_path / "ram-cache"
+    disk = tmp_path / "disk-cache"
+    tmpfs.mkdir()
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(tmpfs)], check=True)
+    try:
+        sink = Sink()
+        mounts = [jmod.MountConfig(mountpoint="/nonexistent/a", cache_dirs=[str(tmpfs)]),
+                  jmod.MountConfig(mountpoint="/nonexistent/b", cache_dirs=[str(disk)])]
+        await _collector(Path("/"), sink, mounts=mounts).collect()
+    finally:
+        subprocess.run(["umount", str(tmpfs)], check=False)
+    eph = [(m.entity, m.reason) for m in sink.messages if m.type == "JuiceFSCacheEphemeral"]
+    assert eph == [(f"juicefs:/nonexistent/a:{tmpfs}", "tmpfs")]
