@@ -110,6 +110,22 @@ class LocalBus:
         return True
 
 
+    async def publish_record(self, subject: str, msg_id: str, payload: bytes, severity: str = "info") -> bool:
+        """A non-message record (a remediation audit) on its own subject, durably like the rest."""
+        if self.spool is None:
+            return False
+        try:
+            seq = await self.spool.append(severity, b"%s\n%s\n%s" % (subject.encode(), msg_id.encode(), payload))
+        except SpoolError as exc:
+            self.refused += 1
+            log.error("spool_write_failed", error=str(exc), subject=subject)
+            return False
+        if seq is None:
+            self.refused += 1
+            return False
+        return True
+
+
 def split_record(record: bytes) -> tuple[str, str, bytes]:
     """Inverse of the spool record layout used by ``LocalBus.publish``: subject, msg id, JSON."""
     subject, msg_id, payload = record.split(b"\n", 2)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import sys
 from pathlib import Path
 from typing import Any, NoReturn
@@ -39,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--state-dir", help="spool, checkpoints, embedded NATS store")
     run.add_argument("--metrics-listen", help="HOST:PORT for /metrics and /healthz ('' disables)")
     run.add_argument("--duration", type=float, help="stop by itself after this many seconds")
+    run.add_argument("--enforce", action="store_true", help="act (default: remediation is dry-run, audited only)")
 
     check = sub.add_parser("check", help="one pass of every collector, no NATS; exit 0/1/2")
     _add_common(check)
@@ -60,6 +62,25 @@ def build_parser() -> argparse.ArgumentParser:
     cc = cfg_sub.add_parser("check", help="validate a config file: exit 0 valid, 78 invalid")
     cc.add_argument("file")
 
+    budget = sub.add_parser("budget", help="the fleet-wide cordon budget")
+    budget_sub = budget.add_subparsers(dest="budget_command", required=True, parser_class=_Parser)
+    for verb in ("status", "reset"):
+        b = budget_sub.add_parser(verb, help=f"{verb} the budget")
+        b.add_argument("--nats", action="append")
+        b.add_argument("--config")
+        b.add_argument("--state-dir")
+
+    warm = sub.add_parser("warmup", help="warm a JuiceFS mount's configured dataset paths now")
+    warm.add_argument("--mount", required=True)
+    warm.add_argument("--config")
+    warm.add_argument("--host-root")
+
+    cord = sub.add_parser("cordoner", help="central cordoner: fleet messages -> remediation with cluster credentials")
+    cord.add_argument("--nats", action="append")
+    cord.add_argument("--config")
+    cord.add_argument("--enforce", action="store_true")
+    cord.add_argument("--duration", type=float)
+
     demo = sub.add_parser("demo", help="agent + embedded NATS on a simulated GPU node, with scripted faults")
     demo.add_argument("--duration", type=float, default=20.0)
     demo.add_argument("--workdir", help="keep the simulated node and state here (default: a temp dir)")
@@ -79,7 +100,68 @@ def _load_config(args: argparse.Namespace) -> configmod.Config:
         a.nats.servers = list(args.nats)
     if getattr(args, "metrics_listen", None) is not None:
         a.metrics.listen = args.metrics_listen
+    if getattr(args, "enforce", False):
+        a.remediations.enforce = True
     return cfg
+
+
+def cmd_budget(args: argparse.Namespace) -> int:
+    import nats
+
+    from remediations.budget import FleetBudget
+
+    servers = _events_servers(args)
+    cfg = configmod.load(args.config).agent
+
+    async def go() -> dict[str, Any]:
+        nc = await nats.connect(servers=servers, connect_timeout=5, max_reconnect_attempts=2)
+        try:
+            b = cfg.remediations.budget
+            budget = FleetBudget(nc.jetstream(), bucket=b.bucket, nodes_bucket=cfg.nats.kv_bucket,
+                                 max_nodes=b.max_nodes, max_percent=b.max_percent, window=b.window)
+            if args.budget_command == "reset":
+                await budget.reset()
+            return await budget.status()
+        finally:
+            await nc.close()
+
+    print(json.dumps(asyncio.run(go()), indent=2))
+    return 0
+
+
+def cmd_warmup(args: argparse.Namespace) -> int:
+    from agent.hostroot import HostRoot
+    from remediations.loader import load_plugins
+
+    cfg = _load_config(args).agent
+    plugins = load_plugins(cfg.remediations, HostRoot(cfg.host_root), only={"juicefs_warmup"})
+    plugin = plugins.get("juicefs_warmup")
+    if plugin is None:
+        print("gpu-node-agent: the juicefs_warmup remediation is not available (juicefs not found?)", file=sys.stderr)
+        return EX_UNAVAILABLE
+    msg = {"node": cfg.node_name(), "entity": f"juicefs:{args.mount}", "type": "ManualWarmup"}
+    try:
+        print(plugin.plan(msg, {"mount": args.mount}))
+    except ValueError as exc:
+        print(f"gpu-node-agent: {exc}", file=sys.stderr)
+        return EX_CONFIG
+    result = asyncio.run(plugin.execute(msg, {"mount": args.mount}))
+    print(f"{result.outcome}: {result.detail}")
+    return 0 if result.outcome != "failed" else 1
+
+
+def cmd_cordoner(args: argparse.Namespace) -> int:
+    from agent.logsetup import configure
+    from remediations.cordoner import run_cordoner
+
+    cfg = configmod.load(args.config).agent
+    if args.enforce:
+        cfg.remediations.enforce = True
+    configure(cfg.log.level, cfg.log.format)
+    servers = list(args.nats or cfg.nats.servers)
+    if not servers:
+        raise configmod.ConfigError("the cordoner needs --nats or nats.servers")
+    return asyncio.run(run_cordoner(cfg, servers, args.duration))
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -192,7 +274,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    handlers = {"run": cmd_run, "check": cmd_check, "events": cmd_events, "demo": cmd_demo}
+    handlers = {"run": cmd_run, "check": cmd_check, "events": cmd_events, "demo": cmd_demo, "budget": cmd_budget,
+                "warmup": cmd_warmup, "cordoner": cmd_cordoner}
     try:
         if args.command == "config":
             return cmd_config_check(args)

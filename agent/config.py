@@ -16,6 +16,8 @@ from typing import Any, Literal
 
 import msgspec
 
+from remediations.policy import RemediationsConfig
+
 DEFAULT_CONFIG_PATH = Path("/etc/gpu-node-agent/config.toml")
 
 
@@ -99,7 +101,7 @@ class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     metrics: MetricsConfig = msgspec.field(default_factory=MetricsConfig)
     log: LogConfig = msgspec.field(default_factory=LogConfig)
     collectors: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)
-    remediations: dict[str, Any] = msgspec.field(default_factory=dict)
+    remediations: RemediationsConfig = msgspec.field(default_factory=RemediationsConfig)
 
     def node_name(self) -> str:
         return self.node or socket.gethostname()
@@ -138,6 +140,17 @@ def _fields(struct_type: type[Any]) -> dict[str, Any]:
     return {f.encode_name: f.type for f in msgspec.structs.fields(struct_type)}
 
 
+def _struct_of(ftype: Any) -> type[Any] | None:
+    """The Struct a field holds directly, or in a list (``list[Rule]``); None otherwise."""
+    if isinstance(ftype, type) and issubclass(ftype, msgspec.Struct):
+        return ftype
+    args = getattr(ftype, "__args__", ())
+    if getattr(ftype, "__origin__", None) is list and args and isinstance(args[0], type) \
+            and issubclass(args[0], msgspec.Struct):
+        return args[0]
+    return None
+
+
 def _unknown_keys(data: dict[str, Any], struct_type: type[Any], path: list[str],
                   out: list[tuple[list[str], list[str]]]) -> None:
     fields = _fields(struct_type)
@@ -145,9 +158,15 @@ def _unknown_keys(data: dict[str, Any], struct_type: type[Any], path: list[str],
         if key not in fields:
             out.append(([*path, key], list(fields)))
             continue
-        ftype = fields[key]
-        if isinstance(value, dict) and isinstance(ftype, type) and issubclass(ftype, msgspec.Struct):
-            _unknown_keys(value, ftype, [*path, key], out)
+        inner = _struct_of(fields[key])
+        if inner is None:
+            continue
+        if isinstance(value, dict):
+            _unknown_keys(value, inner, [*path, key], out)
+        elif isinstance(value, list):
+            for item in value:
+                if isinstance(item, dict):
+                    _unknown_keys(item, inner, [*path, key], out)
 
 
 def _suggest(key: str, valid: list[str]) -> str:
@@ -197,9 +216,27 @@ def parse(text: str, *, file: str = "<config>", collector_types: dict[str, type[
         collectors[name] = _convert(section, collector_types[name], ["collectors", name], file, text)
     for name, ctype in collector_types.items():
         collectors.setdefault(name, ctype())
+    _check_plugin_sections(agent, file, text)
     cfg = Config(agent=agent, collectors=collectors, source=file)
     _check_values(cfg, file, text)
     return cfg
+
+
+def _check_plugin_sections(agent: AgentConfig, file: str, text: str) -> None:
+    from agent.registry import remediation_classes
+
+    classes = remediation_classes()
+    for name, section in agent.remediations.plugins.items():
+        cls = classes.get(name)
+        path = ["remediations", "plugins", name]
+        if cls is None:
+            raise ConfigError(f"unknown remediation plugin {name!r}{_suggest(name, list(classes))}", file=file,
+                              line=_find_line(text, path), key=".".join(path))
+        dry = section.get("dry_run")
+        if dry is not None and not isinstance(dry, bool):
+            raise ConfigError(f"{'.'.join(path)}.dry_run must be true or false", file=file,
+                              line=_find_line(text, [*path, "dry_run"]), key=".".join([*path, "dry_run"]))
+        _convert({k: v for k, v in section.items() if k != "dry_run"}, cls.config_type, path, file, text)
 
 
 def _check_values(config: Config, file: str, text: str) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import time
@@ -20,7 +21,7 @@ from agent.facts import FactStore
 from agent.forwarder import Forwarder
 from agent.framework import CollectorRunner
 from agent.hostroot import HostRoot
-from agent.message import Message, make_message
+from agent.message import Message, make_message, to_dict
 from agent.metrics import AgentMetrics, MetricsServer
 from agent.nats_link import NatsLink
 from agent.nats_server import NatsServerProcess, free_port
@@ -28,6 +29,7 @@ from agent.nodestate import NodeStatePublisher
 from agent.registry import collector_classes
 from agent.sdnotify import Notifier
 from agent.spool import SEVERITY_NAMES, Spool
+from agent.subjects import action_subject
 
 log = structlog.get_logger(__name__)
 
@@ -60,6 +62,7 @@ class Agent:
         self.started = time.monotonic()
         self.metrics_server: MetricsServer | None = None
         self.facts = FactStore()
+        self.engine: Any = None
 
     # -- sinks -----------------------------------------------------------------------
     async def _sink(self, msg: Message) -> bool:
@@ -218,6 +221,7 @@ class Agent:
         self.tracker = ConditionTracker(self.state_dir / "conditions.json")
         self.bus = LocalBus(self.spool, subscriber_queue=self.cfg.bus.subscriber_queue)
         self.bus.subscribe("log", self._log_message)
+        self._start_remediation()
         self.bus.start()
         servers = self._nats_servers()  # in the main thread: PR_SET_PDEATHSIG follows the forking thread
         self.link = NatsLink(self.cfg.nats, servers, self.metrics, name=f"gpu-node-agent/{self.node}")
@@ -284,6 +288,47 @@ class Agent:
             self.spool.close()
         log.info("agent_stopped", spool_depth=self.spool.depth if self.spool else 0,
                  published=self.forwarder.published if self.forwarder else 0)
+
+    # -- remediation --------------------------------------------------------------------
+    def _start_remediation(self) -> None:
+        from remediations.budget import FleetBudget
+        from remediations.engine import Engine
+        from remediations.loader import load_plugins
+
+        rcfg = self.cfg.remediations
+        plugins = load_plugins(rcfg, self.host)
+        budget_obj: list[FleetBudget] = []
+
+        def budget() -> FleetBudget | None:
+            if self.link is None or self.link.js is None or not self.link.connected.is_set():
+                return None  # no NATS: no slot, no cordon (fail safe)
+            if not budget_obj:
+                b = rcfg.budget
+                budget_obj.append(FleetBudget(self.link.js, bucket=b.bucket, nodes_bucket=self.cfg.nats.kv_bucket,
+                                              max_nodes=b.max_nodes, max_percent=b.max_percent, window=b.window,
+                                              replicas=self.cfg.nats.stream_replicas))
+            return budget_obj[0]
+
+        async def audit(record: dict[str, Any]) -> None:
+            assert self.bus is not None
+            sev = "warning" if record["decision"] in ("executed", "failed") else "info"
+            await self.bus.publish_record(action_subject(self.node, record["remediation"]), record["id"],
+                                          json.dumps(record, separators=(",", ":")).encode(), sev)
+
+        async def alert(type_: str, message: str, details: dict[str, Any]) -> None:
+            await self.emitter_for(AGENT_COLLECTOR).event(type_, severity="critical", entity="fleet:budget",
+                                                          reason="BudgetExhausted", message=message, details=details)
+
+        self.engine = Engine(rcfg, plugins, audit=audit, alert=alert, budget=budget)
+
+        async def on_message(msg: Message) -> None:
+            assert self.engine is not None
+            await self.engine.handle(to_dict(msg))
+
+        assert self.bus is not None
+        self.bus.subscribe("remediation", on_message)
+        log.info("remediation_ready", plugins=sorted(plugins), enforce=rcfg.enforce,
+                 rules=[r.name for r in self.engine.rules])
 
     async def _log_message(self, msg: Message) -> None:
         # Info-level events can come in bursts: keep them out of the journal unless debugging.

@@ -1,0 +1,162 @@
+"""Fleet-wide cordon budget (circuit breaker) in a JetStream KV bucket, taken with compare-and-set.
+
+At most ``max_nodes`` nodes, or ``max_percent`` of the fleet (nodes heartbeating in gna-nodes),
+may be cordoned by the agents within ``window`` seconds. When a slot is refused the breaker trips
+and stays tripped until the window drains or ``gpu-node-agent budget reset``. Without NATS no slot
+can be taken: the caller must not cordon (fail safe).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
+
+KEY = "cordons"
+
+
+@dataclass
+class SlotDecision:
+    granted: bool
+    reason: str
+    used: int
+    limit: int
+    tripped: bool
+
+
+class BudgetUnavailable(Exception):
+    pass
+
+
+def _cas_conflict(exc: Exception) -> bool:
+    text = str(exc).lower()
+    return isinstance(exc, KeyWrongLastSequenceError) or "wrong last sequence" in text or "10071" in text
+
+
+class FleetBudget:
+    def __init__(self, js: Any, *, bucket: str = "gna-budget", nodes_bucket: str = "gna-nodes", max_nodes: int = 5,
+                 max_percent: float = 0.0, window: float = 3600.0, stale_after: float = 60.0,
+                 replicas: int = 1) -> None:
+        self.js = js
+        self.bucket_name = bucket
+        self.nodes_bucket = nodes_bucket
+        self.max_nodes = max_nodes
+        self.max_percent = max_percent
+        self.window = window
+        self.stale_after = stale_after
+        self.replicas = replicas
+        self._kv: Any = None
+        self._fleet: tuple[float, int] = (0.0, 0)
+
+    async def kv(self) -> Any:
+        if self._kv is None:
+            try:
+                self._kv = await self.js.key_value(self.bucket_name)
+            except (BucketNotFoundError, NotFoundError):
+                self._kv = await self.js.create_key_value(bucket=self.bucket_name, history=5, replicas=self.replicas)
+        return self._kv
+
+    async def fleet_size(self) -> int:
+        ts, n = self._fleet
+        if time.monotonic() - ts < 30:
+            return n
+        try:
+            nodes = await self.js.key_value(self.nodes_bucket)
+            keys = await nodes.keys()
+        except Exception:
+            keys = []
+        self._fleet = (time.monotonic(), len(keys))
+        return len(keys)
+
+    async def limit(self) -> int:
+        limits = [self.max_nodes] if self.max_nodes > 0 else []
+        if self.max_percent > 0:
+            limits.append(max(1, math.floor(await self.fleet_size() * self.max_percent / 100)))
+        return min(limits) if limits else 0
+
+    async def _read(self) -> tuple[dict[str, Any], int | None]:
+        kv = await self.kv()
+        try:
+            entry = await kv.get(KEY)
+        except KeyNotFoundError:
+            return {"version": 1, "entries": [], "tripped": False}, None
+        try:
+            state = json.loads(entry.value or b"{}")
+        except ValueError:
+            state = {}
+        state.setdefault("entries", [])
+        state.setdefault("tripped", False)
+        return state, entry.revision
+
+    def _prune(self, state: dict[str, Any], now: float) -> None:
+        state["entries"] = [e for e in state["entries"] if now - float(e.get("time", 0)) < self.window]
+
+    async def take(self, node: str, reason: str, *, attempts: int = 50) -> SlotDecision:
+        """Compare-and-set loop: concurrent agents can never overshoot the limit."""
+        try:
+            limit = await self.limit()
+            for _ in range(attempts):
+                now = time.time()
+                state, rev = await self._read()
+                self._prune(state, now)
+                used = len(state["entries"])
+                if any(e.get("node") == node for e in state["entries"]):
+                    return SlotDecision(True, "node already holds a slot", used, limit, bool(state["tripped"]))
+                if state["tripped"] and used < limit:
+                    state["tripped"] = False  # drained
+                if used >= limit or state["tripped"]:
+                    state["tripped"] = True
+                    granted = False
+                else:
+                    state["entries"].append({"node": node, "time": now, "reason": reason})
+                    granted = True
+                body = json.dumps(state).encode()
+                kv = await self.kv()
+                try:
+                    if rev is None:
+                        await kv.create(KEY, body)
+                    else:
+                        await kv.update(KEY, body, last=rev)
+                except Exception as exc:
+                    if _cas_conflict(exc):  # another agent wrote first: read again
+                        await asyncio.sleep(0.002 + 0.01 * (hash(node) % 7) / 7)
+                        continue
+                    raise
+                return SlotDecision(granted, "granted" if granted else "budget exhausted",
+                                    len(state["entries"]), limit, bool(state["tripped"]))
+            return SlotDecision(False, "contention: could not take a slot", -1, limit, False)
+        except (BudgetUnavailable, asyncio.CancelledError):
+            raise
+        except Exception as exc:
+            raise BudgetUnavailable(repr(exc)) from exc
+
+    async def release(self, node: str) -> None:
+        for _ in range(50):
+            state, rev = await self._read()
+            state["entries"] = [e for e in state["entries"] if e.get("node") != node]
+            kv = await self.kv()
+            if rev is None:
+                return
+            try:
+                await kv.update(KEY, json.dumps(state).encode(), last=rev)
+                return
+            except Exception as exc:
+                if not _cas_conflict(exc):
+                    raise
+                await asyncio.sleep(0.005)
+
+    async def status(self) -> dict[str, Any]:
+        state, rev = await self._read()
+        self._prune(state, time.time())
+        return {"limit": await self.limit(), "used": len(state["entries"]), "tripped": state["tripped"],
+                "window_s": self.window, "entries": state["entries"], "revision": rev,
+                "fleet_size": await self.fleet_size()}
+
+    async def reset(self) -> None:
+        kv = await self.kv()
+        await kv.put(KEY, json.dumps({"version": 1, "entries": [], "tripped": False}).encode())

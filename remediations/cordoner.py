@@ -1,0 +1,103 @@
+"""The central cordoner: the fleet's messages from JetStream, the same engine, cluster credentials.
+
+A durable push consumer with a queue group: several replicas can run and exactly one handles
+each message; node agents then need no Kubernetes rights at all. A message is acknowledged only
+after the engine decided and audited it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import signal
+from typing import Any
+
+import structlog
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+from agent import config as configmod
+from agent.hostroot import HostRoot
+from agent.ids import new_id
+from agent.metrics import AgentMetrics
+from agent.nats_link import NatsLink
+from agent.subjects import EVENTS_PREFIX, action_subject
+from remediations.budget import FleetBudget
+from remediations.engine import Engine
+from remediations.loader import load_plugins
+
+log = structlog.get_logger(__name__)
+
+
+class Cordoner:
+    def __init__(self, cfg: configmod.AgentConfig, servers: list[str], *, durable: str = "gna-cordoner",
+                 queue: str = "gna-cordoner", name: str = "cordoner") -> None:
+        self.cfg = cfg
+        self.servers = servers
+        self.durable = durable
+        self.queue = queue
+        self.name = name
+        self.link = NatsLink(cfg.nats, servers, AgentMetrics(), name=f"gpu-node-agent-cordoner/{name}")
+        self.engine: Engine | None = None
+        self.handled = 0
+        self._sub: Any = None
+
+    async def start(self) -> None:
+        await self.link.connect()
+        await self.link.ensure_stream()
+        js = self.link.js
+        assert js is not None
+        b = self.cfg.remediations.budget
+        budget = FleetBudget(js, bucket=b.bucket, nodes_bucket=self.cfg.nats.kv_bucket, max_nodes=b.max_nodes,
+                             max_percent=b.max_percent, window=b.window, replicas=self.cfg.nats.stream_replicas)
+
+        async def audit(record: dict[str, Any]) -> None:
+            await js.publish(action_subject(record["node"] or "unknown", record["remediation"]),
+                             json.dumps(record, separators=(",", ":")).encode(), headers={"Nats-Msg-Id": record["id"]})
+
+        async def alert(type_: str, message: str, details: dict[str, Any]) -> None:
+            body = {"schema_version": 1, "id": new_id(), "type": type_, "message": message, "details": details}
+            await js.publish(f"{EVENTS_PREFIX}.cordoner.agent.critical", json.dumps(body).encode(),
+                             headers={"Nats-Msg-Id": body["id"]})
+
+        plugins = load_plugins(self.cfg.remediations, HostRoot("/"))
+        self.engine = Engine(self.cfg.remediations, plugins, audit=audit, alert=alert, budget=lambda: budget)
+        self._sub = await js.subscribe(
+            f"{EVENTS_PREFIX}.>", queue=self.queue, durable=self.durable, cb=self._on_msg, manual_ack=True,
+            config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, deliver_policy=DeliverPolicy.NEW, ack_wait=60,
+                                  max_ack_pending=1000))
+        log.info("cordoner_started", durable=self.durable, queue=self.queue, plugins=sorted(plugins),
+                 enforce=self.cfg.remediations.enforce)
+
+    async def _on_msg(self, msg: Any) -> None:
+        try:
+            data = json.loads(msg.data)
+        except ValueError:
+            await msg.term()  # not a message of ours: never redeliver it
+            return
+        if isinstance(data, dict) and data.get("collector") != "agent":
+            assert self.engine is not None
+            await self.engine.handle(data)
+            self.handled += 1
+        await msg.ack()
+
+    async def stop(self) -> None:
+        if self._sub is not None:
+            with contextlib.suppress(Exception):
+                await self._sub.unsubscribe()
+        await self.link.close()
+
+
+async def run_cordoner(cfg: configmod.AgentConfig, servers: list[str], duration: float | None = None) -> int:
+    c = Cordoner(cfg, servers)
+    await c.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await asyncio.wait_for(stop.wait(), duration)
+    except TimeoutError:
+        pass
+    await c.stop()
+    return 0

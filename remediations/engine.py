@@ -1,0 +1,215 @@
+"""The remediation engine: rules -> decisions -> (maybe) actions, every decision audited.
+
+Decisions: ``executed``, ``dry_run``, ``skipped`` (cooldown, backoff, max attempts, budget, already
+done, fail-safe without NATS) and ``failed`` (with the error). Each is an audit record on
+``gna.actions.<node>.<remediation>`` and a log line: nothing acts silently. Cordons take a slot
+from the fleet budget first; uncordon happens only after every trigger resolved for a hold-down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from agent.ids import new_id
+from agent.message import rfc3339
+from remediations.base import Result
+from remediations.budget import BudgetUnavailable, FleetBudget
+from remediations.policy import RemediationsConfig, Rule, effective_rules
+
+log = structlog.get_logger(__name__)
+
+AuditSink = Callable[[dict[str, Any]], Awaitable[None]]
+AlertSink = Callable[[str, str, dict[str, Any]], Awaitable[None]]  # (type, message, details)
+BudgetGetter = Callable[[], FleetBudget | None]
+ACTION_SCHEMA_VERSION = 1
+
+
+@dataclass
+class Attempts:
+    last_done: float = 0.0  # executed or dry-run
+    failures: int = 0
+    last_failure: float = 0.0
+
+
+@dataclass
+class NodeTriggers:
+    active: set[tuple[str, str]] = field(default_factory=set)  # (type, entity) that caused the cordon
+    cordoned_by_us: bool = False
+    uncordon_task: asyncio.Task[None] | None = None
+
+
+class Engine:
+    def __init__(self, cfg: RemediationsConfig, plugins: dict[str, Any], *, audit: AuditSink,
+                 alert: AlertSink | None = None, budget: BudgetGetter | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.cfg = cfg
+        self.rules = effective_rules(cfg)
+        self.plugins = plugins
+        self.audit_sink = audit
+        self.alert = alert
+        self.budget = budget
+        self.clock = clock
+        self.attempts: dict[tuple[str, str, str], Attempts] = {}
+        self.triggers: dict[str, NodeTriggers] = {}
+        self.decisions: list[dict[str, Any]] = []  # recent, for tests and `status`
+        self._lock = asyncio.Lock()
+        self._budget_alerted = False
+
+    def dry_run(self, plugin: str) -> bool:
+        """Dry-run unless enforcing globally, and a plugin may stay in dry-run on its own."""
+        setting = self.cfg.plugins.get(plugin, {}).get("dry_run")
+        return (not self.cfg.enforce) or setting is True
+
+    async def _audit(self, msg: dict[str, Any], rule: Rule | None, plugin: str, decision: str, reason: str, *,
+                     args: dict[str, Any] | None = None, result: Result | None = None, error: str = "",
+                     action: str = "apply") -> dict[str, Any]:
+        record = {
+            "schema_version": ACTION_SCHEMA_VERSION, "id": new_id(), "time": rfc3339(), "node": msg.get("node", ""),
+            "remediation": plugin, "rule": rule.name if rule else None, "action": action, "decision": decision,
+            "reason": reason, "dry_run": decision == "dry_run",
+            "trigger": {k: msg.get(k) for k in ("id", "type", "entity", "status", "severity", "collector")},
+            "args": args or {}, "result": {"outcome": result.outcome, "detail": result.detail, **result.data}
+            if result else None, "error": error or None,
+        }
+        self.decisions.append(record)
+        del self.decisions[:-1000]
+        log.info("remediation_decision", node=record["node"], remediation=plugin, rule=record["rule"],
+                 decision=decision, reason=reason, trigger=msg.get("type"), entity=msg.get("entity"))
+        await self.audit_sink(record)
+        return record
+
+    async def handle(self, msg: dict[str, Any]) -> list[dict[str, Any]]:
+        """One message from the bus (or the fleet stream for the central cordoner)."""
+        out: list[dict[str, Any]] = []
+        async with self._lock:
+            if msg.get("kind") == "condition" and msg.get("status") == "resolved":
+                await self._resolved(msg)
+            for rule in self.rules:
+                if rule.match.matches(msg):
+                    out.append(await self._apply(rule, msg))
+        return out
+
+    async def _apply(self, rule: Rule, msg: dict[str, Any]) -> dict[str, Any]:
+        name = rule.action
+        plugin = self.plugins.get(name)
+        if plugin is None:
+            return await self._audit(msg, rule, name, "failed", f"no remediation plugin {name!r} is installed")
+        node = msg.get("node", "")
+        key = (rule.name, node, msg.get("entity", ""))
+        att = self.attempts.setdefault(key, Attempts())
+        now = self.clock()
+        args = {**rule.args}
+        if att.last_done and now - att.last_done < rule.cooldown:
+            return await self._audit(msg, rule, name, "skipped", f"cooldown: acted {now - att.last_done:.0f}s ago "
+                                     f"(cooldown {rule.cooldown:g}s)", args=args)
+        if att.failures >= rule.max_attempts:
+            return await self._audit(msg, rule, name, "skipped", f"max attempts ({rule.max_attempts}) reached",
+                                     args=args)
+        if att.failures and now - att.last_failure < rule.backoff * 2 ** (att.failures - 1):
+            return await self._audit(msg, rule, name, "skipped", "backing off after a failure", args=args)
+        try:
+            plan = plugin.plan(msg, args)
+        except ValueError as exc:  # a value outside the plugin's allowlist
+            return await self._audit(msg, rule, name, "failed", "refused by the plugin", args=args, error=str(exc))
+        if self.dry_run(name):
+            att.last_done = now
+            self._track(msg, name, plugin)
+            return await self._audit(msg, rule, name, "dry_run", f"would {plan}", args=args)
+        if getattr(plugin, "needs_budget", False):
+            verdict = await self._take_budget(msg, rule, name, args)
+            if verdict is not None:
+                return verdict
+        try:
+            result: Result = await plugin.execute(msg, args)
+        except Exception as exc:
+            att.failures += 1
+            att.last_failure = now
+            return await self._audit(msg, rule, name, "failed", f"{plan} failed", args=args, error=repr(exc))
+        if result.outcome == "failed":
+            att.failures += 1
+            att.last_failure = now
+            return await self._audit(msg, rule, name, "failed", f"{plan} failed", args=args, result=result,
+                                     error=result.detail)
+        att.last_done, att.failures = now, 0
+        self._track(msg, name, plugin, cordoned=result.outcome == "executed" and getattr(plugin, "needs_budget", False))
+        decision = "executed" if result.outcome == "executed" else "skipped"
+        reason = plan if result.outcome == "executed" else f"already done: {result.detail}"
+        return await self._audit(msg, rule, name, decision, reason, args=args, result=result)
+
+    async def _take_budget(self, msg: dict[str, Any], rule: Rule, name: str,
+                           args: dict[str, Any]) -> dict[str, Any] | None:
+        budget = self.budget() if self.budget else None
+        if budget is None:
+            return await self._audit(msg, rule, name, "skipped", "fleet budget unavailable (NATS unreachable): "
+                                     "not cordoning (fail safe)", args=args)
+        try:
+            slot = await budget.take(msg.get("node", ""), msg.get("type", ""))
+        except BudgetUnavailable as exc:
+            return await self._audit(msg, rule, name, "skipped", "fleet budget unavailable: not cordoning (fail safe)",
+                                     args=args, error=str(exc))
+        if slot.granted:
+            self._budget_alerted = False
+            return None
+        if self.alert and not self._budget_alerted:
+            self._budget_alerted = True
+            await self.alert("RemediationBudgetExhausted",
+                             f"The fleet cordon budget is spent ({slot.used}/{slot.limit} in the window): "
+                             f"{msg.get('node')} was not cordoned for {msg.get('type')}.",
+                             {"used": slot.used, "limit": slot.limit, "node": msg.get("node"),
+                              "trigger": msg.get("type")})
+        return await self._audit(msg, rule, name, "skipped", f"fleet budget exhausted ({slot.used}/{slot.limit})",
+                                 args=args)
+
+    # -- uncordon after every trigger resolved ------------------------------------------
+    def _track(self, msg: dict[str, Any], name: str, plugin: Any, *, cordoned: bool = False) -> None:
+        if not getattr(plugin, "needs_budget", False):
+            return
+        t = self.triggers.setdefault(f"{name}|{msg.get('node', '')}", NodeTriggers())
+        t.active.add((msg.get("type", ""), msg.get("entity", "")))
+        t.cordoned_by_us = t.cordoned_by_us or cordoned
+        if t.uncordon_task:
+            t.uncordon_task.cancel()
+            t.uncordon_task = None
+
+    async def _resolved(self, msg: dict[str, Any]) -> None:
+        for key, t in self.triggers.items():
+            name, node = key.split("|", 1)
+            if node != msg.get("node", "") or (msg.get("type"), msg.get("entity")) not in t.active:
+                continue
+            t.active.discard((msg.get("type", ""), msg.get("entity", "")))
+            if not t.active and t.uncordon_task is None:
+                t.uncordon_task = asyncio.get_running_loop().create_task(self._uncordon_later(name, node, msg))
+
+    async def _uncordon_later(self, name: str, node: str, msg: dict[str, Any]) -> None:
+        await asyncio.sleep(self.cfg.uncordon_hold_down)
+        async with self._lock:
+            t = self.triggers.get(f"{name}|{node}")
+            if t is None or t.active:
+                return
+            plugin = self.plugins[name]
+            t.uncordon_task = None
+            if self.dry_run(name) or not t.cordoned_by_us:
+                await self._audit(msg, None, name, "dry_run" if self.dry_run(name) else "skipped",
+                                  "would uncordon: every trigger resolved" if self.dry_run(name) else
+                                  "not uncordoning: this agent did not cordon it", action="uncordon")
+                return
+            try:
+                result = await plugin.uncordon(msg)
+            except Exception as exc:
+                await self._audit(msg, None, name, "failed", "uncordon failed", error=repr(exc), action="uncordon")
+                return
+            if self.budget and (budget := self.budget()) is not None:
+                try:
+                    await budget.release(node)
+                except Exception as exc:
+                    log.warning("budget_release_failed", node=node, error=repr(exc))
+            del self.triggers[f"{name}|{node}"]
+            await self._audit(msg, None, name, "executed" if result.outcome == "executed" else "skipped",
+                              "uncordoned: every trigger resolved for the hold-down" if result.outcome == "executed"
+                              else f"not uncordoned: {result.detail}", result=result, action="uncordon")
