@@ -1,0 +1,369 @@
+"""Remediation: dry-run default, plugins with recording executables, Kubernetes against a fake API
+with the real semantics, the fleet budget race over a real nats-server, the central cordoner."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+import nats
+import pytest
+
+from agent.hostroot import HostRoot
+from agent.message import make_message, to_dict
+from agent.nats_server import NatsServerProcess
+from agent.simhost import SimHost
+from remediations.budget import FleetBudget
+from remediations.engine import Engine
+from remediations.kubernetes import KubernetesConfig, KubernetesRemediation
+from remediations.loader import load_plugins
+from remediations.policy import Match, RemediationsConfig, Rule
+from tests.fake_kube import FakeKube
+
+FAKE_TOOL = r"""#!/usr/bin/env python3
+import json, os, sys
+log = os.environ["GNA_TEST_ARGV_LOG"]
+with open(log, "a") as fh:
+    fh.write(json.dumps([os.path.basename(sys.argv[0]), *sys.argv[1:]]) + "\n")
+name = os.path.basename(sys.argv[0])
+state = os.environ.get("GNA_TEST_STATE", "/tmp/gna-state")
+if name == "scontrol":
+    if sys.argv[1:3] == ["show", "node"]:
+        st = json.load(open(state)) if os.path.exists(state) else {}
+        s = st.get(sys.argv[3], {"State": "IDLE", "Reason": ""})
+        print(f"NodeName={sys.argv[3]} Arch=x86_64 CoresPerSocket=56\n   State={s['State']} ThreadsPerCore=2")
+        if s["Reason"]:
+            print(f"   Reason={s['Reason']} [root@2026-12-02T10:00:00]")
+    elif sys.argv[1] == "update":
+        args = dict(a.split("=", 1) for a in sys.argv[2:])
+        st = json.load(open(state)) if os.path.exists(state) else {}
+        if args["State"] == "DRAIN":
+            st[args["NodeName"]] = {"State": "IDLE+DRAIN", "Reason": args.get("Reason", "")}
+        else:
+            st[args["NodeName"]] = {"State": "IDLE", "Reason": ""}
+        json.dump(st, open(state, "w"))
+elif name == "modprobe":
+    root = os.environ.get("GNA_TEST_HOST_ROOT", "")
+    mod = sys.argv[-1]
+    if mod == "broken_mod":
+        print("modprobe: ERROR: could not insert 'broken_mod': Invalid argument", file=sys.stderr)
+        sys.exit(1)
+    os.makedirs(f"{root}/sys/module/{mod}", exist_ok=True)
+    open(f"{root}/sys/module/{mod}/initstate", "w").write("live\n")
+"""
+
+
+@pytest.fixture
+def tools(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    for name in ("scontrol", "modprobe", "juicefs"):
+        p = bindir / name
+        p.write_text(FAKE_TOOL)
+        p.chmod(p.stat().st_mode | stat.S_IEXEC)
+    log = tmp_path / "argv.log"
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("GNA_TEST_ARGV_LOG", str(log))
+    monkeypatch.setenv("GNA_TEST_STATE", str(tmp_path / "slurm-state.json"))
+    return log
+
+
+def argv_log(log: Path) -> list[list[str]]:
+    return [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
+
+
+def _msg(node: str = "gpu-01", type_: str = "GPUFellOffBus", status: str = "firing", severity: str = "critical",
+         entity: str = "gpu:0000:18:00.0", collector: str = "kmsg_xid") -> dict[str, Any]:
+    return to_dict(make_message(node=node, collector=collector, kind="condition", type=type_, status=status,
+                                severity=severity, entity=entity, reason="R", message="m"))  # type: ignore[arg-type]
+
+
+class Audits:
+    def __init__(self) -> None:
+        self.records: list[dict[str, Any]] = []
+        self.alerts: list[tuple[str, str]] = []
+
+    async def __call__(self, r: dict[str, Any]) -> None:
+        self.records.append(r)
+
+    async def alert(self, t: str, m: str, d: dict[str, Any]) -> None:
+        self.alerts.append((t, m))
+
+
+def _engine(cfg: RemediationsConfig, host: HostRoot, audits: Audits, budget: Any = None) -> Engine:
+    return Engine(cfg, load_plugins(cfg, host), audit=audits, alert=audits.alert, budget=budget)
+
+
+async def test_fresh_config_is_dry_run_and_audits_what_it_would_do(tools: Path, tmp_path: Path) -> None:
+    cfg = RemediationsConfig(cordon_with="slurm")
+    audits = Audits()
+    eng = _engine(cfg, HostRoot(tmp_path), audits)
+    await eng.handle(_msg())
+    await eng.handle(_msg(type_="KernelModuleNotLoaded", entity="module:nvidia_peermem"))
+    await eng.handle(to_dict(make_message(node="gpu-01", collector="kmsg_xid", kind="event", type="GPUXidError",
+                                          severity="warning", entity="gpu:0000:18:00.0", reason="Xid13",
+                                          message="app error")))
+    assert [(r["remediation"], r["decision"]) for r in audits.records] == [("slurm", "dry_run"), ("modprobe", "dry_run")]
+    assert audits.records[0]["reason"].startswith("would drain Slurm node gpu-01")
+    assert argv_log(tools) == [], "dry-run must not run anything"
+
+
+async def test_slurm_drain_is_idempotent_and_resume_only_our_drain(tools: Path, tmp_path: Path) -> None:
+    cfg = RemediationsConfig(enforce=True, cordon_with="slurm", uncordon_hold_down=0.2)
+    audits = Audits()
+    eng = _engine(cfg, HostRoot(tmp_path), audits, budget=lambda: _AlwaysBudget())
+    await eng.handle(_msg())
+    await eng.handle(_msg(entity="gpu:0000:2a:00.0"))  # second trigger: already draining -> no second update
+    updates = [a for a in argv_log(tools) if a[1] == "update"]
+    assert updates == [["scontrol", "update", "NodeName=gpu-01", "State=DRAIN", "Reason=gpu-node-agent: GPUFellOffBus"]]
+    assert [r["decision"] for r in audits.records] == ["executed", "skipped"]
+    assert audits.records[1]["reason"].startswith("already done")
+    await eng.handle(_msg(status="resolved"))
+    await eng.handle(_msg(status="resolved", entity="gpu:0000:2a:00.0"))
+    await asyncio.sleep(0.5)
+    assert argv_log(tools)[-1] == ["scontrol", "update", "NodeName=gpu-01", "State=RESUME"]
+    assert audits.records[-1]["action"] == "uncordon" and audits.records[-1]["decision"] == "executed"
+
+
+class _AlwaysBudget:
+    async def take(self, node: str, reason: str) -> Any:
+        from remediations.budget import SlotDecision
+
+        return SlotDecision(True, "granted", 1, 5, False)
+
+    async def release(self, node: str) -> None:
+        pass
+
+
+async def test_modprobe_allowlist_verify_and_stderr(tools: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    host = SimHost.gpu_node(tmp_path / "h", gpus=1)
+    monkeypatch.setenv("GNA_TEST_HOST_ROOT", str(host.root))
+    cfg = RemediationsConfig(enforce=True, default_policy=True,
+                             plugins={"modprobe": {"allowed": ["nvidia_peermem", "broken_mod"]}},
+                             rules=[Rule(name="bad", action="modprobe", args={"module": "broken_mod"},
+                                         match=Match(type=["Broken"])),
+                                    Rule(name="evil", action="modprobe", args={"module": "evil; rm -rf /"},
+                                         match=Match(type=["Evil"]))])
+    audits = Audits()
+    eng = _engine(cfg, HostRoot(host.root), audits)
+    await eng.handle(_msg(type_="KernelModuleNotLoaded", entity="module:nvidia_peermem"))
+    assert audits.records[-1]["decision"] == "executed"
+    assert (host.p("/sys/module/nvidia_peermem/initstate")).read_text().strip() == "live"
+    await eng.handle(_msg(type_="Broken", entity="x"))
+    assert audits.records[-1]["decision"] == "failed" and "Invalid argument" in audits.records[-1]["error"]
+    await eng.handle(_msg(type_="Evil", entity="x"))
+    assert audits.records[-1]["decision"] == "failed" and "allowlist" in audits.records[-1]["error"]
+    assert ["modprobe", "evil; rm -rf /"] not in argv_log(tools)
+    for _ in range(4):  # backoff, then max attempts
+        await eng.handle(_msg(type_="Broken", entity="x"))
+    assert audits.records[-1]["decision"] == "skipped"
+
+
+async def test_juicefs_warmup_paths_from_config_and_rate_limit(tools: Path, tmp_path: Path) -> None:
+    cfg = RemediationsConfig(enforce=True, plugins={"juicefs_warmup": {
+        "threads": 16, "mounts": {"/mnt/jfs": ["/mnt/jfs/data/train", "/mnt/jfs/ckpt"]}}})
+    audits = Audits()
+    eng = _engine(cfg, HostRoot(tmp_path), audits)
+    low = _msg(type_="JuiceFSCacheHitRatioLow", severity="warning", entity="juicefs:/mnt/jfs", collector="juicefs")
+    await eng.handle(low)
+    assert argv_log(tools) == [["juicefs", "warmup", "--threads", "16", "--background", "/mnt/jfs/data/train",
+                                "/mnt/jfs/ckpt"]]
+    eng.attempts.clear()  # past the rule's cooldown: the plugin's own rate limit still holds
+    await eng.handle(low)
+    assert len(argv_log(tools)) == 1 and audits.records[-1]["reason"].startswith("already done")
+    await eng.handle(_msg(type_="JuiceFSCacheHitRatioLow", entity="juicefs:/mnt/other", collector="juicefs",
+                          severity="warning"))
+    assert audits.records[-1]["decision"] == "failed" and "no dataset paths" in audits.records[-1]["error"]
+
+
+# -- Kubernetes -------------------------------------------------------------------------
+
+@pytest.fixture
+def kube() -> Any:
+    k = FakeKube().start()
+    yield k
+    k.stop()
+
+
+def _kube_engine(kube: FakeKube, tmp_path: Path, audits: Audits, token: str = "agent-token",
+                 hold: float = 0.3) -> Engine:
+    kc = kube.kubeconfig(tmp_path / f"kubeconfig-{token}", token)
+    cfg = RemediationsConfig(enforce=True, uncordon_hold_down=hold, plugins={"kubernetes": {"kubeconfig": str(kc)}})
+    return _engine(cfg, HostRoot(tmp_path), audits, budget=lambda: _AlwaysBudget())
+
+
+async def test_kubernetes_cordon_taint_condition_event_then_uncordon(kube: FakeKube, tmp_path: Path) -> None:
+    kube.add_node("gpu-01")
+    kube.conflicts_to_inject = 1  # someone else writes the Node between our GET and PATCH: 409, re-read
+    audits = Audits()
+    eng = _kube_engine(kube, tmp_path, audits)
+    await eng.handle(_msg())
+    node = kube.nodes["gpu-01"]
+    assert audits.records[-1]["decision"] == "executed", audits.records[-1]
+    assert node["spec"]["unschedulable"] is True
+    assert node["spec"]["taints"] == [{"key": "gpu-node-agent/degraded", "value": "GPUFellOffBus", "effect": "NoSchedule"}]
+    assert node["metadata"]["annotations"]["gpu-node-agent/cordoned-by"] == "gpu-node-agent"
+    conds = {c["type"]: c["status"] for c in node["status"]["conditions"]}
+    assert conds == {"Ready": "True", "GPUFellOffBus": "True"}, "strategic merge keeps the kubelet's conditions"
+    assert kube.events[0]["involvedObject"]["name"] == "gpu-01" and kube.events[0]["reason"] == "Cordoned"
+    assert kube.conflicts == 1 and [r for r in kube.requests if r[0] == "GET"] == [("GET", "/api/v1/nodes/gpu-01", "")] * 2
+    assert ("PATCH", "/api/v1/nodes/gpu-01", "application/merge-patch+json") in kube.requests
+    assert ("PATCH", "/api/v1/nodes/gpu-01/status", "application/strategic-merge-patch+json") in kube.requests
+    await eng.handle(_msg(entity="gpu:0000:18:00.0"))  # same trigger again: cooldown
+    assert audits.records[-1]["decision"] == "skipped"
+    await eng.handle(_msg(status="resolved"))
+    await asyncio.sleep(0.1)
+    assert kube.nodes["gpu-01"]["spec"]["unschedulable"] is True, "hold-down not over yet"
+    await asyncio.sleep(0.5)
+    node = kube.nodes["gpu-01"]
+    assert node["spec"].get("unschedulable") is False and "taints" not in node["spec"]
+    assert "gpu-node-agent/cordoned-by" not in node["metadata"]["annotations"]
+    assert {c["type"]: c["status"] for c in node["status"]["conditions"]}["GPUFellOffBus"] == "False"
+    assert audits.records[-1]["action"] == "uncordon" and audits.records[-1]["decision"] == "executed"
+
+
+async def test_operator_cordoned_node_is_left_alone(kube: FakeKube, tmp_path: Path) -> None:
+    kube.add_node("gpu-02", unschedulable=True, annotations={"ops/reason": "RMA ticket 4711"})
+    audits = Audits()
+    eng = _kube_engine(kube, tmp_path, audits, hold=0.1)
+    await eng.handle(_msg(node="gpu-02"))
+    assert audits.records[-1]["decision"] == "skipped" and "someone else" in audits.records[-1]["reason"]
+    assert "gpu-node-agent/cordoned-by" not in kube.nodes["gpu-02"]["metadata"]["annotations"]
+    await eng.handle(_msg(node="gpu-02", status="resolved"))
+    await asyncio.sleep(0.4)
+    assert kube.nodes["gpu-02"]["spec"]["unschedulable"] is True, "never uncordon what an operator cordoned"
+    plugin = KubernetesRemediation(KubernetesConfig(kubeconfig=str(tmp_path / "kubeconfig-agent-token")), HostRoot("/"))
+    r = await plugin.uncordon({"node": "gpu-02"})
+    assert r.outcome == "already_done"
+
+
+async def test_unknown_node_and_forbidden(kube: FakeKube, tmp_path: Path) -> None:
+    kube.add_node("gpu-03")
+    audits = Audits()
+    await _kube_engine(kube, tmp_path, audits).handle(_msg(node="ghost"))
+    assert audits.records[-1]["decision"] == "failed" and "404" in audits.records[-1]["error"]
+    audits2 = Audits()
+    await _kube_engine(kube, tmp_path, audits2, token="no-rights").handle(_msg(node="gpu-03"))
+    assert audits2.records[-1]["decision"] == "failed" and "403" in audits2.records[-1]["error"]
+    assert not kube.nodes["gpu-03"]["spec"].get("unschedulable")
+
+
+# -- fleet budget over a real nats-server ---------------------------------------------------
+
+async def test_100_agents_race_for_a_budget_of_5(tools: Path, tmp_path: Path, nats_server: NatsServerProcess) -> None:
+    cfg = RemediationsConfig(enforce=True, cordon_with="slurm")
+    conns = [await nats.connect(nats_server.url) for _ in range(100)]
+    try:
+        budgets = [FleetBudget(nc.jetstream(), max_nodes=5, max_percent=0.0, window=600) for nc in conns]
+        await budgets[0].kv()  # the bucket exists before the stampede
+        audits = [Audits() for _ in range(100)]
+        engines = [_engine(cfg, HostRoot(tmp_path), a, budget=(lambda b=b: b)) for a, b in zip(audits, budgets,
+                                                                                            strict=True)]
+        await asyncio.gather(*(e.handle(_msg(node=f"gpu-{i:03d}")) for i, e in enumerate(engines)))
+        decisions = [a.records[-1]["decision"] for a in audits]
+        assert decisions.count("executed") == 5
+        assert decisions.count("skipped") == 95
+        assert all("budget exhausted" in a.records[-1]["reason"] for a in audits if a.records[-1]["decision"] == "skipped")
+        drains = [a for a in argv_log(tools) if a[1] == "update"]
+        assert len(drains) == 5
+        assert sum(1 for a in audits if a.alerts and a.alerts[0][0] == "RemediationBudgetExhausted") == 95
+        status = await budgets[0].status()
+        assert status["used"] == 5 and status["tripped"] is True
+        await budgets[0].reset()
+        assert (await budgets[0].status())["used"] == 0
+    finally:
+        for nc in conns:
+            await nc.close()
+
+
+async def test_nats_down_means_no_cordon(tools: Path, tmp_path: Path) -> None:
+    cfg = RemediationsConfig(enforce=True, cordon_with="slurm")
+    audits = Audits()
+    eng = _engine(cfg, HostRoot(tmp_path), audits, budget=lambda: None)
+    await eng.handle(_msg())
+    assert audits.records[-1]["decision"] == "skipped" and "fail safe" in audits.records[-1]["reason"]
+    assert [a for a in argv_log(tools) if a[1] == "update"] == []
+
+
+async def test_central_cordoner_queue_group_acts_once_per_message(tools: Path, tmp_path: Path,
+                                                                  nats_server: NatsServerProcess) -> None:
+    from agent import config as configmod
+    from agent.subjects import event_subject
+    from remediations.cordoner import Cordoner
+
+    agent_cfg = configmod.parse('[remediations]\ncordon_with = "slurm"\n').agent
+    cords = [Cordoner(agent_cfg, [nats_server.url], name=f"c{i}") for i in range(2)]
+    for c in cords:
+        await c.start()
+    nc = await nats.connect(nats_server.url)
+    js = nc.jetstream()
+    audits: list[dict[str, Any]] = []
+
+    async def on_audit(m: Any) -> None:
+        audits.append(json.loads(m.data))
+
+    await nc.subscribe("gna.actions.>", cb=on_audit)
+    for i in range(20):
+        m = _msg(node=f"node-{i}")
+        await js.publish(event_subject(m["node"], m["collector"], m["severity"]), json.dumps(m).encode(),
+                         headers={"Nats-Msg-Id": m["id"]})
+    for _ in range(100):
+        if len(audits) >= 20:
+            break
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.3)
+    for c in cords:
+        await c.stop()
+    await nc.close()
+    triggers = [a["trigger"]["id"] for a in audits]
+    assert len(triggers) == 20 and len(set(triggers)) == 20, "each message decided exactly once"
+    assert all(a["decision"] == "dry_run" for a in audits)
+    assert sum(c.handled for c in cords) == 20
+
+
+ACTION_SCHEMA = json.loads((Path(__file__).resolve().parent.parent / "agent/schema/action.schema.json").read_text())
+
+
+async def test_agent_publishes_dry_run_audits_on_the_actions_subject(tmp_path: Path,
+                                                                     nats_server: NatsServerProcess) -> None:
+    import jsonschema
+
+    from tests.conftest import agent_config, running_agent, stream_messages
+
+    host = SimHost.gpu_node(tmp_path / "h", gpus=2)
+    host.remove_dev_node("nvidia1")
+    cfg = agent_config(tmp_path, servers=[nats_server.url], host_root=host.root,
+                       extra="[collectors.gpu_devices]\ninterval = 0.2\njitter = 0.0\n")
+    async with running_agent(cfg) as agent:
+        for _ in range(200):
+            if agent.engine and agent.engine.decisions:
+                break
+            await asyncio.sleep(0.02)
+        while agent.spool and agent.spool.depth:
+            await asyncio.sleep(0.02)
+    actions = await stream_messages(nats_server.url, "gna.actions.>")
+    assert actions, "no audit record reached the stream"
+    rec = actions[0]
+    jsonschema.Draft202012Validator(ACTION_SCHEMA).validate(rec)
+    assert (rec["remediation"], rec["decision"], rec["trigger"]["type"]) == ("kubernetes", "dry_run",
+                                                                            "GPUDevicesMissing")
+    assert rec["node"] == "node-a.example.com"
+
+
+def test_remediation_config_errors(tmp_path: Path) -> None:
+    from agent import config as configmod
+
+    with pytest.raises(configmod.ConfigError, match=r"remediations\.rules\.match\.severty.*'severity'"):
+        configmod.parse('[[remediations.rules]]\nname = "x"\naction = "slurm"\n[remediations.rules.match]\n'
+                        'severty = ["critical"]\n')
+    with pytest.raises(configmod.ConfigError, match=r"unknown remediation plugin 'slurn'.*'slurm'"):
+        configmod.parse("[remediations.plugins.slurn]\ndry_run = true\n")
+    with pytest.raises(configmod.ConfigError, match=r"remediations\.plugins\.modprobe\.alowed.*'allowed'"):
+        configmod.parse('[remediations.plugins.modprobe]\nalowed = ["x"]\n')
+    cfg = configmod.parse('[remediations]\nenforce = true\n[remediations.plugins.kubernetes]\ndry_run = true\n')
+    eng = Engine(cfg.agent.remediations, {}, audit=Audits())
+    assert eng.dry_run("kubernetes") and not eng.dry_run("slurm")
