@@ -4,7 +4,7 @@
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-DEMO_DURATION ?= 20
+DEMO_DURATION ?= 30
 
 .PHONY: demo test lint test-slow bench clean
 

@@ -81,9 +81,28 @@ def build_parser() -> argparse.ArgumentParser:
     cord.add_argument("--enforce", action="store_true")
     cord.add_argument("--duration", type=float)
 
+    dash = sub.add_parser("dashboard", help="central fleet dashboard (web, live over SSE)")
+    dash.add_argument("--nats", action="append")
+    dash.add_argument("--config")
+    dash.add_argument("--state-dir")
+    dash.add_argument("--listen", default="127.0.0.1:8080", help="HOST:PORT (port 0: any free port)")
+    dash.add_argument("--history-hours", type=float, default=6.0)
+    dash.add_argument("--duration", type=float)
+    dash.add_argument("--ready-file", help="write the URL here once listening")
+
+    top = sub.add_parser("top", help="the fleet overview in the terminal")
+    top.add_argument("--nats", action="append")
+    top.add_argument("--config")
+    top.add_argument("--state-dir")
+    top.add_argument("--once", action="store_true", help="print one snapshot and exit")
+    top.add_argument("--duration", type=float)
+    top.add_argument("--search", default="")
+
     demo = sub.add_parser("demo", help="agent + embedded NATS on a simulated GPU node, with scripted faults")
-    demo.add_argument("--duration", type=float, default=20.0)
-    demo.add_argument("--workdir", help="keep the simulated node and state here (default: a temp dir)")
+    demo.add_argument("--duration", type=float, default=30.0)
+    demo.add_argument("--workdir", help="keep the simulated nodes and state here (default: a temp dir)")
+    demo.add_argument("--nodes", type=int, default=8, help="simulated nodes, each a real agent process")
+    demo.add_argument("--port", type=int, default=8080, help="dashboard port (0: any free port)")
     return parser
 
 
@@ -269,13 +288,31 @@ def cmd_config_check(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from agent.demo import run_demo
 
-    return run_demo(duration=args.duration, workdir=args.workdir)
+    return run_demo(duration=args.duration, workdir=args.workdir, nodes=args.nodes, port=args.port)
+
+
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    from agent.dashboard import serve
+    from agent.logsetup import configure
+
+    configure("info", "auto")
+    host, _, port = args.listen.rpartition(":")
+    return asyncio.run(serve(_events_servers(args), host or "127.0.0.1", int(port), duration=args.duration,
+                             ready_file=args.ready_file, history_s=args.history_hours * 3600))
+
+
+def cmd_top(args: argparse.Namespace) -> int:
+    from agent.logsetup import configure
+    from agent.top import run_top
+
+    configure("error", "auto")
+    return asyncio.run(run_top(_events_servers(args), once=args.once, duration=args.duration, q=args.search))
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     handlers = {"run": cmd_run, "check": cmd_check, "events": cmd_events, "demo": cmd_demo, "budget": cmd_budget,
-                "warmup": cmd_warmup, "cordoner": cmd_cordoner}
+                "warmup": cmd_warmup, "cordoner": cmd_cordoner, "dashboard": cmd_dashboard, "top": cmd_top}
     try:
         if args.command == "config":
             return cmd_config_check(args)

@@ -1,8 +1,10 @@
-"""``gpu-node-agent demo``: a real agent with embedded NATS on a simulated GPU node, scripted faults,
-and the messages shown as they arrive through ``gpu-node-agent events``. Ends by itself."""
+"""`gpu-node-agent demo`: a simulated fleet — an embedded nats-server with JetStream, N real agent
+processes each on its own simulated GPU node, the dashboard, and a scripted fault scenario.
+Remediation runs in dry-run and shows what it would do. Ends by itself after ``duration``."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 import signal
@@ -14,87 +16,160 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from agent.nats_server import NatsServerProcess, free_port
 from agent.simhost import SimHost
 
-DEMO_CONFIG = """\
-# Demo config: fast intervals so faults show within a second.
-node = "demo-gpu-01"
+EMPTYDIR = "/var/lib/kubelet/pods/7d4f-demo/volumes/kubernetes.io~empty-dir/jfs-cache"
 
-[metrics]
-listen = "127.0.0.1:0"
-
+NODE_CONFIG = """\
+node = "{node}"
+host_root = "{root}"
+state_dir = "{state}"
 [nats]
+servers = ["{url}"]
 heartbeat_interval = 2.0
-
+[metrics]
+listen = ""
+[log]
+format = "json"
 [collectors.gpu_devices]
-interval = 0.5
+interval = 1.0
 jitter = 0.0
 expected_count = 8
+[collectors.kernel_modules]
+interval = 1.0
+[collectors.infiniband]
+interval = 1.0
+expected_rate_gbps = 400.0
+flap_hold_down = 60.0
+[collectors.juicefs]
+interval = 2.0
+[collectors.nccl_logs]
+interval = 2.0
+rescan_interval = 1.0
+[collectors.kmsg_xid]
+poll_interval = 0.5
+[remediations]
+cordon_with = "kubernetes"
 """
 
 
-def _pump(stream: object, started: float) -> None:
-    for raw in stream:  # type: ignore[attr-defined]
-        try:
-            m = json.loads(raw)
-        except ValueError:
-            continue
-        state = (m.get("status") or "event").upper()
-        print(f"  +{time.monotonic() - started:5.1f}s  {m['severity']:<8} {state:<8} {m['type']:<28} "
-              f"{m['entity']:<24} {m['message']}", flush=True)
+def _node_host(base: Path, i: int) -> SimHost:
+    host = SimHost.gpu_node(base / f"node-{i:02d}" / "host", gpus=8, hcas=8)
+    host.write("/proc/sys/kernel/hostname", f"gpu-{i:02d}\n")
+    host.add_juicefs("/mnt/jfs", EMPTYDIR if i == 5 else "/var/jfsCache", cache_size=20 << 30)
+    host.p("/var/log/nccl").mkdir(parents=True, exist_ok=True)
+    return host
 
 
-def run_demo(duration: float = 20.0, workdir: str | None = None) -> int:
-    base = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="gna-demo-"))
-    host_dir, state_dir = base / "host", base / "state"
-    if host_dir.exists():
-        shutil.rmtree(host_dir)
-    host = SimHost.gpu_node(host_dir, gpus=8)
-    cfg = base / "config.toml"
-    cfg.write_text(DEMO_CONFIG)
-    print(f"demo: simulated 8-GPU node in {host_dir}, agent state in {state_dir}", flush=True)
-    agent = subprocess.Popen([sys.executable, "-m", "agent", "run", "--config", str(cfg),
-                              "--host-root", str(host_dir), "--state-dir", str(state_dir)],
-                             stdout=subprocess.DEVNULL, stderr=open(base / "agent.log", "w"))  # noqa: SIM115
+def _flap(host: SimHost) -> None:
+    for _ in range(4):
+        host.set_port("mlx5_3", state="1: DOWN", phys_state="2: Polling")
+        time.sleep(1.2)
+        host.set_port("mlx5_3", state="4: ACTIVE", phys_state="5: LinkUp")
+        host.add_counter("mlx5_3", 1, "link_downed", 1)
+        time.sleep(1.2)
+
+
+def _nccl_fallback(host: SimHost, node: str) -> None:
+    with open(host.p(f"/var/log/nccl/{node}.4242.log"), "ab") as fh:
+        fh.write((f"{node}:4242:4242 [0] NCCL INFO NET/IB : No device found.\n"
+                  f"{node}:4242:4242 [0] NCCL INFO NET/Socket : Using [0]eth0:10.0.0.4<0>\n"
+                  f"{node}:4242:4242 [0] NCCL INFO Using network Socket\n"
+                  f"{node}:4242:4300 [0] NCCL INFO comm 0x55d0 rank 3 nranks 64 cudaDev 0 nvmlDev 0 busId 18000 "
+                  f"commId 0x8b1f2e3d4c5b6a79 - Init COMPLETE\n").encode())
+    host.write("/proc/4242/environ", "NCCL_DEBUG=INFO\0NCCL_IB_HCA=mlx5_1\0")
+
+
+def run_demo(duration: float = 30.0, workdir: str | None = None, nodes: int = 8, port: int = 8080) -> int:
+    base = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="gna-fleet-"))
+    for child in [*base.glob("node-*"), base / "nats"]:  # a fresh fleet every run
+        shutil.rmtree(child, ignore_errors=True)
+    base.mkdir(parents=True, exist_ok=True)
+    server = NatsServerProcess(base / "nats", die_with_parent=True)
+    server.start()
+    print(f"demo: nats-server (JetStream) at {server.url}; {nodes} simulated GPU nodes under {base}", flush=True)
+    hosts = [_node_host(base, i) for i in range(1, nodes + 1)]
+    procs: list[subprocess.Popen[bytes]] = []
+    for i, host in enumerate(hosts, 1):
+        cfg = base / f"node-{i:02d}" / "config.toml"
+        cfg.write_text(NODE_CONFIG.format(node=f"gpu-{i:02d}", root=host.root, state=cfg.parent / "state",
+                                          url=server.url))
+        procs.append(subprocess.Popen([sys.executable, "-m", "agent", "run", "--config", str(cfg)],
+                                      stdout=subprocess.DEVNULL, stderr=open(cfg.parent / "agent.log", "w")))  # noqa: SIM115
+    dash_port = port or free_port()
+    ready = base / "dashboard.url"
+    ready.unlink(missing_ok=True)
+    dash = subprocess.Popen([sys.executable, "-m", "agent", "dashboard", "--nats", server.url, "--listen",
+                             f"127.0.0.1:{dash_port}", "--ready-file", str(ready)],
+                            stdout=subprocess.DEVNULL, stderr=open(base / "dashboard.log", "w"))  # noqa: SIM115
     started = time.monotonic()
-    url_file = state_dir / "nats.url"
-    while not url_file.exists() and agent.poll() is None and time.monotonic() - started < 20:
-        time.sleep(0.05)
-    if agent.poll() is not None or not url_file.exists():
-        print(f"demo: the agent did not start; see {base / 'agent.log'}", file=sys.stderr)
-        return 1
-    print(f"demo: agent pid {agent.pid}, embedded NATS at {url_file.read_text().strip()}", flush=True)
-    print("demo: following `gpu-node-agent events --all` (JSON lines, summarised here):", flush=True)
-    events = subprocess.Popen([sys.executable, "-m", "agent", "events", "--state-dir", str(state_dir), "--all",
-                               "--duration", str(duration + 2)], stdout=subprocess.PIPE, text=True)
-    reader = threading.Thread(target=_pump, args=(events.stdout, started), daemon=True)
-    reader.start()
-    def repair() -> None:
-        host.add_dev_node("nvidia3")
-        host.add_dev_node("nvidiactl")
+    while not ready.exists() and time.monotonic() - started < 30 and dash.poll() is None:
+        time.sleep(0.1)
+    print(f"demo: dashboard at {ready.read_text().strip() if ready.exists() else '(failed: see dashboard.log)'}",
+          flush=True)
+    print("demo: remediation is in dry-run: audits say what it would do (gna.actions.>)", flush=True)
+    rc = asyncio.run(_follow(server.url, hosts, duration, started))
+    for p in [dash, *procs]:
+        p.send_signal(signal.SIGTERM)
+    codes = [p.wait(20) for p in procs]
+    dash.wait(10)
+    server.stop()
+    print(f"demo: {nodes} agents exited with {sorted(set(codes))}; logs under {base}", flush=True)
+    return 0 if rc == 0 and all(c == 0 for c in codes) else 1
+
+
+async def _follow(url: str, hosts: list[SimHost], duration: float, started: float) -> int:
+    import nats
+
+    nc = await nats.connect(url, max_reconnect_attempts=-1)
+    seen = {"messages": 0, "actions": 0}
+
+    async def on_msg(msg: object) -> None:
+        m = json.loads(msg.data)  # type: ignore[attr-defined]
+        t = time.monotonic() - started
+        if msg.subject.startswith("gna.actions."):  # type: ignore[attr-defined]
+            seen["actions"] += 1
+            print(f"  +{t:5.1f}s  {m['node']:<7} ACTION  {m['remediation']:<14} {m['decision']:<8} {m['reason']}",
+                  flush=True)
+            return
+        seen["messages"] += 1
+        state = (m.get("status") or "event").upper()
+        print(f"  +{t:5.1f}s  {m['node']:<7} {m['severity']:<8} {state:<8} {m['type']:<28} {m['entity']:<26} "
+              f"{m['message'][:90]}", flush=True)
+
+    from nats.js.api import DeliverPolicy
+
+    js = nc.jetstream()
+    for subject in ("gna.events.>", "gna.actions.>"):  # from the start: the first passes came before us
+        while True:
+            try:
+                await js.subscribe(subject, cb=on_msg, ordered_consumer=True, deliver_policy=DeliverPolicy.ALL)
+                break
+            except Exception:  # the first agent has not created the stream yet
+                await asyncio.sleep(0.3)
+    n = len(hosts)
+
+    def at(i: int) -> SimHost:
+        return hosts[(i - 1) % n]
 
     script: list[tuple[float, str, Callable[[], object]]] = [
-        (3.0, "fault: /dev/nvidia3 vanishes (driver/kernel mismatch after an upgrade)",
-         lambda: host.remove_dev_node("nvidia3")),
-        (6.0, "fault: /dev/nvidiactl vanishes", lambda: host.remove_dev_node("nvidiactl")),
-        (10.0, "repair: device nodes recreated (nvidia-modprobe)", repair),
+        (4.0, "gpu-01: /dev/nvidia3 vanishes (driver/kernel mismatch)", lambda: at(1).remove_dev_node("nvidia3")),
+        (6.0, "gpu-02: nvidia_peermem unloads (GPUDirect RDMA off)", lambda: at(2).unload_module("nvidia_peermem")),
+        (8.0, "gpu-03: IB port mlx5_3/1 starts flapping", lambda: _flap(at(3))),
+        (10.0, "gpu-04: a job's NCCL falls back to TCP sockets", lambda: _nccl_fallback(at(4), "gpu-04")),
+        (12.0, "gpu-06: Xid 79, GPU fallen off the bus",
+         lambda: at(6).kmsg("NVRM: Xid (PCI:0000:9a:00): 79, pid=77, name=python, GPU has fallen off the bus.")),
+        (20.0, "gpu-01: device node recreated", lambda: at(1).add_dev_node("nvidia3")),
     ]
-    try:
-        for at, text, action in script:
-            if at >= duration:
-                break
-            time.sleep(max(0.0, started + at - time.monotonic()))
-            print(f"  +{time.monotonic() - started:5.1f}s  ** {text}", flush=True)
-            action()
-        time.sleep(max(0.0, started + duration - time.monotonic()))
-    except KeyboardInterrupt:
-        pass
-    finally:
-        time.sleep(0.5)  # let the last messages reach the events reader
-        events.send_signal(signal.SIGTERM)
-        events.wait(5)
-        reader.join(2)
-        agent.send_signal(signal.SIGTERM)
-        rc = agent.wait(15)
-    print(f"demo: agent exited with {rc}; logs in {base / 'agent.log'}", flush=True)
-    return 0 if rc == 0 else 1
+    print("  (gpu-05's JuiceFS cache sits on a kubelet emptyDir from the start)", flush=True)
+    for when, text, action in script:
+        if when >= duration:
+            break
+        await asyncio.sleep(max(0.0, started + when - time.monotonic()))
+        print(f"  +{time.monotonic() - started:5.1f}s  ** {text}", flush=True)
+        threading.Thread(target=action, daemon=True).start()  # a flap takes seconds: others go on
+    await asyncio.sleep(max(0.0, started + duration - time.monotonic()))
+    await nc.close()
+    print(f"demo: {seen['messages']} messages and {seen['actions']} remediation audits seen", flush=True)
+    return 0 if seen["messages"] else 1

@@ -252,6 +252,5 @@ class SimHost:
         if storage_nic:
             host.add_hca(f"mlx5_{hcas}", link_layer="Ethernet", rate="200 Gb/sec (4X HDR)")
         if hcas and driver_loaded and peermem:
-            host.load_module("nvidia_peermem", version="550.127.05")
-            host.add_gdr_provider()
+            host.load_module("nvidia_peermem", version="550.127.05")  # /sys/module/nvidia_peermem/version
         return host

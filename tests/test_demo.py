@@ -1,4 +1,4 @@
-"""The README's first command: a real agent with an embedded nats-server on a simulated node."""
+"""The README's first command: a simulated fleet of real agents, embedded NATS, the dashboard."""
 
 from __future__ import annotations
 
@@ -8,17 +8,16 @@ from pathlib import Path
 from tests.conftest import AGENT_CMD
 
 
-def test_demo_shows_faults_firing_and_resolving(tmp_path: Path) -> None:
-    r = subprocess.run([*AGENT_CMD, "demo", "--duration", "12", "--workdir", str(tmp_path)],
-                       capture_output=True, text=True, timeout=90)
-    assert r.returncode == 0, r.stdout + r.stderr
-    lines = r.stdout.splitlines()
-    fired = [x for x in lines if "FIRING" in x]
-    resolved = [x for x in lines if "RESOLVED" in x]
-    assert any("GPUDevicesMissing" in x and "/dev/nvidia3" in x for x in fired), r.stdout
-    assert any("NvidiaControlDeviceMissing" in x for x in fired), r.stdout
-    assert len(resolved) == 2, r.stdout
-    assert "agent exited with 0" in r.stdout
-    # the embedded server ran from the agent's state dir and is gone with the agent
-    assert (tmp_path / "state" / "nats.url").read_text().startswith("nats://127.0.0.1:")
-    assert (tmp_path / "state" / "nats" / "jetstream").is_dir()
+def test_fleet_demo_shows_every_scripted_fault(tmp_path: Path) -> None:
+    r = subprocess.run([*AGENT_CMD, "demo", "--duration", "16", "--nodes", "6", "--port", "0",
+                        "--workdir", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    out = r.stdout
+    for node, type_ in (("gpu-01", "GPUDevicesMissing"), ("gpu-02", "KernelModuleNotLoaded"),
+                        ("gpu-03", "IBPortDown"), ("gpu-04", "NCCLSocketFallback"),
+                        ("gpu-05", "JuiceFSCacheEphemeral"), ("gpu-06", "GPUFellOffBus")):
+        assert any(node in line and type_ in line and "FIRING" in line for line in out.splitlines()), (node, type_)
+    assert "ACTION  kubernetes     dry_run  would cordon" in out
+    assert "ACTION  modprobe       dry_run  would load kernel module nvidia_peermem" in out
+    assert "dashboard at http://127.0.0.1:" in out
+    assert "6 agents exited with [0]" in out

@@ -1,0 +1,139 @@
+"""`gpu-node-agent dashboard`: the fleet in a browser (aiohttp; no front-end build step).
+
+Overview (nodes x condition families, worst severity, last heartbeat, stale flagged), filters,
+search, node pages with active conditions, recent events, the remediation audit trail and an SVG
+timeline of firing spans. Live over SSE: only changed rows are sent, so 10,000 nodes stay cheap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from importlib.resources import files
+from typing import Any
+
+import structlog
+from aiohttp import web
+
+from agent.fleet import FleetFeed, FleetState
+
+log = structlog.get_logger(__name__)
+
+SSE_BATCH_S = 0.25
+
+
+def _page(name: str) -> str:
+    return (files("agent") / "static" / name).read_text(encoding="utf-8")
+
+
+def make_app(state: FleetState) -> web.Application:
+    app = web.Application()
+    index, node_page = _page("dashboard.html"), _page("node.html")
+
+    async def overview_html(_req: web.Request) -> web.Response:
+        return web.Response(text=index, content_type="text/html")
+
+    async def node_html(_req: web.Request) -> web.Response:
+        return web.Response(text=node_page, content_type="text/html")
+
+    async def api_overview(req: web.Request) -> web.Response:
+        q = req.query
+        rows = state.overview(severity=q.get("severity", ""), collector=q.get("collector", ""),
+                              type_=q.get("type", ""), q=q.get("q", ""))
+        return web.json_response({"nodes": rows, "total": len(state.nodes)})
+
+    async def api_node(req: web.Request) -> web.Response:
+        detail = state.node_detail(req.match_info["name"])
+        if detail is None:
+            raise web.HTTPNotFound(text="unknown node")
+        return web.json_response(detail)
+
+    async def api_timeline(req: web.Request) -> web.Response:
+        hours = min(48.0, max(0.1, float(req.query.get("hours", "6"))))
+        return web.Response(text=state.timeline_svg(req.match_info["name"], hours=hours),
+                            content_type="image/svg+xml")
+
+    async def api_stream(req: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                           "X-Accel-Buffering": "no"})
+        await resp.prepare(req)
+        sub = Subscriber()
+        subscribers.add(sub)
+        try:
+            await resp.write(b": connected\n\n")
+            while True:
+                try:
+                    rows = await asyncio.wait_for(sub.queue.get(), 15)
+                    await resp.write(b"data: " + json.dumps(rows, separators=(",", ":")).encode() + b"\n\n")
+                except TimeoutError:
+                    await resp.write(b": keep-alive\n\n")
+        except (ConnectionResetError, asyncio.CancelledError):
+            pass
+        finally:
+            subscribers.discard(sub)
+        return resp
+
+    subscribers: set[Subscriber] = set()
+
+    async def fan_out(_app: web.Application) -> Any:
+        async def loop() -> None:
+            while True:
+                await state.changed.wait()
+                await asyncio.sleep(SSE_BATCH_S)  # batch: a burst of 2,000 events/s is a few frames
+                rows = state.take_dirty()
+                for sub in list(subscribers):
+                    sub.offer(rows)
+
+        task = asyncio.get_running_loop().create_task(loop())
+        yield
+        task.cancel()
+
+    app.cleanup_ctx.append(fan_out)
+    app.router.add_get("/", overview_html)
+    app.router.add_get("/node/{name}", node_html)
+    app.router.add_get("/api/overview", api_overview)
+    app.router.add_get("/api/node/{name}", api_node)
+    app.router.add_get("/api/node/{name}/timeline.svg", api_timeline)
+    app.router.add_get("/api/stream", api_stream)
+    return app
+
+
+class Subscriber:
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[list[dict[str, Any]]] = asyncio.Queue(maxsize=64)
+
+    def offer(self, rows: list[dict[str, Any]]) -> None:
+        if self.queue.full():  # a slow browser: it gets the next batch; a reload fetches everything
+            self.queue.get_nowait()
+        self.queue.put_nowait(rows)
+
+
+async def serve(servers: list[str], host: str, port: int, *, duration: float | None = None,
+                ready_file: str | None = None, history_s: float = 6 * 3600) -> int:
+    state = FleetState(history_s=history_s)
+    feed = FleetFeed(state, servers)
+    await feed.start()
+    runner = web.AppRunner(make_app(state), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    bound = runner.addresses[0][1] if runner.addresses else port
+    url = f"http://{host}:{bound}/"
+    log.info("dashboard_listening", url=url, nodes=len(state.nodes))
+    print(f"dashboard: {url}", flush=True)
+    if ready_file:
+        with open(ready_file, "w") as fh:
+            fh.write(url + "\n")
+    stop = asyncio.Event()
+    import signal
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await asyncio.wait_for(stop.wait(), duration)
+    except TimeoutError:
+        pass
+    await runner.cleanup()
+    await feed.stop()
+    return 0

@@ -1,0 +1,336 @@
+"""The fleet as a central subscriber sees it: nodes, their active conditions, recent events,
+remediation audits and the firing spans of each condition. Shared by the dashboard and `top`.
+
+Fed from NATS: the gna-nodes KV bucket (current state, watched), heartbeats, and the GNA_EVENTS
+stream (history since ``history_s`` ago, then live). Changes mark nodes dirty so views update
+incrementally: 10,000 nodes never mean 10,000 rows re-sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from agent.message import rfc3339
+from agent.subjects import ACTIONS_PREFIX, EVENTS_PREFIX, HEARTBEAT_PREFIX
+
+log = structlog.get_logger(__name__)
+
+SEV_RANK = {"": 0, "info": 1, "warning": 2, "critical": 3}
+FAMILIES = ("GPU", "IB", "NCCL", "JuiceFS", "Agent")
+
+
+def family(type_: str) -> str:
+    if type_.startswith(("IB", "RoCE")):
+        return "IB"
+    if type_.startswith("NCCL"):
+        return "NCCL"
+    if type_.startswith("JuiceFS"):
+        return "JuiceFS"
+    if type_.startswith(("Collector", "Spool", "Remediation")):
+        return "Agent"
+    return "GPU"  # GPU*, Nvidia*, KernelModule*, NVSwitch*
+
+
+def _epoch(ts: str | None) -> float:
+    if not ts:
+        return 0.0
+    import datetime as dt
+
+    try:
+        return dt.datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return 0.0
+
+
+@dataclass
+class NodeView:
+    name: str
+    last_seen: float = 0.0  # epoch of the last heartbeat or KV state
+    heartbeat_interval: float = 10.0
+    agent_version: str = ""
+    conditions: dict[str, dict[str, Any]] = field(default_factory=dict)  # "collector|type|entity" -> condition
+    events: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=200))
+    actions: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=200))
+    spans: dict[str, list[list[float | None]]] = field(default_factory=dict)  # "type|entity" -> [[start, end]]
+
+    def worst(self) -> dict[str, str]:
+        out = dict.fromkeys(FAMILIES, "")
+        for c in self.conditions.values():
+            fam = family(c["type"])
+            if SEV_RANK[c["severity"]] > SEV_RANK[out[fam]]:
+                out[fam] = c["severity"]
+        return out
+
+    def stale(self, now: float) -> bool:
+        return not self.last_seen or now - self.last_seen > 3 * self.heartbeat_interval
+
+
+class FleetState:
+    def __init__(self, *, history_s: float = 6 * 3600) -> None:
+        self.nodes: dict[str, NodeView] = {}
+        self.history_s = history_s
+        self.dirty: set[str] = set()
+        self.changed = asyncio.Event()
+        self.messages_seen = 0
+        self.last_message_lag: deque[float] = deque(maxlen=10000)  # message time -> applied, seconds
+
+    def node(self, name: str) -> NodeView:
+        nv = self.nodes.get(name)
+        if nv is None:
+            nv = self.nodes[name] = NodeView(name)
+        return nv
+
+    def _touch(self, name: str) -> None:
+        self.dirty.add(name)
+        self.changed.set()
+
+    # -- inputs ---------------------------------------------------------------------------
+    def apply_state(self, state: dict[str, Any]) -> None:
+        """A node's KV document or heartbeat: last seen, version, the active conditions it reports."""
+        name = str(state.get("node", ""))
+        if not name:
+            return
+        nv = self.node(name)
+        nv.last_seen = max(nv.last_seen, _epoch(state.get("time")) or time.time())
+        nv.heartbeat_interval = float(state.get("heartbeat_interval") or nv.heartbeat_interval)
+        nv.agent_version = str(state.get("agent_version", nv.agent_version))
+        conds = state.get("conditions")
+        if isinstance(conds, list):
+            fresh = {}
+            for c in conds:
+                key = f"{c.get('collector')}|{c.get('type')}|{c.get('entity')}"
+                prev = nv.conditions.get(key, {})
+                fresh[key] = {**prev, **c, "since": c.get("since") or prev.get("since")}
+                span_key = f"{c.get('type')}|{c.get('entity')}"
+                if span_key not in nv.spans or nv.spans[span_key][-1][1] is not None:
+                    nv.spans.setdefault(span_key, []).append([_epoch(c.get("since")) or time.time(), None])
+            for key in set(nv.conditions) - set(fresh):
+                _, t, e = key.split("|", 2)
+                self._close_span(nv, f"{t}|{e}", time.time())
+            nv.conditions = fresh
+        self._touch(name)
+
+    def _close_span(self, nv: NodeView, key: str, at: float) -> None:
+        spans = nv.spans.get(key)
+        if spans and spans[-1][1] is None:
+            spans[-1][1] = at
+
+    def apply_message(self, msg: dict[str, Any]) -> None:
+        name = str(msg.get("node", ""))
+        if not name or "type" not in msg:
+            return
+        nv = self.node(name)
+        self.messages_seen += 1
+        at = _epoch(msg.get("time")) or time.time()
+        self.last_message_lag.append(max(0.0, time.time() - at))
+        if msg.get("kind") == "condition":
+            key = f"{msg.get('collector')}|{msg['type']}|{msg.get('entity')}"
+            span_key = f"{msg['type']}|{msg.get('entity')}"
+            if msg.get("status") == "firing":
+                prev = nv.conditions.get(key)
+                nv.conditions[key] = {k: msg.get(k) for k in ("collector", "type", "entity", "severity", "reason",
+                                                              "message", "details", "suggested_action")}
+                nv.conditions[key]["since"] = (prev or {}).get("since") or msg.get("time")
+                nv.conditions[key]["message_id"] = msg.get("id")
+                spans = nv.spans.setdefault(span_key, [])
+                if not spans or spans[-1][1] is not None:
+                    spans.append([at, None])
+            else:
+                nv.conditions.pop(key, None)
+                self._close_span(nv, span_key, at)
+        nv.events.appendleft({k: msg.get(k) for k in ("id", "time", "kind", "type", "status", "severity", "entity",
+                                                      "collector", "message")})
+        horizon = time.time() - self.history_s
+        for spans in nv.spans.values():
+            while spans and spans[0][1] is not None and spans[0][1] < horizon:
+                spans.pop(0)
+        self._touch(name)
+
+    def apply_action(self, record: dict[str, Any]) -> None:
+        name = str(record.get("node", ""))
+        if not name:
+            return
+        self.node(name).actions.appendleft(record)
+        self._touch(name)
+
+    # -- views ------------------------------------------------------------------------------
+    def row(self, nv: NodeView, now: float) -> dict[str, Any]:
+        return {"node": nv.name, "worst": nv.worst(), "active": len(nv.conditions), "stale": nv.stale(now),
+                "last_seen": rfc3339(nv.last_seen) if nv.last_seen else None,
+                "age_s": round(now - nv.last_seen, 1) if nv.last_seen else None,
+                "types": sorted({c["type"] for c in nv.conditions.values()}),
+                "collectors": sorted({c.get("collector") or "" for c in nv.conditions.values()})}
+
+    def overview(self, *, severity: str = "", collector: str = "", type_: str = "",
+                 q: str = "") -> list[dict[str, Any]]:
+        now = time.time()
+        rows = []
+        for nv in self.nodes.values():
+            if q and q.lower() not in nv.name.lower():
+                continue
+            conds = list(nv.conditions.values())
+            if severity and not any(SEV_RANK[c["severity"]] >= SEV_RANK[severity] for c in conds):
+                continue
+            if collector and not any(c.get("collector") == collector for c in conds):
+                continue
+            if type_ and not any(c["type"] == type_ for c in conds):
+                continue
+            rows.append(self.row(nv, now))
+        rows.sort(key=lambda r: (-max(SEV_RANK[s] for s in r["worst"].values()), r["node"]))
+        return rows
+
+    def take_dirty(self) -> list[dict[str, Any]]:
+        now = time.time()
+        names, self.dirty = self.dirty, set()
+        self.changed.clear()
+        return [self.row(self.nodes[n], now) for n in sorted(names) if n in self.nodes]
+
+    def node_detail(self, name: str) -> dict[str, Any] | None:
+        nv = self.nodes.get(name)
+        if nv is None:
+            return None
+        return {"node": name, **self.row(nv, time.time()), "agent_version": nv.agent_version,
+                "conditions": sorted(nv.conditions.values(), key=lambda c: (-SEV_RANK[c["severity"]], c["type"])),
+                "events": list(nv.events)[:100], "actions": list(nv.actions)[:100]}
+
+    def timeline_svg(self, name: str, *, hours: float = 6.0, width: int = 900) -> str:
+        """Each condition's firing spans over the last hours: when did this port flap?"""
+        nv = self.nodes.get(name)
+        now = time.time()
+        start = now - hours * 3600
+        keys = sorted(nv.spans) if nv else []
+        row_h, left = 18, 260
+        height = 30 + row_h * max(1, len(keys))
+        scale = (width - left - 10) / (now - start)
+        parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+                 f'font-family="sans-serif" font-size="11">',
+                 f'<rect width="{width}" height="{height}" fill="#fff"/>']
+        for h in range(int(hours) + 1):
+            x = left + (h * 3600) * scale
+            parts.append(f'<line x1="{x:.1f}" y1="14" x2="{x:.1f}" y2="{height}" stroke="#eee"/>'
+                         f'<text x="{x:.1f}" y="11" text-anchor="middle" fill="#888">-{int(hours) - h}h</text>')
+        for i, key in enumerate(keys):
+            y = 20 + i * row_h
+            type_, entity = key.split("|", 1)
+            label = f"{type_} {entity}"[:42]
+            parts.append(f'<text x="4" y="{y + 12}" fill="#333">{_esc(label)}</text>')
+            color = "#c0392b" if family(type_) != "Agent" else "#7f8c8d"
+            for s, e in nv.spans[key]:  # type: ignore[union-attr]
+                s0 = max(float(s or start), start)
+                e0 = float(e) if e is not None else now
+                if e0 < start:
+                    continue
+                x0, x1 = left + (s0 - start) * scale, left + (e0 - start) * scale
+                parts.append(f'<rect class="span" x="{x0:.1f}" y="{y + 2}" width="{max(2.0, x1 - x0):.1f}" '
+                             f'height="{row_h - 5}" fill="{color}" rx="2"><title>{_esc(key)}</title></rect>')
+        if not keys:
+            parts.append('<text x="4" y="34" fill="#888">no condition fired in this window</text>')
+        parts.append("</svg>")
+        return "".join(parts)
+
+
+def _esc(s: str) -> str:
+    return s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;")
+
+
+class FleetFeed:
+    """Keeps a FleetState current from NATS; survives server restarts (reconnects forever)."""
+
+    def __init__(self, state: FleetState, servers: list[str], *, stream: str = "GNA_EVENTS",
+                 kv_bucket: str = "gna-nodes", connect_opts: dict[str, Any] | None = None) -> None:
+        self.state = state
+        self.servers = servers
+        self.stream = stream
+        self.kv_bucket = kv_bucket
+        self.connect_opts = connect_opts or {}
+        self.nc: Any = None
+        self.ready = asyncio.Event()
+        self._tasks: list[asyncio.Task[Any]] = []
+
+    async def start(self) -> None:
+        import nats
+        from nats.js.api import DeliverPolicy
+
+        async def on_error(exc: Exception) -> None:
+            log.warning("fleet_nats_error", error=repr(exc))
+
+        self.nc = await nats.connect(servers=self.servers, max_reconnect_attempts=-1, reconnect_time_wait=1,
+                                     error_cb=on_error, **self.connect_opts)
+        js = self.nc.jetstream()
+
+        async def on_hb(msg: Any) -> None:
+            with _quiet():
+                self.state.apply_state(json.loads(msg.data))
+
+        await self.nc.subscribe(f"{HEARTBEAT_PREFIX}.>", cb=on_hb)
+
+        async def on_stream(msg: Any) -> None:
+            with _quiet():
+                data = json.loads(msg.data)
+                if msg.subject.startswith(ACTIONS_PREFIX + "."):
+                    self.state.apply_action(data)
+                elif msg.subject.startswith(EVENTS_PREFIX + "."):
+                    self.state.apply_message(data)
+
+        import datetime as dt
+
+        since = dt.datetime.fromtimestamp(time.time() - self.state.history_s, dt.UTC)
+        while True:
+            try:
+                await js.subscribe(f"{EVENTS_PREFIX}.>", cb=on_stream, ordered_consumer=True,
+                                   deliver_policy=DeliverPolicy.BY_START_TIME,
+                                   config=_start_time_config(since))
+                await js.subscribe(f"{ACTIONS_PREFIX}.>", cb=on_stream, ordered_consumer=True,
+                                   deliver_policy=DeliverPolicy.BY_START_TIME,
+                                   config=_start_time_config(since))
+                break
+            except Exception as exc:  # the stream does not exist until the first agent creates it
+                log.info("fleet_waiting_for_stream", error=repr(exc))
+                await asyncio.sleep(1)
+        self._tasks.append(asyncio.get_running_loop().create_task(self._watch_kv(js)))
+        self.ready.set()
+
+    async def _watch_kv(self, js: Any) -> None:
+        while True:
+            try:
+                kv = await js.key_value(self.kv_bucket)
+                watcher = await kv.watchall()
+                async for entry in watcher:
+                    if entry is None or entry.value is None:
+                        continue
+                    with _quiet():
+                        self.state.apply_state(json.loads(entry.value))
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.info("fleet_kv_watch_retry", error=repr(exc))
+                await asyncio.sleep(1)
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.nc is not None:
+            with _quiet():
+                await self.nc.close()
+
+
+def _start_time_config(since: Any) -> Any:
+    from nats.js.api import ConsumerConfig, DeliverPolicy
+
+    return ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_TIME, opt_start_time=since.isoformat())
+
+
+class _quiet:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, et: Any, ev: Any, tb: Any) -> bool:
+        return et is not None and issubclass(et, (ValueError, KeyError, TypeError, AttributeError))
