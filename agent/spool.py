@@ -17,6 +17,7 @@ counted per severity and persisted, so the forwarder can announce it after a res
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import struct
@@ -279,7 +280,7 @@ class Spool:
                 seq = self._next_seq
                 frame = encode_frame(seq, sev, payload)
                 assert self._active_fd is not None
-                os.write(self._active_fd, frame)
+                self._write_all(self._active_fd, frame, active.size)
                 self._next_seq += 1
                 active.size += size
                 active.count += 1
@@ -295,6 +296,20 @@ class Spool:
         if dirty and self.fsync and fd is not None:
             os.fdatasync(fd)
         return out
+
+    @staticmethod
+    def _write_all(fd: int, frame: bytes, size_before: int) -> None:
+        """Write a whole frame or nothing: a full disk (ENOSPC) must not leave half a frame behind,
+        or recovery would cut every later record at it."""
+        view = memoryview(frame)
+        try:
+            while view:
+                n = os.write(fd, view)
+                view = view[n:]
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, size_before)
+            raise
 
     def _rotate(self) -> None:
         if self._active_fd is not None:

@@ -1,0 +1,40 @@
+"""One entry point that feeds arbitrary bytes to every parser (hypothesis and atheris drive it).
+
+Run under atheris: ``python -m collectors.spool_fuzz -atheris_runs=100000``.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from agent.spool import decode_frames
+from collectors import ib_sysfs, juicefs_parse, kernel_modules, kmsg_parse, nccl_env, nccl_parse
+
+
+def fuzz_one(data: bytes) -> None:
+    text = data.decode("utf-8", "replace")
+    decode_frames(data)
+    kmsg_parse.parse_record(data)
+    for _ in kmsg_parse.iter_text_records(data):
+        pass
+    kmsg_parse.NvidiaLineParser().feed(text)
+    ib_sysfs.parse_enum(text)
+    ib_sysfs.parse_rate(text)
+    ib_sysfs.parse_counter(data)
+    kernel_modules.parse_proc_modules(text)
+    juicefs_parse.parse_mounts(text)
+    juicefs_parse.parse_stats(text)
+    juicefs_parse.parse_config(text, "/m")
+    juicefs_parse.parse_mount_argv(["juicefs", "mount", *text.split("\0")])
+    juicefs_parse.parse_size(text)
+    nccl_env.parse_environ(data)
+    for off, raw in nccl_parse.candidate_lines(data, 0):
+        nccl_parse.match_line(nccl_parse.parse_line(off, raw))
+    nccl_parse.match_line(nccl_parse.parse_line(0, data))
+
+
+if __name__ == "__main__":  # pragma: no cover - exercised only where atheris installs
+    import atheris
+
+    atheris.Setup(sys.argv, fuzz_one)
+    atheris.Fuzz()
