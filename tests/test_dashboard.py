@@ -90,7 +90,7 @@ async def test_http_api_and_history_load(tmp_path: Path, nats_server: NatsServer
             if agent.engine and agent.engine.decisions and agent.spool and not agent.spool.depth:
                 break
             await asyncio.sleep(0.02)
-        runner, url, state, feed = await _dashboard(nats_server.url)  # started after: history + KV
+        runner, url, _state, feed = await _dashboard(nats_server.url)  # started after: history + KV
         try:
             async with aiohttp.ClientSession() as s:
                 for _ in range(100):
