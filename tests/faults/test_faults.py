@@ -236,7 +236,7 @@ def test_parsers_fuzzed_for_a_bounded_time() -> None:
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as st
 
-    from collectors.spool_fuzz import fuzz_one
+    from tests.fuzz_targets import fuzz_one
 
     @settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
     @given(st.binary(max_size=4096))
@@ -245,7 +245,7 @@ def test_parsers_fuzzed_for_a_bounded_time() -> None:
 
     run()  # raises on the first crash, with the falsifying input
     if _atheris():
-        r = subprocess.run([sys.executable, "-m", "collectors.spool_fuzz", "-atheris_runs=20000"],
+        r = subprocess.run([sys.executable, "-m", "tests.fuzz_targets", "-atheris_runs=20000"],
                            capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr[-2000:]
 

@@ -1,6 +1,6 @@
 """One entry point that feeds arbitrary bytes to every parser (hypothesis and atheris drive it).
 
-Run under atheris: ``python -m collectors.spool_fuzz -atheris_runs=100000``.
+Run under atheris: ``python -m tests.fuzz_targets -atheris_runs=100000``.
 """
 
 from __future__ import annotations
