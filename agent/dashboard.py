@@ -53,6 +53,16 @@ def make_app(state: FleetState) -> web.Application:
         return web.Response(text=state.timeline_svg(req.match_info["name"], hours=hours),
                             content_type="image/svg+xml")
 
+    async def api_stats(_req: web.Request) -> web.Response:
+        lags = sorted(state.last_message_lag)
+
+        def pct(p: float) -> float | None:
+            return round(lags[min(len(lags) - 1, int(p / 100 * len(lags)))], 4) if lags else None
+
+        return web.json_response({"nodes": len(state.nodes), "messages": state.messages_seen,
+                                  "lag_p50_s": pct(50), "lag_p99_s": pct(99), "lag_max_s": lags[-1] if lags else None,
+                                  "subscribers": len(subscribers)})
+
     async def api_stream(req: web.Request) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                                            "X-Accel-Buffering": "no"})
@@ -95,6 +105,7 @@ def make_app(state: FleetState) -> web.Application:
     app.router.add_get("/api/node/{name}", api_node)
     app.router.add_get("/api/node/{name}/timeline.svg", api_timeline)
     app.router.add_get("/api/stream", api_stream)
+    app.router.add_get("/api/stats", api_stats)
     return app
 
 
