@@ -6,7 +6,8 @@
     (what a polling monitor gets at its best).
 (b) an Xid line written to the kernel log -> GPUXidError received: the real /dev/kmsg when it
     is writable (root), else a kmsg file on the simulated host root.
-(c) idle CPU (millicores) and RSS of an agent on an 8-GPU / 8-HCA simulated node with every
+(c) a real kernel uevent -> IBDeviceMissing (udev path);
+(d) idle CPU (millicores) and RSS of an agent on an 8-GPU / 8-HCA simulated node with every
     collector at its default interval.
 
     python bench/detection_latency.py [--trials 200] [--idle 60]
@@ -18,6 +19,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -145,6 +147,37 @@ async def kmsg_trials(url: str, work: Path, trials: int, real: bool) -> list[flo
     return lat
 
 
+async def udev_trials(url: str, work: Path, trials: int) -> list[float]:
+    """(c) udev: an HCA disappears from the simulated tree and a real kernel uevent arrives (a bridge is
+    added on the host, which the infiniband collector's netlink monitor hears): uevent -> IBDeviceMissing."""
+    host = SimHost.gpu_node(work / "host-udev", gpus=1, hcas=2)
+    extra = ("[collectors.infiniband]\ninterval = 3600.0\njitter = 0.0\n"
+             "[collectors.gpu_devices]\nenabled = false\n[collectors.kernel_modules]\nenabled = false\n")
+    proc = start_agent(work, host, url, extra, "udev-node")
+    nc = await nats.connect(url)
+    w = Waiter()
+    await nc.subscribe("gna.events.udev-node.infiniband.>", cb=w.on_msg)
+    lat: list[float] = []
+    try:
+        await asyncio.sleep(3.0)
+        w.drain()
+        for i in range(trials):
+            saved = host.root / f"saved-{i}"
+            shutil.move(str(host.p("/sys/class/infiniband/mlx5_1")), saved)
+            name = f"gnab{os.getpid() % 1000}{i % 100}"
+            t0 = time.perf_counter()
+            subprocess.run(["ip", "link", "add", name, "type", "bridge"], check=True)
+            t1 = await w.wait_for(lambda m: m["type"] == "IBDeviceMissing" and m["status"] == "firing")
+            lat.append((t1 - t0) * 1000)
+            shutil.move(str(saved), host.p("/sys/class/infiniband/mlx5_1"))
+            subprocess.run(["ip", "link", "del", name], check=True)  # its uevent triggers the rescan back
+            await w.wait_for(lambda m: m["type"] == "IBDeviceMissing" and m["status"] == "resolved")
+    finally:
+        await nc.close()
+        stop(proc)
+    return lat
+
+
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
@@ -187,6 +220,7 @@ async def main() -> None:
                                         "inotify = false\n", "poll-node")
             real = kmsg_writable()
             kmsg = await kmsg_trials(server.url, work, args.trials, real)
+            udev = await udev_trials(server.url, work, args.trials) if shutil.which("ip") else []
             millicores, rss = await idle(server.url, work, args.idle)
         finally:
             server.stop()
@@ -199,7 +233,11 @@ async def main() -> None:
           f"({'real /dev/kmsg' if real else 'kmsg fixture file'}):")
     print(f"    p50 {pct(kmsg, 50):.1f} ms   p99 {pct(kmsg, 99):.1f} ms   max {max(kmsg):.1f} ms"
           "   (goal p99 <= 100 ms)")
-    print(f"(c) idle agent, 8 GPUs + 8 HCAs, default intervals, {args.idle:.0f} s: {millicores:.2f} millicores, "
+    if udev:
+        print(f"(c) kernel uevent (ip link add) -> IBDeviceMissing at a NATS subscriber, {len(udev)} trials:")
+        print(f"    p50 {pct(udev, 50):.1f} ms   p99 {pct(udev, 99):.1f} ms   max {max(udev):.1f} ms"
+              "   (goal p99 <= 100 ms)")
+    print(f"(d) idle agent, 8 GPUs + 8 HCAs, default intervals, {args.idle:.0f} s: {millicores:.2f} millicores, "
           f"RSS {rss:.1f} MiB")
 
 
