@@ -16,6 +16,7 @@ import structlog
 from aiohttp import web
 
 from agent.fleet import FleetFeed, FleetState
+from agent.persist import until_stopped
 
 log = structlog.get_logger(__name__)
 
@@ -135,16 +136,7 @@ async def serve(servers: list[str], host: str, port: int, *, duration: float | N
     if ready_file:
         with open(ready_file, "w") as fh:
             fh.write(url + "\n")
-    stop = asyncio.Event()
-    import signal
-
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        await asyncio.wait_for(stop.wait(), duration)
-    except TimeoutError:
-        pass
+    await until_stopped(duration)
     await runner.cleanup()
     await feed.stop()
     return 0

@@ -11,7 +11,6 @@ the PCI bus, /dev/nvidiaN present, NVML's view and a configured expected count.
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -20,7 +19,7 @@ import structlog
 
 from agent.config import CollectorSettings
 from agent.inotify import DIR_CHANGES, IN_ONLYDIR, Inotify, InotifyEvent
-from agent.spool import write_atomic
+from agent.persist import BootScopedSet
 from agent.types import Emitter, HostPaths
 from agent.udev import UdevMonitor, Uevent
 from collectors.nvml_lib import load_nvml, normalize_bus_id
@@ -125,34 +124,11 @@ class GPUDevicesCollector:
         self.host = host
         self.emit = emit
         self.aer: dict[str, tuple[str, dict[str, Any]]] = {}  # bus -> (severity, details)
-        self.seen_pci: set[str] = set()
         self.udev_status = "off"
         self.signals = 0
-        self._boot_id = (host.read_text("/proc/sys/kernel/random/boot_id") or "").strip()
-        self._load_seen()
-
-    # -- persistence of GPUs seen on the bus (a GPU that fell off is still expected) ---
-    def _seen_file(self) -> Any:
-        return self.emit.state_dir / "seen_pci.json" if self.emit.state_dir else None
-
-    def _load_seen(self) -> None:
-        path = self._seen_file()
-        if path is None:
-            return
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
-            return
-        if isinstance(data, dict) and data.get("version") == 1 and data.get("boot_id") == self._boot_id:
-            self.seen_pci = set(data.get("seen", []))
-
-    def _save_seen(self) -> None:
-        path = self._seen_file()
-        if path is None:
-            return
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(path, json.dumps({"version": 1, "boot_id": self._boot_id, "seen": sorted(self.seen_pci)}).encode(),
-                     fsync=False)
+        boot_id = (host.read_text("/proc/sys/kernel/random/boot_id") or "").strip()
+        # a GPU that fell off the bus while the agent was down is still expected
+        self.seen = BootScopedSet(emit.state_dir / "seen_pci.json" if emit.state_dir else None, boot_id)
 
     # -- fast paths -------------------------------------------------------------------
     def _wake(self) -> None:
@@ -230,11 +206,8 @@ class GPUDevicesCollector:
     async def collect(self) -> None:
         inv = await asyncio.to_thread(scan, self.host)
         nvml_ids = await asyncio.to_thread(self._nvml_bus_ids)
-        new_seen = self.seen_pci | set(inv.pci)
-        if new_seen != self.seen_pci:
-            self.seen_pci = new_seen
-            self._save_seen()
-        gone = sorted(self.seen_pci - set(inv.pci))
+        self.seen.add_all(set(inv.pci))
+        gone = sorted(self.seen.items - set(inv.pci))
         on_pci = len(inv.pci)
         expected = max(self.config.expected_count, on_pci + len(gone))
         base = {"expected": expected, "on_pci": on_pci, "device_nodes": len(inv.dev_minors),

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import fnmatch
-import json
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -20,7 +19,7 @@ import msgspec
 import structlog
 
 from agent.config import CollectorSettings
-from agent.spool import write_atomic
+from agent.persist import BootScopedSet
 from agent.types import Emitter, HostPaths, Severity
 from agent.udev import UdevMonitor, Uevent
 from collectors.ib_sysfs import (
@@ -113,13 +112,12 @@ class InfinibandCollector:
         self.counters = tuple(sorted(set(COUNTER_BITS)))
         self.hw = tuple(sorted(set(HW_COUNTERS) | {c for c in config.thresholds if c not in COUNTER_BITS}))
         self.ports: dict[tuple[str, int], PortState] = {}
-        self.seen_hcas: set[str] = set()
         self.unreadable: dict[str, int] = {}  # "hca/port/file" -> times skipped
         self._names: dict[str, list[str]] = {}
         self._layout: list[tuple[str, int]] | None = None
         self._info: dict[str, tuple[str, ...]] = {}
-        self._boot_id = (host.read_text("/proc/sys/kernel/random/boot_id") or "").strip()
-        self._load_seen()
+        boot_id = (host.read_text("/proc/sys/kernel/random/boot_id") or "").strip()
+        self.seen = BootScopedSet(emit.state_dir / "seen_hcas.json" if emit.state_dir else None, boot_id)
 
     # -- discovery --------------------------------------------------------------------
     def _excluded(self, hca: str) -> bool:
@@ -141,27 +139,6 @@ class InfinibandCollector:
                 ports = []
             out.extend((hca, p) for p in ports)
         return out
-
-    def _seen_file(self) -> Any:
-        return self.emit.state_dir / "seen_hcas.json" if self.emit.state_dir else None
-
-    def _load_seen(self) -> None:
-        path = self._seen_file()
-        if path is None:
-            return
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
-            return
-        if isinstance(data, dict) and data.get("version") == 1 and data.get("boot_id") == self._boot_id:
-            self.seen_hcas = set(data.get("seen", []))
-
-    def _save_seen(self) -> None:
-        path = self._seen_file()
-        if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            write_atomic(path, json.dumps({"version": 1, "boot_id": self._boot_id,
-                                           "seen": sorted(self.seen_hcas)}).encode(), fsync=False)
 
     def _on_uevent(self, ev: Uevent) -> None:
         self._layout = None  # rescan at once
@@ -196,15 +173,13 @@ class InfinibandCollector:
         snaps = await asyncio.to_thread(self._read_all)
         now = time.monotonic()
         hcas = {s.hca for s in snaps}
-        if not hcas <= self.seen_hcas:
-            self.seen_hcas |= hcas
-            self._save_seen()
-        for hca in sorted((self.seen_hcas | set(self.config.expected_hcas)) - hcas):
+        self.seen.add_all(hcas)
+        for hca in sorted((self.seen.items | set(self.config.expected_hcas)) - hcas):
             if self._excluded(hca):
                 continue
             await self.emit.condition(
                 "IBDeviceMissing", firing=True, severity="critical", entity=f"ib:{hca}",
-                reason="RemovedOrNotFound" if hca in self.seen_hcas else "ExpectedNotFound",
+                reason="RemovedOrNotFound" if hca in self.seen.items else "ExpectedNotFound",
                 message=f"RDMA device {hca} is missing from /sys/class/infiniband.",
                 details={"expected": sorted(self.config.expected_hcas), "present": sorted(hcas)},
                 suggested_action="cordon")

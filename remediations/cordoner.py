@@ -7,10 +7,8 @@ after the engine decided and audited it.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
-import signal
 from typing import Any
 
 import structlog
@@ -21,6 +19,7 @@ from agent.hostroot import HostRoot
 from agent.ids import new_id
 from agent.metrics import AgentMetrics
 from agent.nats_link import NatsLink
+from agent.persist import until_stopped
 from agent.subjects import EVENTS_PREFIX, action_subject
 from remediations.budget import FleetBudget
 from remediations.engine import Engine
@@ -91,13 +90,6 @@ class Cordoner:
 async def run_cordoner(cfg: configmod.AgentConfig, servers: list[str], duration: float | None = None) -> int:
     c = Cordoner(cfg, servers)
     await c.start()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        await asyncio.wait_for(stop.wait(), duration)
-    except TimeoutError:
-        pass
+    await until_stopped(duration)
     await c.stop()
     return 0

@@ -101,7 +101,7 @@ async def test_gpu_removed_from_pci_bus_stays_expected(tmp_path: Path) -> None:
         ("GPUDevicesMissing", "gpu:0000:3a:00.0", "RemovedFromPCIBus")]
     # a restart in the same boot still remembers it was there
     c2 = _collector(host, sink, tmp_path / "st")
-    assert "0000:3a:00.0" in c2.seen_pci
+    assert "0000:3a:00.0" in c2.seen.items
 
 
 async def test_expected_count_catches_gpus_the_bus_never_showed(tmp_path: Path) -> None:

@@ -1,0 +1,45 @@
+"""Small persistent bits collectors share: a set of names remembered for the current boot, and
+"run until SIGTERM/SIGINT or a duration" for the central commands."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import signal
+from pathlib import Path
+
+from agent.spool import write_atomic
+
+
+class BootScopedSet:
+    """Names seen during this boot (GPUs on the bus, HCAs), kept across agent restarts so one that
+    disappeared while the agent was down is still expected; forgotten when the boot id changes."""
+
+    def __init__(self, path: Path | None, boot_id: str) -> None:
+        self.path = path
+        self.boot_id = boot_id
+        self.items: set[str] = set()
+        if path is not None:
+            with contextlib.suppress(OSError, ValueError):
+                data = json.loads(path.read_text())
+                if isinstance(data, dict) and data.get("version") == 1 and data.get("boot_id") == boot_id:
+                    self.items = set(data.get("seen", []))
+
+    def add_all(self, names: set[str]) -> None:
+        if names <= self.items:
+            return
+        self.items |= names
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(self.path, json.dumps({"version": 1, "boot_id": self.boot_id,
+                                                "seen": sorted(self.items)}).encode(), fsync=False)
+
+
+async def until_stopped(duration: float | None) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), duration)
