@@ -171,7 +171,15 @@ class JuiceFSCollector:
                                                               "fs_mountpoint": fs.mountpoint if fs else None})
             await self._space(entity, cache_dir, s, base)
             used = self._cache_usage(cache_dir, s)
-            cold = cold or used.get("blocks", 0) == 0
+            if used.get("blocks", 1) == 0 and mounted:
+                cold = True
+                # recreated or emptied (node re-imaged, disk swapped, Pod moved): a warmup candidate
+                await self.emit.condition(
+                    "JuiceFSCacheCold", firing=True, severity="info", entity=f"{entity}:{cache_dir}",
+                    reason="EmptyCache", message=f"JuiceFS cache dir {cache_dir} of {mp} holds no blocks: "
+                                                 f"every first read goes to the object store.",
+                    details={**base, "cache_dir": cache_dir, "dataset_paths": conf.dataset_paths if conf else []},
+                    suggested_action="warmup")
         size = s.cache_size
         if size is not None and s.cache_dirs != ["memory"]:
             small = size < self.config.min_cache_bytes

@@ -67,7 +67,8 @@ def default_rules() -> list[Rule]:
         Rule(name="reload-nvidia-peermem", action="modprobe", args={"module": "nvidia_peermem"},
              match=Match(type=["KernelModuleNotLoaded"], entity="module:nvidia_peermem"), cooldown=300.0),
         Rule(name="warm-cold-juicefs-cache", action="juicefs_warmup",
-             match=Match(type=["JuiceFSCacheHitRatioLow"], collector=["juicefs"]), cooldown=3600.0,
+             match=Match(type=["JuiceFSCacheHitRatioLow", "JuiceFSCacheCold"], collector=["juicefs"]),
+             cooldown=3600.0,
              max_attempts=2),
     ]
 

@@ -186,3 +186,31 @@ async def test_in_a_real_browser(tmp_path: Path, nats_server: NatsServerProcess)
             await browser.close()
             await runner.cleanup()
             await feed.stop()
+
+
+async def test_top_once_and_budget_cli(tmp_path: Path, nats_server: NatsServerProcess) -> None:
+    from tests.conftest import AGENT_CMD
+
+    host = SimHost.gpu_node(tmp_path / "h", gpus=2)
+    host.remove_dev_node("nvidia0")
+    cfg = agent_config(tmp_path, servers=[nats_server.url], host_root=host.root, node="term-01",
+                       extra="[collectors.gpu_devices]\ninterval = 0.2\njitter = 0.0\n")
+    async with running_agent(cfg) as agent:
+        for _ in range(200):
+            if agent.spool and agent.tracker and agent.tracker.active and not agent.spool.depth:
+                break
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.5)
+        proc = await asyncio.create_subprocess_exec(*AGENT_CMD, "top", "--nats", nats_server.url, "--once",
+                                                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                                                    env={**os.environ, "COLUMNS": "200"})
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+        assert proc.returncode == 0, err
+        text = out.decode()
+        assert "term-01" in text and "critical" in text and "1 critical" in text
+        proc = await asyncio.create_subprocess_exec(*AGENT_CMD, "budget", "status", "--nats", nats_server.url,
+                                                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+        assert proc.returncode == 0, err
+        status = json.loads(out)
+        assert status["used"] == 0 and status["fleet_size"] == 1 and status["limit"] == 1  # 10 % of 1 node, min 1

@@ -191,3 +191,20 @@ async def test_real_tmpfs_vs_real_disk_on_the_live_host(tmp_path: Path) -> None:
         subprocess.run(["umount", str(tmpfs)], check=False)
     eph = [(m.entity, m.reason) for m in sink.messages if m.type == "JuiceFSCacheEphemeral"]
     assert eph == [(f"juicefs:/nonexistent/a:{tmpfs}", "tmpfs")]
+
+
+async def test_empty_cache_is_cold_and_a_warmup_candidate(tmp_path: Path) -> None:
+    host = SimHost.gpu_node(tmp_path / "h", gpus=1)
+    host.add_juicefs("/mnt/jfs", "/var/jfsCache", blocks=0)  # recreated: nothing cached
+    sink, facts = Sink(), FactStore()
+    mounts = [jmod.MountConfig(mountpoint="/mnt/jfs", dataset_paths=["/mnt/jfs/train"])]
+    c = _collector(host.root, sink, facts, mounts=mounts)
+    await c.collect()  # the first pass reads .stats
+    await c.collect()
+    cold = [m for m in sink.messages if m.type == "JuiceFSCacheCold"]
+    assert cold and cold[0].suggested_action == "warmup" and cold[0].severity == "info"
+    info = facts.get("juicefs.mounts")[0]
+    assert info["cold"] is True and info["cold_paths"] == ["/mnt/jfs/train"] and info["warmup_running"] is False
+    host.write("/proc/999/cmdline", "juicefs\0warmup\0--threads\0050\0/mnt/jfs/train\0")
+    await c.collect()
+    assert facts.get("juicefs.mounts")[0]["warmup_running"] is True
