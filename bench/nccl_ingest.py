@@ -99,7 +99,9 @@ async def main():
     t0, c0 = time.perf_counter(), time.process_time()
     await c.check()
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-    print(json.dumps({"wall": wall, "cpu": cpu, "matched": c.lines_matched, "engine": c.engine,
+    from collectors.nccl_parse import best_engine
+    engine = best_engine() if c.engine == "auto" else c.engine
+    print(json.dumps({"wall": wall, "cpu": cpu, "matched": c.lines_matched, "engine": engine,
                       "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 
 asyncio.run(main())

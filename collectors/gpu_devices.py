@@ -204,8 +204,7 @@ class GPUDevicesCollector:
         return ids
 
     async def collect(self) -> None:
-        inv = await asyncio.to_thread(scan, self.host)
-        nvml_ids = await asyncio.to_thread(self._nvml_bus_ids)
+        inv, nvml_ids = await asyncio.to_thread(lambda: (scan(self.host), self._nvml_bus_ids()))
         self.seen.add_all(set(inv.pci))
         gone = sorted(self.seen.items - set(inv.pci))
         on_pci = len(inv.pci)

@@ -29,7 +29,6 @@ from agent.tailer import TailedFile, Tailer
 from agent.types import Emitter, HostPaths, Severity, SuggestedAction
 from collectors.ib_sysfs import parse_enum
 from collectors.nccl_parse import (
-    SCANNER,
     Match,
     ProcessState,
     candidate_lines,
@@ -62,7 +61,7 @@ class NCCLLogsConfig(CollectorSettings, kw_only=True, forbid_unknown_fields=True
     max_line: int = 65536
     # Byte prefilter engine: auto = Hyperscan (x86_64) > RE2 > Python re; all find the same lines.
     scanner: Literal["auto", "hyperscan", "re2", "re"] = "auto"
-    rescan_interval: float = 10.0
+    rescan_interval: float = 30.0  # inotify finds new files at once; the rescan is the fallback
 
 
 class NCCLLogsCollector:
@@ -78,7 +77,7 @@ class NCCLLogsCollector:
         state = emit.state_dir / "nccl_checkpoints.json" if emit.state_dir else None
         self.tailer = Tailer(host if isinstance(host, HostRoot) else HostRoot(host.root), config.globs, state,
                              chunk_bytes=config.chunk_bytes, rescan_interval=config.rescan_interval)
-        self.engine = SCANNER if config.scanner == "auto" else config.scanner
+        self.engine = config.scanner  # "auto": resolved on the first chunk (nothing loads on an idle node)
         self.procs: dict[str, ProcessState] = {}
         self.warn_windows: dict[tuple[str, str], list[Any]] = {}  # (proc, text) -> [first, count, sample]
         self.lines_matched = 0

@@ -95,19 +95,31 @@ def _re2() -> Any:
     return re2.compile(b"|".join(re.escape(n) for n in _NEEDLES) + b"|" + _NONGDR_DFA)
 
 
-_HS = _hyperscan()
-_RE2 = _re2()
-SCANNER = "hyperscan" if _HS is not None else "re2" if _RE2 is not None else "re"
+_ENGINES: dict[str, Any] = {}
 
 
-def _match_ends(data: bytes, engine: str) -> list[int]:
-    """Offsets just past each needle match, in order."""
-    if engine == "hyperscan" and _HS is not None:
+def engine(name: str) -> Any:
+    """The compiled scanner, built on first use: an idle node with no NCCL logs never loads it."""
+    if name not in _ENGINES:
+        _ENGINES[name] = _hyperscan() if name == "hyperscan" else _re2() if name == "re2" else PREFILTER
+    return _ENGINES[name]
+
+
+def best_engine() -> str:
+    for name in ("hyperscan", "re2"):
+        if engine(name) is not None:
+            return name
+    return "re"
+
+
+def _match_ends(data: bytes, name: str) -> list[int]:
+    """Offsets just past each needle match, in order (an engine that is not installed falls back)."""
+    if name == "hyperscan" and (hs := engine("hyperscan")) is not None:
         ends: list[int] = []
-        _HS.scan(data, match_event_handler=lambda _id, _frm, to, _fl, _ctx: ends.append(to))
+        hs.scan(data, match_event_handler=lambda _id, _frm, to, _fl, _ctx: ends.append(to))
         return sorted(ends)
-    scanner = _RE2 if engine in ("hyperscan", "re2") and _RE2 is not None else PREFILTER
-    return [m.end() for m in scanner.finditer(data)]
+    scanner = engine("re2") if name in ("hyperscan", "re2") else None
+    return [m.end() for m in (scanner or PREFILTER).finditer(data)]
 
 _IB_DEV = re.compile(r"\[(\d+)\]([^\s:\[\]]+):(\d+)/(IB|RoCE)(/SHARP)?")
 _VENDOR = re.compile(r"vendor[ _]err[= ]?(\d+)")
@@ -135,12 +147,13 @@ class Match:
     fields: dict[str, Any]
 
 
-def candidate_lines(data: bytes, base: int, *, max_line: int = 65536, engine: str = SCANNER) -> list[tuple[int, bytes]]:
+def candidate_lines(data: bytes, base: int, *, max_line: int = 65536,
+                    engine: str = "auto") -> list[tuple[int, bytes]]:
     """(offset, line) for lines with a needle; a byte scan in C, no decoding of the rest.
     A line longer than ``max_line`` is cut there (its start is what the rules read)."""
     out: list[tuple[int, bytes]] = []
     last_start = -1
-    for end_of_match in _match_ends(data, engine):
+    for end_of_match in _match_ends(data, best_engine() if engine == "auto" else engine):
         start = data.rfind(b"\n", 0, end_of_match - 1) + 1  # the match's last byte may be the newline
         if start == last_start:
             continue

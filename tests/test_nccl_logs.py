@@ -181,6 +181,6 @@ def test_all_scanner_engines_find_the_same_lines(parts: list[bytes], tail: bytes
     from collectors import nccl_parse
 
     data = b"\n".join(parts) + tail
-    engines = ["re"] + [e for e in ("re2", "hyperscan") if getattr(nccl_parse, "_RE2" if e == "re2" else "_HS")]
+    engines = ["re"] + [e for e in ("re2", "hyperscan") if nccl_parse.engine(e) is not None]
     results = {e: candidate_lines(data, 0, engine=e) for e in engines}
     assert all(r == results["re"] for r in results.values()), results
