@@ -362,8 +362,10 @@ class KmsgXidCollector:
                             buf.clear()
                         while records := self._read_text(fh, buf):
                             await self.process(records)
+                        # inotify says when the file grows; without it, poll
+                        wait = self.config.poll_interval if watcher is None else max(30.0, self.config.poll_interval)
                         with contextlib.suppress(TimeoutError):
-                            await asyncio.wait_for(ready.wait(), self.config.poll_interval)
+                            await asyncio.wait_for(ready.wait(), wait)
                         ready.clear()
                 finally:
                     fh.close()
