@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import sys
+
+if sys.argv[1:2] == ["run"]:
+    # The daemon never renders rich output, but structlog imports rich whenever it is installed
+    # (it is, for `top`): blocking it keeps ~5 MiB out of every node agent's RSS.
+    sys.modules.setdefault("rich", None)  # type: ignore[arg-type]
+
 import argparse
 import asyncio
 import json
-import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
