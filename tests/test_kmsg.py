@@ -169,6 +169,20 @@ async def test_storm_of_800k_identical_xids_is_a_handful_of_messages(tmp_path: P
     print(f"800k records in {elapsed:.1f}s")
 
 
+async def _run_until(c: KmsgXidCollector, done: object, settle: float = 0.2, timeout: float = 15.0) -> None:
+    """Run the collector until ``done()`` holds (then a little longer, to catch extras), or fail."""
+    task = asyncio.create_task(c.run())
+    deadline = time.monotonic() + timeout
+    try:
+        while not done():  # type: ignore[operator]
+            assert time.monotonic() < deadline, "timed out"
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(settle)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
 async def test_restart_neither_rereports_nor_misses_and_reboot_clears(tmp_path: Path) -> None:
     host = SimHost.gpu_node(tmp_path / "h", gpus=2)
     state = tmp_path / "state"
@@ -176,10 +190,7 @@ async def test_restart_neither_rereports_nor_misses_and_reboot_clears(tmp_path: 
     host.kmsg("NVRM: Xid (PCI:0000:18:00): 79, pid=1, name=python, GPU has fallen off the bus.")
     sink = Sink()
     c = _collector(host, sink, state, tracker)
-    task = asyncio.create_task(c.run())
-    await asyncio.sleep(0.5)
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
+    await _run_until(c, lambda: any(m.type == "GPUFellOffBus" for m in sink.messages) and c.checkpoint)
     first = [(m.type, m.status) for m in sink.messages]
     assert ("GPUXidError", None) in first and ("GPUFellOffBus", "firing") in first
     assert ("GPUFatalXid", "firing") in first
@@ -187,19 +198,13 @@ async def test_restart_neither_rereports_nor_misses_and_reboot_clears(tmp_path: 
     host.kmsg("NVRM: Xid (PCI:0000:2a:00): 13, pid=9, name=bad.py, Graphics Exception")
     sink2 = Sink()
     c2 = _collector(host, sink2, state, ConditionTracker(tmp_path / "conditions.json"))
-    task = asyncio.create_task(c2.run())
-    await asyncio.sleep(0.5)
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
+    await _run_until(c2, lambda: bool(sink2.messages), settle=0.5)
     assert [(m.type, m.entity) for m in sink2.messages] == [("GPUXidError", "gpu:0000:2a:00.0")]
     # reboot: a new boot id; reboot-class conditions from before resolve
     host.set_boot("00000000-0000-4000-8000-000000000002", uptime=30)
     sink3 = Sink()
     c3 = _collector(host, sink3, state, ConditionTracker(tmp_path / "conditions.json"))
-    task = asyncio.create_task(c3.run())
-    await asyncio.sleep(0.3)
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
+    await _run_until(c3, lambda: sum(m.status == "resolved" for m in sink3.messages) >= 2)
     resolved = {(m.type, m.entity) for m in sink3.messages if m.status == "resolved"}
     assert resolved == {("GPUFellOffBus", "gpu:0000:18:00.0"), ("GPUFatalXid", "gpu:0000:18:00.0")}
     assert all(m.reason == "Rebooted" for m in sink3.messages if m.status == "resolved")
@@ -212,10 +217,7 @@ async def test_first_start_looks_back_only_the_window(tmp_path: Path) -> None:
     host.kmsg("NVRM: Xid (PCI:0000:18:00): 43, pid=2, name=new, stopped", usec=9_900 * 1_000_000)  # 100 s ago
     sink = Sink()
     c = _collector(host, sink, tmp_path / "st", lookback_seconds=600)
-    task = asyncio.create_task(c.run())
-    await asyncio.sleep(0.4)
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
+    await _run_until(c, lambda: bool(sink.messages), settle=0.3)
     assert [m.details["xid"] for m in sink.messages] == [43]
 
 
@@ -224,10 +226,7 @@ async def test_fatal_xid_clears_after_quiet_period(tmp_path: Path) -> None:
     host.kmsg("NVRM: Xid (PCI:0000:18:00): 119, pid=1, name=x, GSP RPC Timeout")
     sink = Sink()
     c = _collector(host, sink, tmp_path / "st", fatal_xid_clear_after=0.5, aggregation_window=0.2)
-    task = asyncio.create_task(c.run())
-    await asyncio.sleep(1.8)
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
+    await _run_until(c, lambda: any(m.status == "resolved" for m in sink.messages), settle=0.1)
     fatal = [(m.status, m.reason) for m in sink.messages if m.type == "GPUFatalXid"]
     assert fatal == [("firing", "Xid119"), ("resolved", "QuietPeriodElapsed")]
 

@@ -124,9 +124,16 @@ async def test_slurm_drain_is_idempotent_and_resume_only_our_drain(tools: Path, 
     assert audits.records[1]["reason"].startswith("already done")
     await eng.handle(_msg(status="resolved"))
     await eng.handle(_msg(status="resolved", entity="gpu:0000:2a:00.0"))
-    await asyncio.sleep(0.5)
+    await _until(lambda: audits.records[-1]["action"] == "uncordon")
     assert argv_log(tools)[-1] == ["scontrol", "update", "NodeName=gpu-01", "State=RESUME"]
     assert audits.records[-1]["action"] == "uncordon" and audits.records[-1]["decision"] == "executed"
+
+
+async def _until(pred: Any, timeout: float = 15.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not pred():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.02)
 
 
 class _AlwaysBudget:
@@ -218,7 +225,7 @@ async def test_kubernetes_cordon_taint_condition_event_then_uncordon(kube: FakeK
     await eng.handle(_msg(status="resolved"))
     await asyncio.sleep(0.1)
     assert kube.nodes["gpu-01"]["spec"]["unschedulable"] is True, "hold-down not over yet"
-    await asyncio.sleep(0.5)
+    await _until(lambda: audits.records[-1]["action"] == "uncordon")
     node = kube.nodes["gpu-01"]
     assert node["spec"].get("unschedulable") is False and "taints" not in node["spec"]
     assert "gpu-node-agent/cordoned-by" not in node["metadata"]["annotations"]
