@@ -25,6 +25,24 @@ SCHEMA = json.loads((ROOT / "agent" / "schema" / "message.schema.json").read_tex
 VALIDATOR = jsonschema.Draft202012Validator(SCHEMA, format_checker=jsonschema.FormatChecker())
 
 
+class Sink:
+    """Records what a collector emits; ``accept = False`` makes it refuse like a full spool."""
+
+    def __init__(self) -> None:
+        from agent.message import Message
+
+        self.messages: list[Message] = []
+        self.accept = True
+
+    async def __call__(self, m: Any) -> bool:
+        if self.accept:
+            self.messages.append(m)
+        return self.accept
+
+    def of(self, type_: str) -> list[Any]:
+        return [m for m in self.messages if m.type == type_]
+
+
 def validate_message(data: dict[str, Any]) -> None:
     VALIDATOR.validate(data)
 

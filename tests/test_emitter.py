@@ -3,19 +3,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from agent.emitter import CollectorEmitter, ConditionTracker
-from agent.message import Message
-from tests.conftest import validate_message
-
-
-class Sink:
-    def __init__(self) -> None:
-        self.messages: list[Message] = []
-        self.accept = True
-
-    async def __call__(self, msg: Message) -> bool:
-        if self.accept:
-            self.messages.append(msg)
-        return self.accept
+from tests.conftest import Sink, validate_message
 
 
 async def _fire(em: CollectorEmitter, firing: bool, severity: str = "critical") -> None:

@@ -6,17 +6,8 @@ from typing import Any, ClassVar
 from agent.config import CollectorSettings
 from agent.emitter import CollectorEmitter, ConditionTracker
 from agent.framework import CollectorRunner
-from agent.message import Message
 from agent.metrics import AgentMetrics
-
-
-class Sink:
-    def __init__(self) -> None:
-        self.messages: list[Message] = []
-
-    async def __call__(self, msg: Message) -> bool:
-        self.messages.append(msg)
-        return True
+from tests.conftest import Sink
 
 
 class Flaky:

@@ -12,13 +12,12 @@ import pytest
 from agent.emitter import CollectorEmitter, ConditionTracker
 from agent.facts import FactStore
 from agent.hostroot import HostRoot
-from agent.message import Message
 from agent.nats_server import NatsServerProcess
 from agent.simhost import SimHost
 from agent.udev import UdevMonitor
 from collectors import gpu_devices as gd
 from collectors import nvml_lib
-from tests.conftest import AGENT_CMD, agent_config, running_agent, stream_messages
+from tests.conftest import AGENT_CMD, Sink, agent_config, running_agent, stream_messages
 from tests.fake_nvml import FakeGPU, FakeNVML
 
 # Kernel uevents as the kernel sends them (captured property sets; values as on an HGX H100 node).
@@ -76,13 +75,6 @@ async def test_real_netlink_uevents_reach_the_asyncio_monitor() -> None:
     assert actions[:1] == ["add"] and "remove" in actions
 
 
-class Sink:
-    def __init__(self) -> None:
-        self.messages: list[Message] = []
-
-    async def __call__(self, m: Message) -> bool:
-        self.messages.append(m)
-        return True
 
 
 def _collector(host: SimHost, sink: Sink, state: Path | None = None, **cfg: object) -> gd.GPUDevicesCollector:

@@ -9,7 +9,6 @@ from hypothesis import strategies as st
 from agent.emitter import CollectorEmitter, ConditionTracker
 from agent.facts import FactStore
 from agent.hostroot import HostRoot
-from agent.message import Message
 from agent.simhost import SimHost
 from collectors import infiniband as ibmod
 from collectors.ib_sysfs import (
@@ -22,6 +21,7 @@ from collectors.ib_sysfs import (
     parse_rate,
     saturated,
 )
+from tests.conftest import Sink
 from tests.ttar import extract
 
 # Metric families a real node_exporter 1.5 (Debian) exposes for this tree (names without _total).
@@ -36,16 +36,6 @@ NODE_EXPORTER_1_5 = {f"node_infiniband_{n}" for n in (
 FIXTURE = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "procfs-sys-class-infiniband.ttar"
 
 
-class Sink:
-    def __init__(self) -> None:
-        self.messages: list[Message] = []
-
-    async def __call__(self, m: Message) -> bool:
-        self.messages.append(m)
-        return True
-
-    def of(self, type_: str) -> list[Message]:
-        return [m for m in self.messages if m.type == type_]
 
 
 class Clock:

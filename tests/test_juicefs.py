@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 from agent.emitter import CollectorEmitter, ConditionTracker
 from agent.facts import FactStore
 from agent.hostroot import HostRoot
-from agent.message import Message
 from agent.simhost import SimHost
 from collectors import juicefs as jmod
 from collectors.juicefs_parse import (
@@ -27,17 +26,11 @@ from collectors.juicefs_parse import (
     redact_meta_url,
     stat_value,
 )
+from tests.conftest import Sink
 
 EMPTYDIR = "/var/lib/kubelet/pods/3f1c2b4a-aaaa-bbbb-cccc-1234567890ab/volumes/kubernetes.io~empty-dir/jfs-cache"
 
 
-class Sink:
-    def __init__(self) -> None:
-        self.messages: list[Message] = []
-
-    async def __call__(self, m: Message) -> bool:
-        self.messages.append(m)
-        return True
 
 
 def _collector(root: Path, sink: Sink, facts: FactStore | None = None, **cfg: object) -> jmod.JuiceFSCollector:

@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 from agent.emitter import CollectorEmitter, ConditionTracker
 from agent.facts import FactStore
 from agent.hostroot import HostRoot
-from agent.message import Message
 from agent.simhost import SimHost
 from collectors.kmsg_parse import (
     FellOffBus,
@@ -26,15 +25,7 @@ from collectors.kmsg_parse import (
 )
 from collectors.kmsg_xid import KmsgXidCollector, KmsgXidConfig
 from collectors.xid_catalog import classify
-
-
-class Sink:
-    def __init__(self) -> None:
-        self.messages: list[Message] = []
-
-    async def __call__(self, m: Message) -> bool:
-        self.messages.append(m)
-        return True
+from tests.conftest import Sink
 
 
 def test_parse_record_device_form() -> None:

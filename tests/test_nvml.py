@@ -8,20 +8,10 @@ import pytest
 from agent.emitter import CollectorEmitter, ConditionTracker
 from agent.facts import FactStore
 from agent.hostroot import HostRoot
-from agent.message import Message
 from collectors import nvml_lib
 from collectors.nvml import NVMLCollector, NVMLConfig
-from tests.conftest import validate_message
+from tests.conftest import Sink, validate_message
 from tests.fake_nvml import FakeGPU, FakeNVML
-
-
-class Sink:
-    def __init__(self) -> None:
-        self.messages: list[Message] = []
-
-    async def __call__(self, m: Message) -> bool:
-        self.messages.append(m)
-        return True
 
 
 def _collector(fake: FakeNVML | None, sink: Sink, facts: FactStore | None = None, **cfg: object) -> NVMLCollector:
