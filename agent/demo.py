@@ -81,6 +81,17 @@ def _nccl_fallback(host: SimHost, node: str) -> None:
     host.write("/proc/4242/environ", "NCCL_DEBUG=INFO\0NCCL_IB_HCA=mlx5_1\0")
 
 
+def _port_free(port: int) -> bool:
+    import socket
+
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def run_demo(duration: float = 30.0, workdir: str | None = None, nodes: int = 8, port: int = 8080) -> int:
     base = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="gna-fleet-"))
     for child in [*base.glob("node-*"), base / "nats"]:  # a fresh fleet every run
@@ -97,7 +108,7 @@ def run_demo(duration: float = 30.0, workdir: str | None = None, nodes: int = 8,
                                           url=server.url))
         procs.append(subprocess.Popen([sys.executable, "-m", "agent", "run", "--config", str(cfg)],
                                       stdout=subprocess.DEVNULL, stderr=open(cfg.parent / "agent.log", "w")))  # noqa: SIM115
-    dash_port = port or free_port()
+    dash_port = port if port and _port_free(port) else free_port()  # 8080 taken: any free port
     ready = base / "dashboard.url"
     ready.unlink(missing_ok=True)
     dash = subprocess.Popen([sys.executable, "-m", "agent", "dashboard", "--nats", server.url, "--listen",
