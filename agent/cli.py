@@ -198,10 +198,13 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    cfg = _load_config(args)
+    if not any(s.startswith(("ws://", "wss://")) for s in cfg.agent.nats.servers):
+        # nats-py imports aiohttp (installed for the dashboard) only for WebSocket URLs: ~6 MiB of RSS
+        sys.modules.setdefault("aiohttp", None)  # type: ignore[arg-type]
     from agent.daemon import Agent
     from agent.logsetup import configure
 
-    cfg = _load_config(args)
     configure(cfg.agent.log.level, cfg.agent.log.format)
     agent = Agent(cfg, config_path=args.config, overrides=_overrides(args))
     return asyncio.run(agent.run(duration=args.duration))
