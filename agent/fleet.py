@@ -9,6 +9,7 @@ incrementally: 10,000 nodes never mean 10,000 rows re-sent.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections import deque
@@ -22,6 +23,7 @@ from agent.subjects import ACTIONS_PREFIX, EVENTS_PREFIX, HEARTBEAT_PREFIX
 
 log = structlog.get_logger(__name__)
 
+_BAD_INPUT = (ValueError, KeyError, TypeError, AttributeError)  # a malformed message is skipped, not fatal
 SEV_RANK = {"": 0, "info": 1, "warning": 2, "critical": 3}
 FAMILIES = ("GPU", "IB", "NCCL", "JuiceFS", "Agent")
 
@@ -266,13 +268,13 @@ class FleetFeed:
         js = self.nc.jetstream()
 
         async def on_hb(msg: Any) -> None:
-            with _quiet():
+            with contextlib.suppress(*_BAD_INPUT):
                 self.state.apply_state(json.loads(msg.data))
 
         await self.nc.subscribe(f"{HEARTBEAT_PREFIX}.>", cb=on_hb)
 
         async def on_stream(msg: Any) -> None:
-            with _quiet():
+            with contextlib.suppress(*_BAD_INPUT):
                 data = json.loads(msg.data)
                 if msg.subject.startswith(ACTIONS_PREFIX + "."):
                     self.state.apply_action(data)
@@ -305,7 +307,7 @@ class FleetFeed:
                 async for entry in watcher:
                     if entry is None or entry.value is None:
                         continue
-                    with _quiet():
+                    with contextlib.suppress(*_BAD_INPUT):
                         self.state.apply_state(json.loads(entry.value))
             except asyncio.CancelledError:
                 raise
@@ -318,7 +320,7 @@ class FleetFeed:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self.nc is not None:
-            with _quiet():
+            with contextlib.suppress(*_BAD_INPUT):
                 await self.nc.close()
 
 
@@ -326,11 +328,3 @@ def _start_time_config(since: Any) -> Any:
     from nats.js.api import ConsumerConfig, DeliverPolicy
 
     return ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_TIME, opt_start_time=since.isoformat())
-
-
-class _quiet:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, et: Any, ev: Any, tb: Any) -> bool:
-        return et is not None and issubclass(et, (ValueError, KeyError, TypeError, AttributeError))

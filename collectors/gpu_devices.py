@@ -125,14 +125,12 @@ class GPUDevicesCollector:
         self.emit = emit
         self.aer: dict[str, tuple[str, dict[str, Any]]] = {}  # bus -> (severity, details)
         self.udev_status = "off"
-        self.signals = 0
         boot_id = (host.read_text("/proc/sys/kernel/random/boot_id") or "").strip()
         # a GPU that fell off the bus while the agent was down is still expected
         self.seen = BootScopedSet(emit.state_dir / "seen_pci.json" if emit.state_dir else None, boot_id)
 
     # -- fast paths -------------------------------------------------------------------
     def _wake(self) -> None:
-        self.signals += 1
         if self.wakeup is not None:
             self.wakeup.set()
 

@@ -16,7 +16,7 @@ import json
 import os
 import stat
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import structlog
@@ -57,8 +57,6 @@ class KmsgXidConfig(CollectorSettings, kw_only=True, forbid_unknown_fields=True)
 class _Window:
     first: float
     count: int = 1
-    last_text: str = ""
-    sample: dict[str, Any] = field(default_factory=dict)
 
 
 class Aggregator:
@@ -68,10 +66,10 @@ class Aggregator:
         self.window = window
         self.open: dict[tuple[Any, ...], _Window] = {}
 
-    def add(self, key: tuple[Any, ...], now: float, sample: dict[str, Any]) -> bool:
+    def add(self, key: tuple[Any, ...], now: float) -> bool:
         w = self.open.get(key)
         if w is None:
-            self.open[key] = _Window(first=now, count=1, sample=sample)
+            self.open[key] = _Window(first=now)
             return True
         w.count += 1
         return False
@@ -164,7 +162,7 @@ class KmsgXidCollector:
             ok = await self._fell_off(finding.bus_id, finding.text)
         elif isinstance(finding, SXid):
             sev: Severity = "critical" if finding.fatal else "warning"
-            if self.agg.add(("sxid", finding.bus_id, finding.code), now, {}):
+            if self.agg.add(("sxid", finding.bus_id, finding.code), now):
                 ok = await self.emit.event(
                     "NVSwitchSXidError", severity=sev, entity=f"nvswitch:{finding.bus_id}",
                     reason=f"SXid{finding.code}",
@@ -177,7 +175,7 @@ class KmsgXidCollector:
             errs.append({"kind": finding.kind, "symbol": finding.symbol, "text": finding.text, "seq": rec.seq})
             del errs[:-MODULE_ERRORS_KEPT]
             self.emit.facts.set("kernel.module_errors", self.module_errors)
-            if self.agg.add(("module", finding.module, finding.kind), now, {}):
+            if self.agg.add(("module", finding.module, finding.kind), now):
                 ok = await self.emit.event(
                     "KernelModuleLoadError", severity="warning", entity=f"module:{finding.module}",
                     reason=finding.kind.title().replace("_", ""),
@@ -189,7 +187,7 @@ class KmsgXidCollector:
     async def _xid(self, x: Xid, now: float) -> bool:
         info = classify(x.code)
         ok = True
-        if self.agg.add(("xid", x.bus_id, x.code), now, {}):
+        if self.agg.add(("xid", x.bus_id, x.code), now):
             ok = await self.emit.event(
                 "GPUXidError", severity=info.severity, entity=f"gpu:{x.bus_id}", reason=f"Xid{x.code}",
                 message=f"Xid {x.code} ({info.name}) on GPU {x.bus_id}"

@@ -212,7 +212,7 @@ class NVMLCollector:
                         continue
                     raise
                 bus = buses.get(data.device, "unknown")
-                if self._xids_wanted() and self.agg.add(("xid", bus, int(data.eventData)), time.time(), {}):
+                if self._xids_wanted() and self.agg.add(("xid", bus, int(data.eventData)), time.time()):
                     await self._xid_event(bus, int(data.eventData), count=1)
         finally:
             free = getattr(lib, "nvmlEventSetFree", None)
