@@ -1,8 +1,9 @@
 """`gpu-node-agent dashboard`: the fleet in a browser (aiohttp; no front-end build step).
 
 Overview (nodes x condition families, worst severity, last heartbeat, stale flagged), filters,
-search, node pages with active conditions, recent events, the remediation audit trail and an SVG
-timeline of firing spans. Live over SSE: only changed rows are sent, so 10,000 nodes stay cheap.
+search, the worst condition's reason per node, node pages with active conditions, recent events,
+the remediation audit trail (repeats collapsed) and an SVG timeline of firing spans. Live over
+SSE: only changed rows are sent, so 10,000 nodes stay cheap.
 """
 
 from __future__ import annotations
@@ -50,8 +51,12 @@ def make_app(state: FleetState) -> web.Application:
         return web.json_response(detail)
 
     async def api_timeline(req: web.Request) -> web.Response:
-        hours = min(48.0, max(0.1, float(req.query.get("hours", "6"))))
-        return web.Response(text=state.timeline_svg(req.match_info["name"], hours=hours),
+        try:  # hours caps the window (the plot zooms to the data inside it); width is the page's, in px
+            hours = min(48.0, max(0.1, float(req.query.get("hours", "6"))))
+            width = int(min(4000.0, max(400.0, float(req.query.get("width", "900")))))
+        except ValueError:
+            raise web.HTTPBadRequest(text="hours and width are numbers") from None
+        return web.Response(text=state.timeline_svg(req.match_info["name"], hours=hours, width=width),
                             content_type="image/svg+xml")
 
     async def api_stats(_req: web.Request) -> web.Response:

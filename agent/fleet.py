@@ -11,13 +11,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import time
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 
+from agent import timeline
 from agent.message import rfc3339
 from agent.subjects import ACTIONS_PREFIX, EVENTS_PREFIX, HEARTBEAT_PREFIX
 
@@ -26,6 +29,7 @@ log = structlog.get_logger(__name__)
 _BAD_INPUT = (ValueError, KeyError, TypeError, AttributeError)  # a malformed message is skipped, not fatal
 SEV_RANK = {"": 0, "info": 1, "warning": 2, "critical": 3}
 FAMILIES = ("GPU", "IB", "NCCL", "JuiceFS", "Agent")
+_DIGITS = re.compile(r"\d+(?:\.\d+)?")
 
 
 def family(type_: str) -> str:
@@ -69,6 +73,15 @@ class NodeView:
             if SEV_RANK[c["severity"]] > SEV_RANK[out[fam]]:
                 out[fam] = c["severity"]
         return out
+
+    def worst_condition(self) -> dict[str, Any] | None:
+        """The one condition the overview names: the most severe; among equals the newest, since
+        what just changed is what the reader has not seen yet."""
+        if not self.conditions:
+            return None
+        c = max(self.conditions.values(), key=lambda c: (SEV_RANK.get(c.get("severity") or "", 0),
+                                                          _epoch(c.get("since")), str(c.get("type"))))
+        return {k: c.get(k) for k in ("severity", "type", "entity", "reason", "message", "since")}
 
     def stale(self, now: float) -> bool:
         return not self.last_seen or now - self.last_seen > 3 * self.heartbeat_interval
@@ -168,7 +181,8 @@ class FleetState:
                 "last_seen": rfc3339(nv.last_seen) if nv.last_seen else None,
                 "age_s": round(now - nv.last_seen, 1) if nv.last_seen else None,
                 "types": sorted({c["type"] for c in nv.conditions.values()}),
-                "collectors": sorted({c.get("collector") or "" for c in nv.conditions.values()})}
+                "collectors": sorted({c.get("collector") or "" for c in nv.conditions.values()}),
+                "worst_condition": nv.worst_condition()}
 
     def overview(self, *, severity: str = "", collector: str = "", type_: str = "",
                  q: str = "") -> list[dict[str, Any]]:
@@ -200,46 +214,35 @@ class FleetState:
             return None
         return {"node": name, **self.row(nv, time.time()), "agent_version": nv.agent_version,
                 "conditions": sorted(nv.conditions.values(), key=lambda c: (-SEV_RANK[c["severity"]], c["type"])),
-                "events": list(nv.events)[:100], "actions": list(nv.actions)[:100]}
+                "events": list(nv.events)[:100], "actions": collapse_actions(nv.actions)[:100]}
 
-    def timeline_svg(self, name: str, *, hours: float = 6.0, width: int = 900) -> str:
-        """Each condition's firing spans over the last hours: when did this port flap?"""
+    def timeline_svg(self, name: str, *, hours: float = 6.0, width: int = 900, now: float | None = None) -> str:
+        """Each condition's firing spans, zoomed to the data within the last ``hours``: when did this port flap?"""
         nv = self.nodes.get(name)
-        now = time.time()
-        start = now - hours * 3600
-        keys = sorted(nv.spans) if nv else []
-        row_h, left = 18, 260
-        height = 30 + row_h * max(1, len(keys))
-        scale = (width - left - 10) / (now - start)
-        parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-                 f'font-family="sans-serif" font-size="11">',
-                 f'<rect width="{width}" height="{height}" fill="#fff"/>']
-        for h in range(int(hours) + 1):
-            x = left + (h * 3600) * scale
-            parts.append(f'<line x1="{x:.1f}" y1="14" x2="{x:.1f}" y2="{height}" stroke="#eee"/>'
-                         f'<text x="{x:.1f}" y="11" text-anchor="middle" fill="#888">-{int(hours) - h}h</text>')
-        for i, key in enumerate(keys):
-            y = 20 + i * row_h
-            type_, entity = key.split("|", 1)
-            label = f"{type_} {entity}"[:42]
-            parts.append(f'<text x="4" y="{y + 12}" fill="#333">{_esc(label)}</text>')
-            color = "#c0392b" if family(type_) != "Agent" else "#7f8c8d"
-            for s, e in nv.spans[key]:  # type: ignore[union-attr]
-                s0 = max(float(s or start), start)
-                e0 = float(e) if e is not None else now
-                if e0 < start:
-                    continue
-                x0, x1 = left + (s0 - start) * scale, left + (e0 - start) * scale
-                parts.append(f'<rect class="span" x="{x0:.1f}" y="{y + 2}" width="{max(2.0, x1 - x0):.1f}" '
-                             f'height="{row_h - 5}" fill="{color}" rx="2"><title>{_esc(key)}</title></rect>')
-        if not keys:
-            parts.append('<text x="4" y="34" fill="#888">no condition fired in this window</text>')
-        parts.append("</svg>")
-        return "".join(parts)
+        rows = [timeline.Row(label=" ".join(key.split("|", 1)),
+                             color="#7f8c8d" if family(key) == "Agent" else "#c0392b", spans=spans)
+                for key, spans in sorted(nv.spans.items())] if nv else []
+        return timeline.render(rows, now=time.time() if now is None else now, max_s=hours * 3600, width=width)
 
 
-def _esc(s: str) -> str:
-    return s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;")
+def collapse_actions(actions: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Runs of audits that say the same thing become one row with ``count``, ``first_time`` and
+    ``last_time``: a flapping port's "skipped: cooldown: acted 12s ago", "... 14s ago" would
+    otherwise fill the trail. Digits are ignored when comparing reasons. Newest first, as given."""
+    out: list[dict[str, Any]] = []
+    last: tuple[Any, ...] | None = None
+    for a in actions:
+        trigger = a.get("trigger")
+        trigger = trigger if isinstance(trigger, dict) else {}
+        key = (a.get("remediation"), a.get("decision"), _DIGITS.sub("#", str(a.get("reason") or "")),
+               trigger.get("type"), trigger.get("entity"))
+        if out and key == last:
+            out[-1]["count"] += 1
+            out[-1]["first_time"] = a.get("time")
+        else:
+            out.append({**a, "count": 1, "first_time": a.get("time"), "last_time": a.get("time")})
+            last = key
+    return out
 
 
 class FleetFeed:

@@ -7,15 +7,17 @@ import json
 import os
 import shutil
 import time
+import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
 import pytest
 from aiohttp import web
 
+from agent import timeline
 from agent.dashboard import make_app
-from agent.fleet import FleetFeed, FleetState, family
-from agent.message import make_message, to_dict
+from agent.fleet import FleetFeed, FleetState, collapse_actions, family
+from agent.message import make_message, rfc3339, to_dict
 from agent.nats_server import NatsServerProcess
 from agent.simhost import SimHost
 from tests.conftest import agent_config, running_agent
@@ -47,6 +49,155 @@ def test_state_families_spans_staleness_and_dirty_rows() -> None:
     assert [r["node"] for r in st.overview(severity="warning")] == ["b"]
     assert st.overview(type_="IBPortDown") == [] and [r["node"] for r in st.overview(q="A")] == ["a"]
     assert family("GPUFellOffBus") == "GPU" and family("RoCECongestion") == "IB" and family("SpoolOverflow") == "Agent"
+
+
+JFS_ENTITY = ("juicefs:/mnt/jfs:/var/lib/kubelet/pods/7d4f-demo/volumes/kubernetes.io~empty-dir/jfs-cache/"
+              "9f5e8c2a-0b1d-4c6e-8f7a-3d2b1c0e9a88")
+PEERMEM_MSG = ("nvidia_peermem is not loaded on a node with 8 GPUs and 8 RDMA HCAs: GPUDirect RDMA is off and NCCL "
+               "stages every transfer through host memory.")
+XSS = '<img src=x onerror="window.__xss=1">'
+
+
+def _event(node: str, at: float, type_: str, status: str | None, entity: str, *, severity: str = "critical",
+           reason: str = "R", message: str = "m", details: dict[str, Any] | None = None,
+           collector: str = "infiniband") -> dict[str, Any]:
+    return {"id": f"{node}-{type_}-{at}", "time": rfc3339(at), "node": node, "collector": collector,
+            "kind": "condition" if status else "event", "type": type_, "status": status, "severity": severity,
+            "entity": entity, "reason": reason, "message": message, "details": details or {}}
+
+
+def _audit(node: str, at: float, decision: str, reason: str, type_: str, entity: str) -> dict[str, Any]:
+    return {"time": rfc3339(at), "node": node, "remediation": "kubernetes", "decision": decision, "reason": reason,
+            "trigger": {"type": type_, "entity": entity, "status": "firing"}}
+
+
+def demo_like_fleet(now: float) -> FleetState:
+    """What `gpu-node-agent demo` shows a minute in: a flapping IB port whose every flap is audited as
+    a cooldown skip, nvidia_peermem unloaded, a JuiceFS cache on an emptyDir (a 130-char entity),
+    a fallen-off GPU, and a node whose message tries to inject HTML."""
+    st = FleetState()
+    for i in range(1, 9):
+        st.apply_state({"node": f"gpu-{i:02d}", "time": rfc3339(now - 0.5), "heartbeat_interval": 2,
+                        "agent_version": "0.1.0", "conditions": []})
+    port = "ib:mlx5_3/1"
+    st.apply_action(_audit("gpu-03", now - 118, "dry_run", "would cordon Kubernetes node gpu-03, taint "
+                           "gpu-node-agent/degraded=IBPortDown:NoSchedule", "IBPortDown", port))
+    for k in range(8):  # down for 1.2 s, up for 1.2 s, ...
+        t = now - 118 + k * 2.4
+        st.apply_message(_event("gpu-03", t, "IBPortDown", "firing", port, reason="PortDown",
+                                message="Port mlx5_3/1 is DOWN (Polling)."))
+        if k:
+            st.apply_action(_audit("gpu-03", t, "skipped", f"cooldown: acted {round(t - now + 118)}s ago "
+                                   "(cooldown 600s)", "IBPortDown", port))
+        st.apply_message(_event("gpu-03", t + 1.2, "IBPortDown", "resolved", port))
+    st.apply_message(_event("gpu-03", now - 110, "IBPortFlapping", "firing", port, reason="LinkFlaps",
+                            message="Port mlx5_3/1 went down and came back 3 times in 600 s.",
+                            details={"state": "ACTIVE", "phys_state": "LinkUp", "rate": "400 Gb/sec",
+                                     "flaps_in_window": 3, "window_s": 600.0}))
+    st.apply_message(_event("gpu-03", now - 116, "IBErrorCountersIncreasing", "firing", port,
+                            reason="CountersAboveThreshold", message="Error counters rising on mlx5_3/1: link_downed.",
+                            details={"counters": [{"counter": "link_downed", "delta": 1, "window_s": 1.061}]}))
+    st.apply_message(_event("gpu-02", now - 100, "KernelModuleNotLoaded", "firing", "module:nvidia_peermem",
+                            reason="NotLoaded", message=PEERMEM_MSG, collector="kernel_modules",
+                            details={"states": {"nvidia": "live", "nvidia_peermem": "absent"}, "gpus_on_pci": 8,
+                                     "hcas": [f"mlx5_{i}" for i in range(8)], "gdr_files": []}))
+    st.apply_action(_audit("gpu-02", now - 100, "dry_run", "would load kernel module nvidia_peermem",
+                           "KernelModuleNotLoaded", "module:nvidia_peermem"))
+    st.apply_message(_event("gpu-05", now - 125, "JuiceFSCacheEphemeral", "firing", JFS_ENTITY, severity="warning",
+                            reason="emptyDir", collector="juicefs",
+                            message=f"JuiceFS cache dir {JFS_ENTITY[17:]} lives on a kubelet emptyDir: it dies with "
+                                    "the Pod or process, so the hit rate stays near zero.",
+                            details={"mountpoint": "/mnt/jfs", "cache_dirs": [JFS_ENTITY[17:]],
+                                     "cache_size_bytes": 21474836480, "cache_dir": JFS_ENTITY[17:]}))
+    for type_ in ("GPUFatalXid", "GPUFellOffBus"):
+        st.apply_message(_event("gpu-06", now - 90, type_, "firing", "gpu:0000:9a:00.0", reason="Xid79",
+                                collector="kmsg_xid", message="GPU 0000:9a:00.0 has fallen off the bus."))
+    st.apply_message(_event("gpu-07", now - 60, "NCCLSocketFallback", "firing", XSS, reason=XSS, message=XSS,
+                            collector="nccl_logs", details={XSS: XSS}))
+    return st
+
+
+def test_worst_condition_names_the_reason() -> None:
+    now = time.time()
+    st = demo_like_fleet(now)
+    rows = {r["node"]: r for r in st.overview()}
+    w = rows["gpu-03"]["worst_condition"]
+    assert (w["type"], w["entity"], w["reason"]) == ("IBPortFlapping", "ib:mlx5_3/1", "LinkFlaps"), "newest critical"
+    assert rows["gpu-05"]["worst_condition"]["severity"] == "warning"
+    assert rows["gpu-01"]["worst_condition"] is None
+    st.apply_message(_event("gpu-05", now, "JuiceFSCacheNearlyFull", "firing", "juicefs:/mnt/jfs", severity="info"))
+    assert st.row(st.nodes["gpu-05"], now)["worst_condition"]["reason"] == "emptyDir", "warning outranks a newer info"
+
+
+def test_audit_trail_collapses_repeats() -> None:
+    now = time.time()
+    actions = demo_like_fleet(now).node_detail("gpu-03")["actions"]  # type: ignore[index]
+    assert [(a["decision"], a["count"]) for a in actions] == [("skipped", 7), ("dry_run", 1)]
+    assert actions[0]["first_time"] == rfc3339(now - 118 + 2.4) and actions[0]["last_time"] == rfc3339(now - 118 + 7 * 2.4)
+    assert actions[0]["reason"] == "cooldown: acted 17s ago (cooldown 600s)", "the newest one speaks for the run"
+    base = _audit("n", now, "skipped", "cooldown: acted 3s ago", "IBPortDown", "ib:a/1")
+    other_port = {**base, "trigger": {"type": "IBPortDown", "entity": "ib:b/1"}}
+    runs = collapse_actions([base, base, other_port, base, {**base, "decision": "dry_run"}, {**base, "trigger": None}])
+    assert [a["count"] for a in runs] == [2, 1, 1, 1, 1], "only consecutive, identical decisions collapse"
+
+
+def _svg(text: str) -> ET.Element:
+    return ET.fromstring(text)  # also proves the SVG is well-formed
+
+
+def _ns(tag: str) -> str:
+    return "{http://www.w3.org/2000/svg}" + tag
+
+
+def test_timeline_zooms_to_the_data() -> None:
+    now = time.time()
+    st = demo_like_fleet(now)
+    root = _svg(st.timeline_svg("gpu-03", hours=6, width=1200, now=now))
+    rng, gutter, right = (float(root.get(k) or 0) for k in ("data-range-s", "data-gutter", "data-plot-right"))
+    assert rng == 300, "two minutes of flapping get the 5-minute minimum, not 6 hours"
+    axis = root.find(_ns("line") + "[@class='axis']")
+    assert axis is not None and (float(axis.get("x1") or 0), float(axis.get("x2") or 0)) == (gutter, right)
+    assert right == 1200 - timeline.GAP, "the axis runs to the right edge"
+    ticks = [(float(t.get("x") or 0), t.text) for t in root.iter(_ns("text")) if t.get("class") == "tick"]
+    assert ticks[0] == (right, "now") and ticks[-1] == (gutter, "-5m"), ticks
+    assert [t[1] for t in ticks][:3] == ["now", "-30s", "-1m"], "30 s steps over 5 minutes"
+    labels = {"".join(t.itertext()) for t in root.iter(_ns("text")) if t.get("class") == "label"}
+    assert labels == {"IBPortDown ib:mlx5_3/1", "IBPortFlapping ib:mlx5_3/1", "IBErrorCountersIncreasing ib:mlx5_3/1"}
+    spans = [r for r in root.iter(_ns("rect")) if r.get("class") == "span"]
+    assert len(spans) == 10 and all(float(r.get("width") or 0) >= timeline.MIN_SPAN_PX for r in spans)
+    assert all(float(r.get("x") or 0) + float(r.get("width") or 0) <= right + 0.05 for r in spans)
+    titles = ["".join(r.itertext()) for r in spans]
+    assert sum("still firing" in t for t in titles) == 2 and sum("(1.2 s)" in t for t in titles) == 8, titles
+    assert titles[0].startswith("IBErrorCountersIncreasing ib:mlx5_3/1\nfrom 20"), titles[0]
+
+    old = FleetState()
+    old.apply_message(_event("a", now - 2 * 3600, "GPUDevicesMissing", "firing", "gpu:0"))
+    old.apply_message(_event("a", now - 10 * 3600, "IBPortDown", "firing", "ib:x/1"))
+    old.apply_message(_event("a", now - 9 * 3600, "IBPortDown", "resolved", "ib:x/1"))
+    root = _svg(old.timeline_svg("a", hours=6, now=now))
+    rng = float(root.get("data-range-s") or 0)
+    assert 2.2 * 3600 <= rng <= 2.5 * 3600 and rng % 900 == 0, "2 h of data, 10 % room, whole 15-minute steps"
+    assert "ib:x/1" not in ET.tostring(root, encoding="unicode"), "a span that ended before the window is not drawn"
+    root = _svg(old.timeline_svg("a", hours=1, now=now))
+    assert float(root.get("data-range-s") or 0) == 3600, "hours caps the window"
+    root = _svg(old.timeline_svg("nobody", hours=1, now=now))
+    assert "no condition fired in the last 1 h" in "".join(root.itertext())
+
+
+def test_timeline_labels_wrap_instead_of_being_cut() -> None:
+    now = time.time()
+    st = demo_like_fleet(now)
+    for node, width in (("gpu-05", 1400), ("gpu-05", 400), ("gpu-07", 900), ("gpu-02", 600)):
+        root = _svg(st.timeline_svg(node, width=width, now=now))  # XSS in gpu-07 stays text
+        gutter = float(root.get("data-gutter") or 0)
+        (label,) = (t for t in root.iter(_ns("text")) if t.get("class") == "label")
+        cond = next(iter(st.nodes[node].conditions.values()))
+        assert "".join(label.itertext()) == f"{cond['type']} {cond['entity']}", "the whole label, nothing cut"
+        assert all(timeline.LABEL_X + len(ln.text or "") * timeline.CHAR_PX <= gutter for ln in label), node
+        assert len(list(label)) > 1, f"{node} at {width} px wraps"
+    root = _svg(st.timeline_svg("gpu-02", width=1200, now=now))
+    (label,) = (t for t in root.iter(_ns("text")) if t.get("class") == "label")
+    assert [ln.text for ln in label] == ["KernelModuleNotLoaded module:nvidia_peermem"], "fits: one line, widened gutter"
 
 
 def test_ten_thousand_nodes_are_cheap() -> None:
