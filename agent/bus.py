@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 import structlog
 
 from agent import message as msgmod
+from agent.aio import cancel_and_wait, within
 from agent.message import Message
 from agent.spool import Spool, SpoolError
 from agent.subjects import event_subject
@@ -58,6 +59,7 @@ class LocalBus:
         self.accepted = 0
         self.refused = 0  # dropped by spool policy or a spool write failure
         self._running = False
+        self.abandoned: list[str] = []  # subscriber tasks that ignored cancellation at stop()
 
     def subscribe(self, name: str, handler: Handler, maxsize: int | None = None) -> Subscription:
         sub = Subscription(name, handler, maxsize or self.subscriber_queue)
@@ -80,11 +82,9 @@ class LocalBus:
                     await asyncio.sleep(0.01)
 
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(drain(), drain_timeout)
-        for sub in self.subscriptions:
-            if sub.task:
-                sub.task.cancel()
-        await asyncio.gather(*(s.task for s in self.subscriptions if s.task), return_exceptions=True)
+            await within(drain(), drain_timeout)
+        self.abandoned = [t.get_name() for t in await cancel_and_wait(
+            [s.task for s in self.subscriptions if s.task], max(0.5, drain_timeout))]
         self._running = False
 
     async def publish(self, msg: Message) -> bool:

@@ -15,6 +15,7 @@ import structlog
 
 from agent import __version__
 from agent import config as configmod
+from agent.aio import cancel_and_wait, within
 from agent.bus import LocalBus
 from agent.emitter import CollectorEmitter, ConditionTracker
 from agent.facts import FactStore
@@ -28,6 +29,7 @@ from agent.nats_server import NatsServerProcess, free_port
 from agent.nodestate import NodeStatePublisher
 from agent.registry import collector_classes
 from agent.sdnotify import Notifier
+from agent.shutdown import EX_SOFTWARE, ShutdownGuard
 from agent.spool import SEVERITY_NAMES, Spool
 from agent.subjects import action_subject
 
@@ -38,7 +40,8 @@ AGENT_COLLECTOR = "agent"
 
 class Agent:
     def __init__(self, config: configmod.Config, *, config_path: str | None = None,
-                 overrides: dict[str, Any] | None = None, notifier: Notifier | None = None) -> None:
+                 overrides: dict[str, Any] | None = None, notifier: Notifier | None = None,
+                 guard: ShutdownGuard | None = None) -> None:
         self.config = config
         self.config_path = config_path
         self.overrides = overrides or {}
@@ -63,6 +66,10 @@ class Agent:
         self.metrics_server: MetricsServer | None = None
         self.facts = FactStore()
         self.engine: Any = None
+        # Set by the CLI daemon only: it owns the process (signal.signal, os._exit); tests running an
+        # Agent in-process keep asyncio's signal handling and are never exited under them.
+        self.guard = guard
+        self.abandoned: list[str] = []  # what ignored its cancellation at shutdown (exit EX_SOFTWARE)
 
     # -- sinks -----------------------------------------------------------------------
     async def _sink(self, msg: Message) -> bool:
@@ -144,10 +151,9 @@ class Agent:
             self._collector_tasks[name] = asyncio.get_running_loop().create_task(runner.run(), name=f"collector:{name}")
         log.info("collectors_started", collectors=sorted(self.runners))
 
-    async def _stop_collectors(self) -> None:
-        for task in self._collector_tasks.values():
-            task.cancel()
-        await asyncio.gather(*self._collector_tasks.values(), return_exceptions=True)
+    async def _stop_collectors(self, timeout: float = 2.0) -> None:
+        stuck = await cancel_and_wait(list(self._collector_tasks.values()), timeout)
+        self._abandon(stuck)
         self._collector_tasks.clear()
         self.runners.clear()
         self.metrics.plugins.sources.clear()
@@ -183,6 +189,34 @@ class Agent:
     def request_stop(self) -> None:
         self._stop.set()
 
+    def _install_signal_handlers(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self.guard is None:
+            for sig, handler in ((signal.SIGTERM, self.request_stop), (signal.SIGINT, self.request_stop),
+                                 (signal.SIGHUP, self.request_reload)):
+                with contextlib.suppress(NotImplementedError, RuntimeError):
+                    loop.add_signal_handler(sig, handler)
+            return
+        guard = self.guard
+
+        # A Python-level handler runs in the main thread even when the loop is blocked in
+        # synchronous code, so the hard deadline is armed no matter what the loop is doing.
+        def on_signal(signum: int, _frame: object) -> None:
+            if signum == signal.SIGHUP:
+                loop.call_soon_threadsafe(self.request_reload)
+                return
+            guard.arm()
+            loop.call_soon_threadsafe(self.request_stop)
+
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, on_signal)
+
+    def _abandon(self, tasks: list[asyncio.Task[Any]] | list[str]) -> None:
+        names = [t if isinstance(t, str) else t.get_name() for t in tasks]
+        if names:
+            log.error("shutdown_abandoned_tasks", tasks=names,
+                      hint="they ignored cancellation; the process exits 70 instead of waiting for them")
+            self.abandoned.extend(names)
+
     def request_reload(self) -> None:
         self._reload.set()
 
@@ -208,10 +242,7 @@ class Agent:
 
     async def run(self, duration: float | None = None) -> int:
         loop = asyncio.get_running_loop()
-        for sig, handler in ((signal.SIGTERM, self.request_stop), (signal.SIGINT, self.request_stop),
-                             (signal.SIGHUP, self.request_reload)):
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.add_signal_handler(sig, handler)
+        self._install_signal_handlers(loop)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         sp = self.cfg.spool
         self.spool = Spool(self.state_dir / "spool", max_bytes=sp.max_bytes, segment_bytes=sp.segment_bytes,
@@ -257,37 +288,48 @@ class Agent:
                 self._reload.clear()
                 await self._reload_config()
         await self._shutdown()
-        return 0
+        return EX_SOFTWARE if self.abandoned else 0
 
     async def _shutdown(self) -> None:
+        """Every step is bounded, so the whole fits in ``shutdown_timeout`` (the spool drain gets
+        what the others leave); a task that ignores its cancellation is abandoned, not awaited."""
+        if self.guard:
+            self.guard.arm()
         self.notifier.stopping()
         log.info("agent_stopping")
         budget = self.cfg.shutdown_timeout
         t0 = time.monotonic()
-        await self._stop_collectors()
+
+        def left(reserve: float = 0.0) -> float:
+            return max(0.05, budget - (time.monotonic() - t0) - reserve)
+
+        await self._stop_collectors(timeout=min(2.0, budget / 4))
         if self.bus:
             await self.bus.stop(drain_timeout=min(1.0, budget / 4))
+            self._abandon(self.bus.abandoned)
         if self.spool:
-            await self.spool.flush()
+            try:
+                await within(self.spool.flush(), left())
+            except TimeoutError:
+                self._abandon(["spool:flush"])
         if self.forwarder and self.link and self.link.connected.is_set():
-            left = max(0.0, budget - (time.monotonic() - t0) - 0.5)
-            drained = await self.forwarder.drain(left)
-            if not drained:
-                log.warning("shutdown_spool_not_drained", depth=self.spool.depth if self.spool else 0)
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+            with contextlib.suppress(TimeoutError):
+                if not await within(self.forwarder.drain(left(reserve=1.0)), left()):
+                    log.warning("shutdown_spool_not_drained", depth=self.spool.depth if self.spool else 0)
+        self._abandon(await cancel_and_wait(self._tasks, 1.0))
         if self.link:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.link.close(), 1.5)
+                await within(self.link.close(), 1.0)
         if self.metrics_server:
-            await self.metrics_server.stop()
+            with contextlib.suppress(TimeoutError):
+                await within(self.metrics_server.stop(), 1.0)
         if self.embedded:
-            await asyncio.to_thread(self.embedded.stop)
-        if self.spool:
+            await asyncio.to_thread(self.embedded.stop, timeout=1.0)
+        if self.spool and "spool:flush" not in self.abandoned:
             self.spool.close()
         log.info("agent_stopped", spool_depth=self.spool.depth if self.spool else 0,
-                 published=self.forwarder.published if self.forwarder else 0)
+                 published=self.forwarder.published if self.forwarder else 0,
+                 seconds=round(time.monotonic() - t0, 3), abandoned=self.abandoned)
 
     # -- remediation --------------------------------------------------------------------
     def _start_remediation(self) -> None:
@@ -296,7 +338,8 @@ class Agent:
         from remediations.loader import load_plugins
 
         rcfg = self.cfg.remediations
-        plugins = load_plugins(rcfg, self.host)
+        loaded = load_plugins(rcfg, self.host)
+        plugins = loaded.available
         budget_obj: list[FleetBudget] = []
 
         def budget() -> FleetBudget | None:
@@ -319,7 +362,7 @@ class Agent:
             await self.emitter_for(AGENT_COLLECTOR).event(type_, severity="critical", entity="fleet:budget",
                                                           reason="BudgetExhausted", message=message, details=details)
 
-        self.engine = Engine(rcfg, plugins, audit=audit, alert=alert, budget=budget)
+        self.engine = Engine(rcfg, plugins, audit=audit, alert=alert, budget=budget, unavailable=loaded.unavailable)
 
         async def on_message(msg: Message) -> None:
             assert self.engine is not None
@@ -327,7 +370,7 @@ class Agent:
 
         assert self.bus is not None
         self.bus.subscribe("remediation", on_message)
-        log.info("remediation_ready", plugins=sorted(plugins), enforce=rcfg.enforce,
+        log.info("remediation_ready", plugins=sorted(plugins), unavailable=loaded.unavailable, enforce=rcfg.enforce,
                  rules=[r.name for r in self.engine.rules])
 
     async def _log_message(self, msg: Message) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 
 import structlog
 
+from agent.aio import wait_event, within
 from agent.emitter import CollectorEmitter
 from agent.metrics import AgentMetrics
 from agent.types import Emitter
@@ -62,9 +63,7 @@ class CollectorRunner:
 
     async def _sleep_or_wakeup(self, delay: float) -> None:
         wakeup: asyncio.Event = self.collector.wakeup
-        try:
-            await asyncio.wait_for(wakeup.wait(), delay)
-        except TimeoutError:
+        if not await wait_event(wakeup, delay):
             return
         await asyncio.sleep(0.005)  # coalesce a burst of signals (8 device nodes removed at once)
         wakeup.clear()
@@ -90,7 +89,7 @@ class CollectorRunner:
         self.emitter.begin_pass()
         start = time.perf_counter()
         try:
-            await asyncio.wait_for(self.collector.collect(), timeout=self.settings.timeout)
+            await within(self.collector.collect(), self.settings.timeout)
         except TimeoutError:
             await self._failed("timeout", f"pass exceeded {self.settings.timeout}s")
             return False

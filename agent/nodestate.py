@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import time
 from typing import Any
@@ -11,6 +10,7 @@ from typing import Any
 import structlog
 
 from agent import __version__
+from agent.aio import wait_event
 from agent.emitter import ConditionTracker
 from agent.message import rfc3339
 from agent.nats_link import NatsLink
@@ -65,6 +65,5 @@ class NodeStatePublisher:
                 log.warning("heartbeat_failed", error=repr(exc))
             self.changed.clear()
             # A condition transition refreshes the KV state early (debounced to 200 ms).
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.changed.wait(), self.interval)
+            if await wait_event(self.changed, self.interval):
                 await asyncio.sleep(0.2)

@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agent.aio import wait_event
+
 HEADER = struct.Struct("<IIQB")
 MAX_FRAME_PAYLOAD = 16 * 1024 * 1024
 SEVERITY_CODES = {"info": 0, "warning": 1, "critical": 2}
@@ -459,10 +461,7 @@ class Spool:
         self._new_data.clear()
         if self.last_seq > after_seq:
             return
-        try:
-            await asyncio.wait_for(self._new_data.wait(), timeout)
-        except TimeoutError:
-            pass
+        await wait_event(self._new_data, timeout)
 
     async def flush(self) -> None:
         """Wait until every queued append is on disk."""

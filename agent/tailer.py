@@ -16,7 +16,6 @@ bytes with no newline for a whole chunk is skipped to the next newline
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import glob
 import hashlib
 import json
@@ -29,6 +28,7 @@ from typing import Any
 
 import structlog
 
+from agent.aio import wait_event
 from agent.hostroot import HostRoot
 from agent.inotify import (
     IN_CLOSE_WRITE,
@@ -315,8 +315,7 @@ class Tailer:
                 self._wake.clear()
                 await self.pump(handler)
                 self._close_finished()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), self.rescan_interval)
+                await wait_event(self._wake, self.rescan_interval)
                 await asyncio.sleep(self.debounce)  # batch a burst of appends into one read
         finally:
             if self._watch:

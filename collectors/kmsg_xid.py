@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 
 import structlog
 
+from agent.aio import wait_event
 from agent.config import CollectorSettings
 from agent.inotify import IN_MODIFY, Inotify
 from agent.spool import write_atomic
@@ -362,8 +363,7 @@ class KmsgXidCollector:
                             await self.process(records)
                         # inotify says when the file grows; without it, poll
                         wait = self.config.poll_interval if watcher is None else max(30.0, self.config.poll_interval)
-                        with contextlib.suppress(TimeoutError):
-                            await asyncio.wait_for(ready.wait(), wait)
+                        await wait_event(ready, wait)
                         ready.clear()
                 finally:
                     fh.close()

@@ -131,12 +131,21 @@ def python_env(extra_path: Path | None = None) -> dict[str, str]:
 AGENT_CMD = [sys.executable, "-m", "agent"]
 
 
-def install_plugin_dist(site: Path) -> Path:
-    """Make tests/plugins/burst_plugin.py discoverable as an installed third-party distribution."""
+PLUGIN_ENTRY_POINTS = {
+    "burst_plugin": ["burst = burst_plugin:BurstCollector"],
+    "stubborn_plugin": ["stubborn = stubborn_plugin:StubbornCollector",
+                        "blocking = stubborn_plugin:BlockingCollector"],
+}
+
+
+def install_plugin_dist(site: Path, module: str = "burst_plugin") -> Path:
+    """Make tests/plugins/<module>.py discoverable as an installed third-party distribution."""
     site.mkdir(parents=True, exist_ok=True)
-    (site / "burst_plugin.py").write_text((ROOT / "tests" / "plugins" / "burst_plugin.py").read_text())
-    dist = site / "gna_burst_plugin-0.1.dist-info"
+    (site / f"{module}.py").write_text((ROOT / "tests" / "plugins" / f"{module}.py").read_text())
+    name = f"gna_{module}"
+    dist = site / f"{name}-0.1.dist-info"
     dist.mkdir(exist_ok=True)
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: gna-burst-plugin\nVersion: 0.1\n")
-    (dist / "entry_points.txt").write_text("[gpu_node_agent.collectors]\nburst = burst_plugin:BurstCollector\n")
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name.replace('_', '-')}\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[gpu_node_agent.collectors]\n" + "\n".join(PLUGIN_ENTRY_POINTS[module])
+                                           + "\n")
     return site
