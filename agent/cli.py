@@ -12,6 +12,7 @@ if sys.argv[1:2] == ["run"]:
 import argparse
 import asyncio
 import json
+import os
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -106,7 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="agent + embedded NATS on a simulated GPU node, with scripted faults")
     demo.add_argument("--duration", type=float, default=30.0)
-    demo.add_argument("--workdir", help="keep the simulated nodes and state here (default: a temp dir)")
+    demo.add_argument("--workdir", help="keep the simulated nodes, state and logs here (default: a temporary "
+                                        "directory, removed at the end)")
+    demo.add_argument("--keep", action="store_true", help="keep the temporary directory (its path is printed)")
     demo.add_argument("--nodes", type=int, default=8, help="simulated nodes, each a real agent process")
     demo.add_argument("--port", type=int, default=8080, help="dashboard port (0: any free port)")
     return parser
@@ -159,10 +162,11 @@ def cmd_warmup(args: argparse.Namespace) -> int:
     from remediations.loader import load_plugins
 
     cfg = _load_config(args).agent
-    plugins = load_plugins(cfg.remediations, HostRoot(cfg.host_root), only={"juicefs_warmup"})
-    plugin = plugins.get("juicefs_warmup")
+    loaded = load_plugins(cfg.remediations, HostRoot(cfg.host_root), only={"juicefs_warmup"})
+    plugin = loaded.available.get("juicefs_warmup")
     if plugin is None:
-        print("gpu-node-agent: the juicefs_warmup remediation is not available (juicefs not found?)", file=sys.stderr)
+        why = loaded.unavailable.get("juicefs_warmup", "it is not configured")
+        print(f"gpu-node-agent: cannot warm up: {why}", file=sys.stderr)
         return EX_UNAVAILABLE
     msg = {"node": cfg.node_name(), "entity": f"juicefs:{args.mount}", "type": "ManualWarmup"}
     try:
@@ -204,10 +208,21 @@ def cmd_run(args: argparse.Namespace) -> int:
         sys.modules.setdefault("aiohttp", None)  # type: ignore[arg-type]
     from agent.daemon import Agent
     from agent.logsetup import configure
+    from agent.shutdown import STOP_GRACE_S, ShutdownGuard
 
     configure(cfg.agent.log.level, cfg.agent.log.format)
-    agent = Agent(cfg, config_path=args.config, overrides=_overrides(args))
-    return asyncio.run(agent.run(duration=args.duration))
+    guard = ShutdownGuard(cfg.agent.shutdown_timeout + STOP_GRACE_S)
+    agent = Agent(cfg, config_path=args.config, overrides=_overrides(args), guard=guard)
+    runner = asyncio.Runner()
+    rc = runner.run(agent.run(duration=args.duration))
+    if agent.abandoned:
+        # asyncio's own clean-up would await the abandoned tasks again, for ever: leave now.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(rc)
+    runner.close()  # still under the guard: a hang here also ends at the hard deadline
+    guard.disarm()
+    return rc
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -297,7 +312,8 @@ def cmd_config_check(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from agent.demo import run_demo
 
-    return run_demo(duration=args.duration, workdir=args.workdir, nodes=args.nodes, port=args.port)
+    return run_demo(duration=args.duration, workdir=args.workdir, nodes=args.nodes, port=args.port,
+                    keep=args.keep)
 
 
 def cmd_dashboard(args: argparse.Namespace) -> int:

@@ -51,6 +51,18 @@ rescan_interval = 1.0
 poll_interval = 0.5
 [remediations]
 cordon_with = "kubernetes"
+[remediations.plugins.modprobe]
+modprobe = "{modprobe}"
+"""
+
+# A simulated node has no kernel to load modules into: its modprobe acts on the node's simulated
+# sysfs, so the demo never depends on (or touches) the machine's own modprobe.
+SIM_MODPROBE = """#!/bin/sh
+# modprobe of a simulated demo node: "loads" a module into {root}/sys/module
+set -eu
+mod=""
+for arg in "$@"; do case "$arg" in -*) ;; *) mod="$arg" ;; esac; done
+mkdir -p "{root}/sys/module/$mod" && echo live > "{root}/sys/module/$mod/initstate"
 """
 
 
@@ -59,16 +71,25 @@ def _node_host(base: Path, i: int) -> SimHost:
     host.write("/proc/sys/kernel/hostname", f"gpu-{i:02d}\n")
     host.add_juicefs("/mnt/jfs", EMPTYDIR if i == 5 else "/var/jfsCache", cache_size=20 << 30)
     host.p("/var/log/nccl").mkdir(parents=True, exist_ok=True)
+    modprobe = host.write("/usr/sbin/modprobe", SIM_MODPROBE.format(root=host.root))
+    modprobe.chmod(0o755)
     return host
+
+
+# Set when the demo ends: a scripted fault still running (a flap takes seconds) stops writing
+# into the simulated nodes before their directory is removed.
+_END = threading.Event()
 
 
 def _flap(host: SimHost) -> None:
     for _ in range(4):
         host.set_port("mlx5_3", state="1: DOWN", phys_state="2: Polling")
-        time.sleep(1.2)
+        if _END.wait(1.2):
+            return
         host.set_port("mlx5_3", state="4: ACTIVE", phys_state="5: LinkUp")
         host.add_counter("mlx5_3", 1, "link_downed", 1)
-        time.sleep(1.2)
+        if _END.wait(1.2):
+            return
 
 
 def _nccl_fallback(host: SimHost, node: str) -> None:
@@ -92,8 +113,24 @@ def _port_free(port: int) -> bool:
     return True
 
 
-def run_demo(duration: float = 30.0, workdir: str | None = None, nodes: int = 8, port: int = 8080) -> int:
+def run_demo(duration: float = 30.0, workdir: str | None = None, nodes: int = 8, port: int = 8080,
+             keep: bool = False) -> int:
+    """A temporary fleet directory is removed at the end unless ``keep`` (or the run failed: its
+    logs are the evidence); a ``workdir`` the user named is always kept."""
     base = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="gna-fleet-"))
+    rc = 1
+    try:
+        rc = _run_fleet(base, duration, nodes, port)
+    finally:
+        if workdir or keep or rc != 0:
+            print(f"demo: state and logs kept under {base}", flush=True)
+        else:
+            shutil.rmtree(base, ignore_errors=True)
+            print(f"demo: removed {base} (--keep or --workdir keeps the state and logs)", flush=True)
+    return rc
+
+
+def _run_fleet(base: Path, duration: float, nodes: int, port: int) -> int:
     for child in [*base.glob("node-*"), base / "nats"]:  # a fresh fleet every run
         shutil.rmtree(child, ignore_errors=True)
     base.mkdir(parents=True, exist_ok=True)
@@ -105,7 +142,7 @@ def run_demo(duration: float = 30.0, workdir: str | None = None, nodes: int = 8,
     for i, host in enumerate(hosts, 1):
         cfg = base / f"node-{i:02d}" / "config.toml"
         cfg.write_text(NODE_CONFIG.format(node=f"gpu-{i:02d}", root=host.root, state=cfg.parent / "state",
-                                          url=server.url))
+                                          url=server.url, modprobe=host.p("/usr/sbin/modprobe")))
         procs.append(subprocess.Popen([sys.executable, "-m", "agent", "run", "--config", str(cfg)],
                                       stdout=subprocess.DEVNULL, stderr=open(cfg.parent / "agent.log", "w")))  # noqa: SIM115
     dash_port = port if port and _port_free(port) else free_port()  # 8080 taken: any free port
@@ -120,14 +157,24 @@ def run_demo(duration: float = 30.0, workdir: str | None = None, nodes: int = 8,
     print(f"demo: dashboard at {ready.read_text().strip() if ready.exists() else '(failed: see dashboard.log)'}",
           flush=True)
     print("demo: remediation is in dry-run: audits say what it would do (gna.actions.>)", flush=True)
-    rc = asyncio.run(_follow(server.url, hosts, duration, started))
-    for p in [dash, *procs]:
-        p.send_signal(signal.SIGTERM)
-    codes = [p.wait(20) for p in procs]
-    dash.wait(10)
-    server.stop()
-    print(f"demo: {nodes} agents exited with {sorted(set(codes))}; logs under {base}", flush=True)
+    try:
+        rc = asyncio.run(_follow(server.url, hosts, duration, started))
+    finally:
+        for p in [dash, *procs]:
+            p.send_signal(signal.SIGTERM)
+        codes = [_reap(p, 20) for p in procs]
+        _reap(dash, 10)
+        server.stop()
+    print(f"demo: {nodes} agents exited with {sorted(set(codes))}", flush=True)
     return 0 if rc == 0 and all(c == 0 for c in codes) else 1
+
+
+def _reap(proc: subprocess.Popen[bytes], timeout: float) -> int:
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait()
 
 
 async def _follow(url: str, hosts: list[SimHost], duration: float, started: float) -> int:
@@ -174,13 +221,19 @@ async def _follow(url: str, hosts: list[SimHost], duration: float, started: floa
         (20.0, "gpu-01: device node recreated", lambda: at(1).add_dev_node("nvidia3")),
     ]
     print("  (gpu-05's JuiceFS cache sits on a kubelet emptyDir from the start)", flush=True)
+    _END.clear()
+    running: list[threading.Thread] = []
     for when, text, action in script:
         if when >= duration:
             break
         await asyncio.sleep(max(0.0, started + when - time.monotonic()))
         print(f"  +{time.monotonic() - started:5.1f}s  ** {text}", flush=True)
-        threading.Thread(target=action, daemon=True).start()  # a flap takes seconds: others go on
+        running.append(threading.Thread(target=action, daemon=True))  # a flap takes seconds: others go on
+        running[-1].start()
     await asyncio.sleep(max(0.0, started + duration - time.monotonic()))
+    _END.set()
+    for t in running:
+        await asyncio.to_thread(t.join, 5.0)
     await nc.close()
     print(f"demo: {seen['messages']} messages and {seen['actions']} remediation audits seen", flush=True)
     return 0 if seen["messages"] else 1

@@ -59,8 +59,10 @@ class Cordoner:
             await js.publish(f"{EVENTS_PREFIX}.cordoner.agent.critical", json.dumps(body).encode(),
                              headers={"Nats-Msg-Id": body["id"]})
 
-        plugins = load_plugins(self.cfg.remediations, HostRoot("/"))
-        self.engine = Engine(self.cfg.remediations, plugins, audit=audit, alert=alert, budget=lambda: budget)
+        loaded = load_plugins(self.cfg.remediations, HostRoot("/"))
+        plugins = loaded.available
+        self.engine = Engine(self.cfg.remediations, plugins, audit=audit, alert=alert, budget=lambda: budget,
+                             unavailable=loaded.unavailable)
         self._sub = await js.subscribe(
             f"{EVENTS_PREFIX}.>", queue=self.queue, durable=self.durable, cb=self._on_msg, manual_ack=True,
             config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, deliver_policy=DeliverPolicy.NEW, ack_wait=60,

@@ -47,10 +47,11 @@ class NodeTriggers:
 class Engine:
     def __init__(self, cfg: RemediationsConfig, plugins: dict[str, Any], *, audit: AuditSink,
                  alert: AlertSink | None = None, budget: BudgetGetter | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, unavailable: dict[str, str] | None = None) -> None:
         self.cfg = cfg
         self.rules = effective_rules(cfg)
         self.plugins = plugins
+        self.unavailable = unavailable or {}  # plugin -> why it could not be built (said in each audit)
         self.audit_sink = audit
         self.alert = alert
         self.budget = budget
@@ -99,7 +100,8 @@ class Engine:
         name = rule.action
         plugin = self.plugins.get(name)
         if plugin is None:
-            return await self._audit(msg, rule, name, "failed", f"no remediation plugin {name!r} is installed")
+            why = self.unavailable.get(name) or f"no remediation plugin {name!r} is installed"
+            return await self._audit(msg, rule, name, "failed", f"cannot {rule.name}: {why}")
         node = msg.get("node", "")
         key = (rule.name, node, msg.get("entity", ""))
         att = self.attempts.setdefault(key, Attempts())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -9,8 +10,10 @@ from tests.conftest import AGENT_CMD
 
 
 def test_fleet_demo_shows_every_scripted_fault(tmp_path: Path) -> None:
-    r = subprocess.run([*AGENT_CMD, "demo", "--duration", "16", "--nodes", "6", "--port", "0",
-                        "--workdir", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    # An empty PATH entry first and no host modprobe needed: each simulated node brings its own.
+    env = {**os.environ, "TMPDIR": str(tmp_path), "PATH": f"{tmp_path / 'no-bin'}{os.pathsep}/usr/bin:/bin"}
+    r = subprocess.run([*AGENT_CMD, "demo", "--duration", "16", "--nodes", "6", "--port", "0"],
+                       capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     out = r.stdout
     for node, type_ in (("gpu-01", "GPUDevicesMissing"), ("gpu-02", "KernelModuleNotLoaded"),
@@ -21,3 +24,5 @@ def test_fleet_demo_shows_every_scripted_fault(tmp_path: Path) -> None:
     assert "ACTION  modprobe       dry_run  would load kernel module nvidia_peermem" in out
     assert "dashboard at http://127.0.0.1:" in out
     assert "6 agents exited with [0]" in out
+    assert not [line for line in out.splitlines() if "ACTION" in line and "failed" in line]
+    assert "demo: removed " in out and not list(tmp_path.glob("gna-fleet-*")), "the demo left its directory behind"

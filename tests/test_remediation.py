@@ -95,7 +95,9 @@ class Audits:
 
 
 def _engine(cfg: RemediationsConfig, host: HostRoot, audits: Audits, budget: Any = None) -> Engine:
-    return Engine(cfg, load_plugins(cfg, host), audit=audits, alert=audits.alert, budget=budget)
+    loaded = load_plugins(cfg, host)
+    return Engine(cfg, loaded.available, audit=audits, alert=audits.alert, budget=budget,
+                  unavailable=loaded.unavailable)
 
 
 async def test_fresh_config_is_dry_run_and_audits_what_it_would_do(tools: Path, tmp_path: Path) -> None:
@@ -110,6 +112,23 @@ async def test_fresh_config_is_dry_run_and_audits_what_it_would_do(tools: Path, 
     assert [(r["remediation"], r["decision"]) for r in audits.records] == [("slurm", "dry_run"), ("modprobe", "dry_run")]
     assert audits.records[0]["reason"].startswith("would drain Slurm node gpu-01")
     assert argv_log(tools) == [], "dry-run must not run anything"
+
+
+async def test_a_missing_binary_is_named_in_the_audit_not_a_missing_plugin(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    empty = tmp_path / "empty-bin"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))  # no modprobe, no scontrol anywhere
+    cfg = RemediationsConfig(cordon_with="slurm", rules=[Rule(name="mystery", action="no_such_plugin",
+                                                               match=Match(type=["Mystery"]))])
+    audits = Audits()
+    eng = _engine(cfg, HostRoot(tmp_path), audits)
+    await eng.handle(_msg(type_="KernelModuleNotLoaded", entity="module:nvidia_peermem"))
+    await eng.handle(_msg(type_="Mystery", entity="x"))
+    modprobe, mystery = audits.records
+    assert modprobe["decision"] == "failed" and modprobe["remediation"] == "modprobe"
+    assert "modprobe plugin is installed but cannot run here: modprobe not found" in modprobe["reason"]
+    assert "no remediation plugin 'no_such_plugin' is installed" in mystery["reason"]
 
 
 async def test_slurm_drain_is_idempotent_and_resume_only_our_drain(tools: Path, tmp_path: Path) -> None:
