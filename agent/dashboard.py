@@ -10,18 +10,22 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
+import time
 from importlib.resources import files
 from typing import Any
 
 import structlog
 from aiohttp import web
 
+from agent.config import NatsConfig
 from agent.fleet import FleetFeed, FleetState
 from agent.persist import until_stopped
 
 log = structlog.get_logger(__name__)
 
 SSE_BATCH_S = 0.25
+EX_OSERR = 71  # sysexits: cannot listen on the requested address
 
 
 def _page(name: str) -> str:
@@ -80,6 +84,8 @@ def make_app(state: FleetState) -> web.Application:
             while True:
                 try:
                     rows = await asyncio.wait_for(sub.queue.get(), 15)
+                    if rows is None:
+                        break
                     await resp.write(b"data: " + json.dumps(rows, separators=(",", ":")).encode() + b"\n\n")
                 except TimeoutError:
                     await resp.write(b": keep-alive\n\n")
@@ -104,7 +110,14 @@ def make_app(state: FleetState) -> web.Application:
         yield
         task.cancel()
 
+    async def close_streams(_app: web.Application) -> None:
+        # A stream whose browser went away is only noticed at its next write: without this,
+        # shutting down waited for the next keep-alive (up to 15 s).
+        for sub in list(subscribers):
+            sub.close()
+
     app.cleanup_ctx.append(fan_out)
+    app.on_shutdown.append(close_streams)
     app.router.add_get("/", overview_html)
     app.router.add_get("/node/{name}", node_html)
     app.router.add_get("/api/overview", api_overview)
@@ -117,23 +130,37 @@ def make_app(state: FleetState) -> web.Application:
 
 class Subscriber:
     def __init__(self) -> None:
-        self.queue: asyncio.Queue[list[dict[str, Any]]] = asyncio.Queue(maxsize=64)
+        self.queue: asyncio.Queue[list[dict[str, Any]] | None] = asyncio.Queue(maxsize=64)
 
-    def offer(self, rows: list[dict[str, Any]]) -> None:
+    def offer(self, rows: list[dict[str, Any]] | None) -> None:  # None: the stream ends
         if self.queue.full():  # a slow browser: it gets the next batch; a reload fetches everything
             self.queue.get_nowait()
         self.queue.put_nowait(rows)
 
+    def close(self) -> None:
+        self.offer(None)
+
 
 async def serve(servers: list[str], host: str, port: int, *, duration: float | None = None,
-                ready_file: str | None = None, history_s: float = 6 * 3600) -> int:
+                ready_file: str | None = None, history_s: float = 6 * 3600,
+                nats_cfg: NatsConfig | None = None) -> int:
+    """Serve until SIGTERM/SIGINT or ``duration`` seconds from the call (connecting included)."""
+    start = time.monotonic()
+    cfg = nats_cfg or NatsConfig()
     state = FleetState(history_s=history_s)
-    feed = FleetFeed(state, servers)
+    feed = FleetFeed(state, servers, nats_cfg=cfg,
+                     connect_timeout=cfg.connect_timeout if duration is None else min(cfg.connect_timeout, duration))
     await feed.start()
     runner = web.AppRunner(make_app(state), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
-    await site.start()
+    try:
+        await site.start()
+    except OSError as exc:
+        print(f"gpu-node-agent: cannot listen on {host}:{port}: {exc.strerror or exc}", file=sys.stderr)
+        await runner.cleanup()
+        await feed.stop()
+        return EX_OSERR
     bound = runner.addresses[0][1] if runner.addresses else port
     url = f"http://{host}:{bound}/"
     log.info("dashboard_listening", url=url, nodes=len(state.nodes))
@@ -141,7 +168,7 @@ async def serve(servers: list[str], host: str, port: int, *, duration: float | N
     if ready_file:
         with open(ready_file, "w") as fh:
             fh.write(url + "\n")
-    await until_stopped(duration)
+    await until_stopped(None if duration is None else max(0.0, start + duration - time.monotonic()))
     await runner.cleanup()
     await feed.stop()
     return 0

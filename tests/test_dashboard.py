@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
-import shutil
+import re
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -22,7 +23,6 @@ from agent.nats_server import NatsServerProcess
 from agent.simhost import SimHost
 from tests.conftest import agent_config, running_agent
 
-ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = "/usr/bin/chromium"
 
 
@@ -114,6 +114,7 @@ def demo_like_fleet(now: float) -> FleetState:
                                 collector="kmsg_xid", message="GPU 0000:9a:00.0 has fallen off the bus."))
     st.apply_message(_event("gpu-07", now - 60, "NCCLSocketFallback", "firing", XSS, reason=XSS, message=XSS,
                             collector="nccl_logs", details={XSS: XSS}))
+    st.apply_state({"node": XSS, "time": rfc3339(now - 0.5), "heartbeat_interval": 2, "conditions": []})
     return st
 
 
@@ -164,7 +165,7 @@ def test_timeline_zooms_to_the_data() -> None:
     labels = {"".join(t.itertext()) for t in root.iter(_ns("text")) if t.get("class") == "label"}
     assert labels == {"IBPortDown ib:mlx5_3/1", "IBPortFlapping ib:mlx5_3/1", "IBErrorCountersIncreasing ib:mlx5_3/1"}
     spans = [r for r in root.iter(_ns("rect")) if r.get("class") == "span"]
-    assert len(spans) == 10 and all(float(r.get("width") or 0) >= timeline.MIN_SPAN_PX for r in spans)
+    assert len(spans) == 10 and all(float(r.get("width") or 0) >= 3 for r in spans), "a blip is still visible"
     assert all(float(r.get("x") or 0) + float(r.get("width") or 0) <= right + 0.05 for r in spans)
     titles = ["".join(r.itertext()) for r in spans]
     assert sum("still firing" in t for t in titles) == 2 and sum("(1.2 s)" in t for t in titles) == 8, titles
@@ -174,7 +175,11 @@ def test_timeline_zooms_to_the_data() -> None:
     old.apply_message(_event("a", now - 2 * 3600, "GPUDevicesMissing", "firing", "gpu:0"))
     old.apply_message(_event("a", now - 10 * 3600, "IBPortDown", "firing", "ib:x/1"))
     old.apply_message(_event("a", now - 9 * 3600, "IBPortDown", "resolved", "ib:x/1"))
+    old.apply_message(_event("a", now - 3600, "IBPortDown", "firing", "ib:y/1"))
+    old.apply_message(_event("a", now - 3599.8, "IBPortDown", "resolved", "ib:y/1"))
     root = _svg(old.timeline_svg("a", hours=6, now=now))
+    (blip,) = (r for r in root.iter(_ns("rect")) if "ib:y/1" in "".join(r.itertext()))
+    assert float(blip.get("width") or 0) >= 3 and "(0.2 s)" in "".join(blip.itertext()), "a 0.2 s blip is visible"
     rng = float(root.get("data-range-s") or 0)
     assert 2.2 * 3600 <= rng <= 2.5 * 3600 and rng % 900 == 0, "2 h of data, 10 % room, whole 15-minute steps"
     assert "ib:x/1" not in ET.tostring(root, encoding="unicode"), "a span that ended before the window is not drawn"
@@ -311,10 +316,6 @@ async def test_in_a_real_browser(tmp_path: Path, nats_server: NatsServerProcess)
                 "document.querySelector('tr[id=\"n:gpu-web-7\"] td[data-family=\"GPU\"]').textContent === 'critical'",
                 timeout=1000)  # a condition fired by an agent appears within a second
             latency = time.monotonic() - t0
-            await page.screenshot(path=str(tmp_path / "overview.png"))
-            save = os.environ.get("GNA_SAVE_SCREENSHOTS") == "1"  # refresh docs/dashboard*.png on purpose only
-            if save:
-                shutil.copy(tmp_path / "overview.png", ROOT / "docs" / "dashboard.png")
             for _ in range(100):
                 if agent.engine and agent.engine.decisions:
                     break
@@ -324,9 +325,6 @@ async def test_in_a_real_browser(tmp_path: Path, nats_server: NatsServerProcess)
             await node_page.locator("tr.action").first.wait_for(timeout=5000)
             assert "dry_run" in (await node_page.locator("tr.action").first.text_content() or "")
             assert await node_page.locator("#timeline svg rect.span").count() >= 1
-            await node_page.screenshot(path=str(tmp_path / "node.png"), full_page=True)
-            if save:
-                shutil.copy(tmp_path / "node.png", ROOT / "docs" / "dashboard-node.png")
             host.add_dev_node("nvidia2")
             await page.wait_for_function(
                 "document.querySelector('tr[id=\"n:gpu-web-7\"] td[data-family=\"GPU\"]').textContent === 'ok'",
@@ -337,6 +335,124 @@ async def test_in_a_real_browser(tmp_path: Path, nats_server: NatsServerProcess)
             await browser.close()
             await runner.cleanup()
             await feed.stop()
+
+
+async def test_shutdown_ends_open_streams() -> None:
+    import aiohttp
+
+    runner, url = await _serve(FleetState())
+    async with aiohttp.ClientSession() as s, s.get(url + "/api/stream") as resp:
+        assert await resp.content.readline() == b": connected\n"
+        t0 = time.monotonic()
+        await asyncio.wait_for(runner.cleanup(), 5)
+        assert time.monotonic() - t0 < 2, "not held until the next keep-alive"
+
+
+# Every box that would push content past its right edge, and ellipsized text whose full form is not
+# on hover; wrapped timestamps; keys of the details list that wrapped or drifted off their value's line.
+LAYOUT_JS = """() => {
+  const bad = [], de = document.documentElement;
+  if (de.scrollWidth > de.clientWidth) bad.push(`document ${de.scrollWidth} > ${de.clientWidth}`);
+  for (const el of document.querySelectorAll("th, td, td *, .kv > *, h2")) {
+    if (!el.getClientRects().length) continue;
+    if (getComputedStyle(el).textOverflow === "ellipsis") {
+      const title = el.closest("[title]");
+      if (!title || !title.title.includes(el.textContent)) bad.push(`ellipsis, no full title: ${el.textContent}`);
+    } else if (el.scrollWidth > el.clientWidth + 1 && getComputedStyle(el).display !== "inline") {
+      bad.push(`overflow ${el.tagName}.${el.className} ${el.scrollWidth}>${el.clientWidth}: ${el.textContent.slice(0, 50)}`);
+    }
+  }
+  for (const el of document.querySelectorAll(".ts, .count, .kv .k")) {
+    if (new Set([...el.getClientRects()].map(r => Math.round(r.top))).size !== 1) bad.push(`wrapped: ${el.textContent}`);
+  }
+  for (const k of document.querySelectorAll(".kv .k")) {
+    const v = k.nextElementSibling;
+    if (Math.abs(k.getBoundingClientRect().top - v.getBoundingClientRect().top) > 1) bad.push(`pair split: ${k.textContent}`);
+  }
+  return bad;
+}"""
+
+TIMELINE_JS = """() => {
+  const svg = document.querySelector("#timeline svg"), axis = svg.querySelector("line.axis");
+  const box = (t) => { const b = t.getBBox(); return {text: t.textContent, x0: b.x, x1: b.x + b.width}; };
+  return {width: svg.getBoundingClientRect().width, room: document.getElementById("timeline").clientWidth,
+          gutter: +svg.dataset.gutter, right: +svg.dataset.plotRight,
+          axis: [+axis.getAttribute("x1"), +axis.getAttribute("x2")],
+          labels: [...svg.querySelectorAll("text.label")].map(box), ticks: [...svg.querySelectorAll("text.tick")].map(box),
+          spans: [...svg.querySelectorAll("rect.span")].map(r => ({w: r.getBBox().width, title: r.querySelector("title").textContent}))};
+}"""
+
+
+async def _serve(state: FleetState) -> tuple[web.AppRunner, str]:
+    runner = web.AppRunner(make_app(state))
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    return runner, f"http://127.0.0.1:{runner.addresses[0][1]}"
+
+
+def _check_timeline(tl: dict[str, Any], labels: set[str]) -> None:
+    assert abs(tl["width"] - tl["room"]) <= 1, "the SVG fills its section"
+    assert tl["axis"] == [tl["gutter"], tl["right"]] and tl["right"] >= tl["width"] - 12, "the axis spans the plot"
+    assert {lb["text"] for lb in tl["labels"]} == labels, "labels are whole"
+    assert all(lb["x1"] <= tl["gutter"] - 2 for lb in tl["labels"]), ("a label runs into the plot", tl["labels"])
+    ticks = sorted(tl["ticks"], key=lambda t: t["x0"])
+    assert ticks[-1]["text"] == "now" and ticks[-1]["x1"] <= tl["width"] and ticks[0]["x0"] >= 0
+    assert all(a["x1"] < b["x0"] for a, b in itertools.pairwise(ticks)), ("tick labels overlap", ticks)
+    assert all(s["w"] >= timeline.MIN_SPAN_PX for s in tl["spans"])
+    assert all(re.search(r"\nfrom \d\d:\d\d:\d\d (to \d\d:\d\d:\d\d|still firing) \(", s["title"])
+               for s in tl["spans"]), ("span titles give local start, end and duration", tl["spans"][:2])
+
+
+@pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="Debian's chromium is not installed (.ci/run installs it)")
+async def test_layout_in_a_real_browser() -> None:
+    """The demo's fleet as an on-call engineer sees it: nothing overflows or is cut, times stay on
+    one line, repeats are collapsed, the worst condition's reason is on the overview, no HTML from
+    the wire runs."""
+    from playwright.async_api import async_playwright
+
+    runner, url = await _serve(demo_like_fleet(time.time()))
+    async with async_playwright() as pw:
+        browser = await pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
+            "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"])
+        try:
+            page = await browser.new_page(viewport={"width": 1400, "height": 900})
+            await page.goto(url + "/")
+            worst = page.locator('tr[id="n:gpu-03"] td.worst')
+            await worst.wait_for(timeout=10_000)
+            assert (await worst.text_content()) == ("IBPortFlapping ib:mlx5_3/1 · LinkFlaps: Port mlx5_3/1 went down "
+                                                    "and came back 3 times in 600 s.")
+            assert "NotLoaded: nvidia_peermem is not loaded" in (
+                await page.locator('tr[id="n:gpu-02"] td.worst').get_attribute("title") or "")
+            assert XSS in (await page.locator('tr[id="n:gpu-07"] td.worst').text_content() or ""), "shown as text"
+            assert await page.evaluate("n => document.getElementById('n:' + n).querySelector('td.node').textContent",
+                                       XSS) == XSS
+            assert await page.evaluate(LAYOUT_JS) == []
+            assert await page.evaluate("window.__xss") is None
+            for width in (1400, 1024):
+                await page.set_viewport_size({"width": width, "height": 900})
+                for node, labels in (
+                        ("gpu-03", {"IBPortDown ib:mlx5_3/1", "IBPortFlapping ib:mlx5_3/1",
+                                    "IBErrorCountersIncreasing ib:mlx5_3/1"}),
+                        ("gpu-02", {"KernelModuleNotLoaded module:nvidia_peermem"}),
+                        ("gpu-05", {"JuiceFSCacheEphemeral " + JFS_ENTITY}),
+                        ("gpu-07", {"NCCLSocketFallback " + XSS})):
+                    await page.goto(f"{url}/node/{node}")
+                    await page.locator("#timeline svg rect.span").first.wait_for(timeout=5000)
+                    assert await page.evaluate(LAYOUT_JS) == [], (node, width)
+                    _check_timeline(await page.evaluate(TIMELINE_JS), labels)
+                    assert await page.locator(".ts[title]").count() >= 2
+            await page.goto(f"{url}/node/gpu-03")
+            await page.locator("tr.action").first.wait_for(timeout=5000)
+            assert await page.locator("tr.action").count() == 2, "8 audits, 7 of them the same cooldown skip"
+            assert (await page.locator("tr.action .count").all_text_contents()) == ["\u00d77"]
+            assert await page.locator("tr.action").first.locator(".ts").count() == 2, "last and first time"
+            since = page.locator("tr.cond .ts").first
+            assert re.fullmatch(r"\d+ min ago \d\d:\d\d:\d\d", await since.text_content() or ""), "relative + local"
+            assert re.fullmatch(r"\d{4}-\d\d-\d\dT[\d:.]+Z", await since.get_attribute("title") or ""), "ISO on hover"
+            assert await page.evaluate("window.__xss") is None
+        finally:
+            await browser.close()
+            await runner.cleanup()
 
 
 async def test_top_once_and_budget_cli(tmp_path: Path, nats_server: NatsServerProcess) -> None:
