@@ -18,16 +18,48 @@ from typing import Any, NoReturn
 
 from agent import __version__
 from agent import config as configmod
+from agent.natsclient import EX_UNAVAILABLE, NatsUnavailable
 
 EX_USAGE = 64
 EX_CONFIG = 78
-EX_UNAVAILABLE = 69
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
         self.exit(EX_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0: {text!r}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0: {text!r}")
+    return value
+
+
+def _add_nats(p: argparse.ArgumentParser, *, state_dir: bool = True) -> None:
+    """The options every central command shares: where NATS is and how long to try reaching it."""
+    p.add_argument("--nats", action="append", help="NATS URL (repeatable; default: the config's nats.servers, "
+                   "else the embedded server of the agent in --state-dir)")
+    p.add_argument("--config", help=f"TOML config for NATS auth/TLS and names (default {configmod.DEFAULT_CONFIG_PATH} "
+                   "when it exists)")
+    if state_dir:
+        p.add_argument("--state-dir", help="an agent's state directory: use its embedded server's URL")
+    p.add_argument("--connect-timeout", type=_positive_float, help="give up reaching NATS after this many seconds "
+                   "and exit 69 (default: the config's nats.connect_timeout, 5)")
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -44,69 +76,74 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run the daemon")
     _add_common(run)
     run.add_argument("--nats", action="append", help="NATS URL (repeatable); none: embedded nats-server")
-    run.add_argument("--state-dir", help="spool, checkpoints, embedded NATS store")
+    run.add_argument("--state-dir", help="spool, checkpoints, condition state, embedded NATS store")
     run.add_argument("--metrics-listen", help="HOST:PORT for /metrics and /healthz ('' disables)")
-    run.add_argument("--duration", type=float, help="stop by itself after this many seconds")
+    run.add_argument("--duration", type=_positive_float, help="stop by itself after this many seconds")
     run.add_argument("--enforce", action="store_true", help="act (default: remediation is dry-run, audited only)")
 
     check = sub.add_parser("check", help="one pass of every collector, no NATS; exit 0/1/2")
     _add_common(check)
     check.add_argument("--format", choices=["text", "json"], default="text")
 
-    ev = sub.add_parser("events", help="print fleet messages as JSON lines")
-    ev.add_argument("--nats", action="append", help="NATS URL (default: config, or the local embedded server)")
-    ev.add_argument("--config")
-    ev.add_argument("--state-dir", help="find the embedded server's URL here")
-    ev.add_argument("--node")
-    ev.add_argument("--collector")
-    ev.add_argument("--severity", choices=["info", "warning", "critical"])
-    ev.add_argument("--all", action="store_true", help="replay the stream's history first")
-    ev.add_argument("--count", type=int, help="exit after this many messages")
-    ev.add_argument("--duration", type=float, help="exit after this many seconds")
+    ev = sub.add_parser("events", help="print fleet messages as JSON lines (history, or follow)",
+                        description="Print the fleet's messages from the event stream, one JSON object a line. "
+                        "Default: every stored message that matches, oldest first, then exit. --follow: then keep "
+                        "printing new ones. --new: only new ones. Exit 0; 69 NATS unreachable; 78 config error.")
+    _add_nats(ev)
+    ev.add_argument("--node", help="only messages from this node")
+    ev.add_argument("--collector", help="only messages from this collector (e.g. infiniband)")
+    ev.add_argument("--severity", choices=["info", "warning", "critical"], help="only messages of this severity")
+    mode = ev.add_mutually_exclusive_group()
+    mode.add_argument("-f", "--follow", action="store_true", help="after the history, print new messages as they "
+                      "arrive (until --count, --duration, a signal, or stdout's reader exits)")
+    mode.add_argument("--new", action="store_true", help="skip the history: only messages from now on (follows)")
+    mode.add_argument("--all", action="store_true", help="the whole history, then exit (the default; kept for "
+                      "scripts)")
+    ev.add_argument("--count", type=_positive_int, help="exit after exactly this many messages")
+    ev.add_argument("--duration", type=_positive_float, help="exit after this many seconds, whatever happened")
 
     cfg = sub.add_parser("config", help="configuration tools")
     cfg_sub = cfg.add_subparsers(dest="config_command", required=True, parser_class=_Parser)
     cc = cfg_sub.add_parser("check", help="validate a config file: exit 0 valid, 78 invalid")
-    cc.add_argument("file")
+    cc.add_argument("file", help="the TOML file to validate")
 
     budget = sub.add_parser("budget", help="the fleet-wide cordon budget")
     budget_sub = budget.add_subparsers(dest="budget_command", required=True, parser_class=_Parser)
-    for verb in ("status", "reset"):
-        b = budget_sub.add_parser(verb, help=f"{verb} the budget")
-        b.add_argument("--nats", action="append")
-        b.add_argument("--config")
-        b.add_argument("--state-dir")
+    for verb, text in (("status", "print the budget (JSON): slots used, limit, window"),
+                       ("reset", "free every slot, then print the budget")):
+        b = budget_sub.add_parser(verb, help=text)
+        _add_nats(b)
 
     warm = sub.add_parser("warmup", help="warm a JuiceFS mount's configured dataset paths now")
-    warm.add_argument("--mount", required=True)
-    warm.add_argument("--config")
-    warm.add_argument("--host-root")
+    warm.add_argument("--mount", required=True, help="the JuiceFS mount point, as in the config")
+    warm.add_argument("--config", help=f"TOML config (default {configmod.DEFAULT_CONFIG_PATH} when it exists)")
+    warm.add_argument("--host-root", help="directory every host path is resolved under (default /)")
 
     cord = sub.add_parser("cordoner", help="central cordoner: fleet messages -> remediation with cluster credentials")
-    cord.add_argument("--nats", action="append")
-    cord.add_argument("--config")
-    cord.add_argument("--enforce", action="store_true")
-    cord.add_argument("--duration", type=float)
+    _add_nats(cord, state_dir=False)
+    cord.add_argument("--enforce", action="store_true", help="act (default: dry-run, every decision audited)")
+    cord.add_argument("--duration", type=_positive_float, help="stop by itself after this many seconds")
 
     dash = sub.add_parser("dashboard", help="central fleet dashboard (web, live over SSE)")
-    dash.add_argument("--nats", action="append")
-    dash.add_argument("--config")
-    dash.add_argument("--state-dir")
-    dash.add_argument("--listen", default="127.0.0.1:8080", help="HOST:PORT (port 0: any free port)")
-    dash.add_argument("--history-hours", type=float, default=6.0)
-    dash.add_argument("--duration", type=float)
+    _add_nats(dash)
+    dash.add_argument("--listen", default="127.0.0.1:8080", help="HOST:PORT to serve on (port 0: any free port)")
+    dash.add_argument("--history-hours", type=_positive_float, default=6.0,
+                      help="how much of the stream's history to load at start (default 6)")
+    dash.add_argument("--duration", type=_positive_float, help="stop by itself after this many seconds")
     dash.add_argument("--ready-file", help="write the URL here once listening")
 
     top = sub.add_parser("top", help="the fleet overview in the terminal")
-    top.add_argument("--nats", action="append")
-    top.add_argument("--config")
-    top.add_argument("--state-dir")
-    top.add_argument("--once", action="store_true", help="print one snapshot and exit")
-    top.add_argument("--duration", type=float)
-    top.add_argument("--search", default="")
+    _add_nats(top)
+    top.add_argument("--once", action="store_true", help="print one snapshot and exit (for scripts and pipes)")
+    top.add_argument("--duration", type=_positive_float, help="stop by itself after this many seconds")
+    top.add_argument("--search", default="", help="only nodes whose name contains this text")
+    top.add_argument("--width", type=_positive_int, help="columns to render (default: the terminal's width; "
+                     "piped: as wide as the content, nothing cut)")
+    top.add_argument("--limit", type=_positive_int, default=40, help="rows to show, worst first (default 40)")
 
     demo = sub.add_parser("demo", help="agent + embedded NATS on a simulated GPU node, with scripted faults")
-    demo.add_argument("--duration", type=float, default=30.0)
+    demo.add_argument("--duration", type=_positive_float, default=30.0,
+                      help="end the demo after this many seconds (default 30)")
     demo.add_argument("--workdir", help="keep the simulated nodes, state and logs here (default: a temporary "
                                         "directory, removed at the end)")
     demo.add_argument("--keep", action="store_true", help="keep the temporary directory (its path is printed)")
@@ -133,16 +170,23 @@ def _load_config(args: argparse.Namespace) -> configmod.Config:
     return cfg
 
 
-def cmd_budget(args: argparse.Namespace) -> int:
-    import nats
+def _nats_config(args: argparse.Namespace) -> configmod.NatsConfig:
+    cfg = configmod.load(args.config).agent.nats
+    if getattr(args, "connect_timeout", None):
+        cfg.connect_timeout = args.connect_timeout
+    return cfg
 
-    from remediations.budget import FleetBudget
+
+def cmd_budget(args: argparse.Namespace) -> int:
+    from agent.natsclient import connect
+    from remediations.budget import BudgetUnavailable, FleetBudget
 
     servers = _events_servers(args)
     cfg = configmod.load(args.config).agent
+    ncfg = _nats_config(args)
 
     async def go() -> dict[str, Any]:
-        nc = await nats.connect(servers=servers, connect_timeout=5, max_reconnect_attempts=2)
+        nc = await connect(servers, cfg=ncfg, name="gpu-node-agent-budget")
         try:
             b = cfg.remediations.budget
             budget = FleetBudget(nc.jetstream(), bucket=b.bucket, nodes_bucket=cfg.nats.kv_bucket,
@@ -153,7 +197,11 @@ def cmd_budget(args: argparse.Namespace) -> int:
         finally:
             await nc.close()
 
-    print(json.dumps(asyncio.run(go()), indent=2))
+    try:
+        print(json.dumps(asyncio.run(go()), indent=2))
+    except BudgetUnavailable as exc:
+        print(f"gpu-node-agent: the budget is unavailable: {exc}", file=sys.stderr)
+        return EX_UNAVAILABLE
     return 0
 
 
@@ -187,6 +235,8 @@ def cmd_cordoner(args: argparse.Namespace) -> int:
     if args.enforce:
         cfg.remediations.enforce = True
     configure(cfg.log.level, cfg.log.format)
+    if args.connect_timeout:
+        cfg.nats.connect_timeout = args.connect_timeout
     servers = list(args.nats or cfg.nats.servers)
     if not servers:
         raise configmod.ConfigError("the cordoner needs --nats or nats.servers")
@@ -249,57 +299,24 @@ def _events_servers(args: argparse.Namespace) -> list[str]:
                                 "running an embedded server")
 
 
-async def _events(args: argparse.Namespace, servers: list[str]) -> int:
-    import nats
-    from nats.js.api import DeliverPolicy
-
-    from agent.subjects import events_filter
-
-    async def on_error(exc: Exception) -> None:
-        print(f"nats: {exc!r}", file=sys.stderr)
-
-    nc = await nats.connect(servers=servers, max_reconnect_attempts=-1, reconnect_time_wait=1,
-                            error_cb=on_error)
-    js = nc.jetstream()
-    subject = events_filter(args.node, args.collector, args.severity)
-    seen = 0
-    done = asyncio.Event()
-
-    async def on_msg(msg: Any) -> None:
-        nonlocal seen
-        sys.stdout.write(msg.data.decode("utf-8", "replace") + "\n")
-        sys.stdout.flush()
-        seen += 1
-        if args.count and seen >= args.count:
-            done.set()
-
-    sub = None
-    while sub is None:
-        try:
-            sub = await js.subscribe(subject, cb=on_msg, ordered_consumer=True,
-                                     deliver_policy=DeliverPolicy.ALL if args.all else DeliverPolicy.NEW)
-        except Exception as exc:  # the stream may not exist yet: the agent creates it
-            print(f"waiting for the event stream: {exc!r}", file=sys.stderr)
-            await asyncio.sleep(1)
-    try:
-        await asyncio.wait_for(done.wait(), args.duration)
-    except TimeoutError:
-        pass
-    await nc.close()
-    return 0
-
-
 def cmd_events(args: argparse.Namespace) -> int:
     import signal
+
+    from agent.events import EventsQuery, quiet_broken_pipe, run_events
 
     def interrupted(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 
     servers = _events_servers(args)
+    q = EventsQuery(node=args.node, collector=args.collector, severity=args.severity, follow=args.follow,
+                    new_only=args.new, count=args.count, duration=args.duration)
     signal.signal(signal.SIGTERM, interrupted)  # a pipeline's SIGTERM ends it like Ctrl-C: exit 0
     try:
-        return asyncio.run(_events(args, servers))
+        return asyncio.run(run_events(servers, q, _nats_config(args)))
     except KeyboardInterrupt:
+        return 0
+    except BrokenPipeError:
+        quiet_broken_pipe()
         return 0
 
 
@@ -322,8 +339,12 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
 
     configure("info", "auto")
     host, _, port = args.listen.rpartition(":")
+    if not port.isdigit():
+        print(f"gpu-node-agent: --listen wants HOST:PORT, got {args.listen!r}", file=sys.stderr)
+        return EX_USAGE
     return asyncio.run(serve(_events_servers(args), host or "127.0.0.1", int(port), duration=args.duration,
-                             ready_file=args.ready_file, history_s=args.history_hours * 3600))
+                             ready_file=args.ready_file, history_s=args.history_hours * 3600,
+                             nats_cfg=_nats_config(args)))
 
 
 def cmd_top(args: argparse.Namespace) -> int:
@@ -331,7 +352,8 @@ def cmd_top(args: argparse.Namespace) -> int:
     from agent.top import run_top
 
     configure("error", "auto")
-    return asyncio.run(run_top(_events_servers(args), once=args.once, duration=args.duration, q=args.search))
+    return asyncio.run(run_top(_events_servers(args), once=args.once, duration=args.duration, q=args.search,
+                               width=args.width, limit=args.limit, nats_cfg=_nats_config(args)))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -345,6 +367,9 @@ def main(argv: list[str] | None = None) -> int:
     except configmod.ConfigError as exc:
         print(f"gpu-node-agent: configuration error: {exc}", file=sys.stderr)
         return EX_CONFIG
+    except NatsUnavailable as exc:
+        print(f"gpu-node-agent: {exc}", file=sys.stderr)
+        return EX_UNAVAILABLE
 
 
 if __name__ == "__main__":

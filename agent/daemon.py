@@ -26,6 +26,7 @@ from agent.message import Message, make_message, to_dict
 from agent.metrics import AgentMetrics, MetricsServer
 from agent.nats_link import NatsLink
 from agent.nats_server import NatsServerProcess, free_port
+from agent.natsclient import redact
 from agent.nodestate import NodeStatePublisher
 from agent.registry import collector_classes
 from agent.sdnotify import Notifier
@@ -273,7 +274,7 @@ class Agent:
             self._tasks.append(loop.create_task(self._watchdog(wd), name="watchdog"))
         self.notifier.ready(f"node {self.node}: {len(self.runners)} collectors")
         log.info("agent_started", node=self.node, version=__version__, host_root=str(self.host.root),
-                 state_dir=str(self.state_dir), nats=servers, pid=os.getpid())
+                 state_dir=str(self.state_dir), nats=[redact(s) for s in servers], pid=os.getpid())
         deadline = None if duration is None else loop.time() + duration
         while not self._stop.is_set():
             timeout = None if deadline is None else max(0.0, deadline - loop.time())

@@ -20,7 +20,8 @@ from typing import Any
 
 import structlog
 
-from agent import timeline
+from agent import natsclient, timeline
+from agent.config import NatsConfig
 from agent.message import rfc3339
 from agent.subjects import ACTIONS_PREFIX, EVENTS_PREFIX, HEARTBEAT_PREFIX
 
@@ -248,26 +249,23 @@ def collapse_actions(actions: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
 class FleetFeed:
     """Keeps a FleetState current from NATS; survives server restarts (reconnects forever)."""
 
-    def __init__(self, state: FleetState, servers: list[str], *, stream: str = "GNA_EVENTS",
-                 kv_bucket: str = "gna-nodes", connect_opts: dict[str, Any] | None = None) -> None:
+    def __init__(self, state: FleetState, servers: list[str], *, nats_cfg: NatsConfig | None = None,
+                 connect_timeout: float | None = None) -> None:
         self.state = state
         self.servers = servers
-        self.stream = stream
-        self.kv_bucket = kv_bucket
-        self.connect_opts = connect_opts or {}
+        self.nats_cfg = nats_cfg or NatsConfig()
+        self.stream = self.nats_cfg.stream
+        self.kv_bucket = self.nats_cfg.kv_bucket
+        self.connect_timeout = connect_timeout
         self.nc: Any = None
         self.ready = asyncio.Event()
         self._tasks: list[asyncio.Task[Any]] = []
 
     async def start(self) -> None:
-        import nats
-        from nats.js.api import DeliverPolicy
-
-        async def on_error(exc: Exception) -> None:
-            log.warning("fleet_nats_error", error=repr(exc))
-
-        self.nc = await nats.connect(servers=self.servers, max_reconnect_attempts=-1, reconnect_time_wait=1,
-                                     error_cb=on_error, **self.connect_opts)
+        """Connected (or NatsUnavailable within the connect timeout); the stream and the KV bucket
+        are followed in the background: they may not exist until the first agent publishes."""
+        self.nc = await natsclient.connect(self.servers, cfg=self.nats_cfg, name="gpu-node-agent-fleet",
+                                           timeout=self.connect_timeout)
         js = self.nc.jetstream()
 
         async def on_hb(msg: Any) -> None:
@@ -284,9 +282,17 @@ class FleetFeed:
                 elif msg.subject.startswith(EVENTS_PREFIX + "."):
                     self.state.apply_message(data)
 
+        loop = asyncio.get_running_loop()
+        self._tasks.append(loop.create_task(self._follow_stream(js, on_stream), name="fleet:stream"))
+        self._tasks.append(loop.create_task(self._watch_kv(js), name="fleet:kv"))
+
+    async def _follow_stream(self, js: Any, on_stream: Any) -> None:
         import datetime as dt
 
+        from nats.js.api import DeliverPolicy
+
         since = dt.datetime.fromtimestamp(time.time() - self.state.history_s, dt.UTC)
+        said = False
         while True:
             try:
                 await js.subscribe(f"{EVENTS_PREFIX}.>", cb=on_stream, ordered_consumer=True,
@@ -297,9 +303,10 @@ class FleetFeed:
                                    config=_start_time_config(since))
                 break
             except Exception as exc:  # the stream does not exist until the first agent creates it
-                log.info("fleet_waiting_for_stream", error=repr(exc))
+                if not said:
+                    log.info("fleet_waiting_for_stream", error=repr(exc))
+                    said = True
                 await asyncio.sleep(1)
-        self._tasks.append(asyncio.get_running_loop().create_task(self._watch_kv(js)))
         self.ready.set()
 
     async def _watch_kv(self, js: Any) -> None:

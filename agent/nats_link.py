@@ -19,6 +19,7 @@ from nats.js.kv import KeyValue
 
 from agent.config import NatsConfig
 from agent.metrics import AgentMetrics
+from agent.natsclient import redact
 from agent.subjects import ACTIONS_PREFIX, EVENTS_PREFIX
 
 log = structlog.get_logger(__name__)
@@ -93,7 +94,8 @@ class NatsLink:
         """Connect, retrying with backoff until it works (the agent starts before NATS does)."""
         delay = 0.5
         opts = connect_options(self.cfg, self.servers, self.name)
-        log.info("nats_connecting", servers=self.servers, auth=auth_method(self.cfg), tls="tls" in opts)
+        log.info("nats_connecting", servers=[redact(s) for s in self.servers], auth=auth_method(self.cfg),
+                 tls="tls" in opts)
         while True:
             try:
                 self.nc = await nats.connect(

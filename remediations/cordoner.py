@@ -9,16 +9,19 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 from typing import Any
 
 import structlog
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from agent import config as configmod
+from agent.aio import within
 from agent.hostroot import HostRoot
 from agent.ids import new_id
 from agent.metrics import AgentMetrics
 from agent.nats_link import NatsLink
+from agent.natsclient import NatsUnavailable, redact
 from agent.persist import until_stopped
 from agent.subjects import EVENTS_PREFIX, action_subject
 from remediations.budget import FleetBudget
@@ -90,8 +93,16 @@ class Cordoner:
 
 
 async def run_cordoner(cfg: configmod.AgentConfig, servers: list[str], duration: float | None = None) -> int:
+    """Until SIGTERM/SIGINT or ``duration`` seconds from the call; NatsUnavailable when the first
+    connection (and the stream) cannot be had within the connect timeout."""
+    start = time.monotonic()
+    timeout = cfg.nats.connect_timeout if duration is None else min(cfg.nats.connect_timeout, duration)
     c = Cordoner(cfg, servers)
-    await c.start()
-    await until_stopped(duration)
+    try:
+        await within(c.start(), timeout)
+    except TimeoutError:
+        where = ", ".join(redact(s) for s in servers)
+        raise NatsUnavailable(f"cannot reach NATS JetStream at {where} within {timeout:g} s") from None
+    await until_stopped(None if duration is None else max(0.0, start + duration - time.monotonic()))
     await c.stop()
     return 0

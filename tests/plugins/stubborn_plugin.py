@@ -49,4 +49,4 @@ class BlockingCollector:
             await asyncio.Event().wait()  # installed but not asked to block
         while not Path(self.config.trigger_file).exists():
             await asyncio.sleep(0.05)
-        time.sleep(3600)  # the whole event loop stops here
+        time.sleep(3600)  # noqa: ASYNC251 - the whole event loop stops here, on purpose
