@@ -1,6 +1,9 @@
 """``gpu-node-agent check``: one pass of every collector, no NATS; what a Slurm prolog calls.
 
-Exit status: 0 healthy, 1 warnings only, 2 any critical (conditions firing or events seen).
+Exit status: 0 healthy, 1 warnings only, 2 any critical (conditions firing or events seen; a GPU
+count below ``--expected-gpus`` is critical), 66 the host root does not exist, 78 a config error.
+What a collector could not look at (no GPU on the PCI bus, NVML not loadable, a missing source) is
+listed under ``not_seen`` and does not change the status: a prolog that needs GPUs says how many.
 """
 
 from __future__ import annotations
@@ -33,12 +36,14 @@ async def run_check(config: configmod.Config) -> dict[str, Any]:
         return True
 
     facts = FactStore()
+    emitters: list[CollectorEmitter] = []
     # Evidence producers (kernel log) run before the collectors that attach their findings.
     for name, cls in sorted(collector_classes().items(), key=lambda kv: (getattr(kv[1], "phase", 50), kv[0])):
         settings = config.collectors.get(name) or cls.config_type()
         if not settings.enabled:
             continue
         emitter = CollectorEmitter(node, name, sink, tracker, facts=facts)
+        emitters.append(emitter)
         try:
             collector = cls(settings, host, emitter)
             one_pass = getattr(collector, "check", None) or (collector.collect if is_periodic(collector) else None)
@@ -57,8 +62,10 @@ async def run_check(config: configmod.Config) -> dict[str, Any]:
     events = [to_dict(m) for m in messages if m.kind == "event"]
     worst = max((SEVERITY_RANK[m["severity"]] for m in conditions + events), default=0)
     status = {0: "healthy", 1: "degraded", 2: "unhealthy"}[worst]
+    not_seen = [{"collector": e.collector, "source": src, "reason": why}
+                for e in emitters for src, why in sorted(e.blind.items())]
     return {"node": node, "status": status, "conditions": conditions, "events": events,
-            "skipped": skipped}
+            "skipped": skipped, "not_seen": not_seen}
 
 
 def exit_code(report: dict[str, Any]) -> int:
@@ -73,8 +80,12 @@ def render_text(report: dict[str, Any]) -> str:
         lines.append(f"  [{e['severity']:8}] event {e['type']} {e['entity']}: {e['message']}")
     for s in report["skipped"]:
         lines.append(f"  [skipped ] {s['collector']}: {s['reason']}")
+    for n in report["not_seen"]:
+        lines.append(f"  [not seen] {n['collector']}: {n['source']}: {n['reason']}")
     if not report["conditions"] and not report["events"]:
-        lines.append("  no problems found")
+        blind = len(report["not_seen"]) + len(report["skipped"])
+        lines.append("  no problems found" + (f" in what could be seen ({blind} not seen or skipped, above)"
+                                              if blind else ""))
     return "\n".join(lines)
 
 

@@ -21,6 +21,7 @@ from agent import config as configmod
 from agent.natsclient import EX_UNAVAILABLE, NatsUnavailable
 
 EX_USAGE = 64
+EX_NOINPUT = 66
 EX_CONFIG = 78
 
 
@@ -64,7 +65,8 @@ def _add_nats(p: argparse.ArgumentParser, *, state_dir: bool = True) -> None:
 
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help=f"TOML config (default {configmod.DEFAULT_CONFIG_PATH} when it exists)")
-    p.add_argument("--node", help="node name (default: config, then the hostname)")
+    p.add_argument("--node", help="node name (default: the config's, else the host root's etc/hostname, else "
+                   "this machine's hostname)")
     p.add_argument("--host-root", help="directory every host path is resolved under (default /)")
 
 
@@ -81,9 +83,15 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--duration", type=_positive_float, help="stop by itself after this many seconds")
     run.add_argument("--enforce", action="store_true", help="act (default: remediation is dry-run, audited only)")
 
-    check = sub.add_parser("check", help="one pass of every collector, no NATS; exit 0/1/2")
+    check = sub.add_parser("check", help="one pass of every collector, no NATS; exit 0/1/2",
+                           description="One pass of every collector, no NATS: for Slurm prologs and init "
+                           "containers. Exit 0 healthy, 1 warnings only, 2 anything critical (a GPU count below "
+                           "--expected-gpus included), 66 the host root does not exist, 78 a config error. "
+                           "What could not be looked at is listed as 'not seen' and does not change the exit code.")
     _add_common(check)
-    check.add_argument("--format", choices=["text", "json"], default="text")
+    check.add_argument("--format", choices=["text", "json"], default="text", help="output format (default text)")
+    check.add_argument("--expected-gpus", type=_positive_int, help="GPUs this node must have: fewer on the PCI bus "
+                       "or in /dev is critical (overrides collectors.gpu_devices.expected_count)")
 
     ev = sub.add_parser("events", help="print fleet messages as JSON lines (history, or follow)",
                         description="Print the fleet's messages from the event stream, one JSON object a line. "
@@ -253,6 +261,8 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 def cmd_run(args: argparse.Namespace) -> int:
     cfg = _load_config(args)
+    if (rc := _missing_host_root(cfg)) is not None:
+        return rc
     if not any(s.startswith(("ws://", "wss://")) for s in cfg.agent.nats.servers):
         # nats-py imports aiohttp (installed for the dashboard) only for WebSocket URLs: ~6 MiB of RSS
         sys.modules.setdefault("aiohttp", None)  # type: ignore[arg-type]
@@ -275,11 +285,29 @@ def cmd_run(args: argparse.Namespace) -> int:
     return rc
 
 
+def _missing_host_root(cfg: configmod.Config) -> int | None:
+    """A typo in --host-root must not pass every node as healthy: exit 66 with the path."""
+    root = Path(cfg.agent.host_root)
+    if root.is_dir():
+        return None
+    print(f"gpu-node-agent: host root {str(root)!r} does not exist or is not a directory", file=sys.stderr)
+    return EX_NOINPUT
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     from agent.check import exit_code, render_json, render_text, run_check
     from agent.logsetup import configure
 
     cfg = _load_config(args)
+    if (rc := _missing_host_root(cfg)) is not None:
+        return rc
+    if args.expected_gpus:
+        gpu = cfg.collectors.get("gpu_devices")
+        if gpu is None:
+            from collectors.gpu_devices import GPUDevicesCollector
+
+            gpu = cfg.collectors["gpu_devices"] = GPUDevicesCollector.config_type()
+        gpu.expected_count = args.expected_gpus
     configure("error", cfg.agent.log.format)
     report = asyncio.run(run_check(cfg))
     print(render_json(report) if args.format == "json" else render_text(report))

@@ -104,7 +104,19 @@ class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     remediations: RemediationsConfig = msgspec.field(default_factory=RemediationsConfig)
 
     def node_name(self) -> str:
-        return self.node or socket.gethostname()
+        """The configured name; else, under a host root, that host's own ``/etc/hostname`` (a check
+        of a mounted node, or a container with the node at /host, names that node and not the
+        machine it runs on); else this machine's hostname."""
+        if self.node:
+            return self.node
+        if Path(self.host_root) != Path("/"):
+            from agent.hostroot import HostRoot
+
+            text = HostRoot(self.host_root).read_text("/etc/hostname", limit=512) or ""
+            first = text.strip().split("\n", 1)[0].strip()
+            if _HOSTNAME.fullmatch(first):
+                return first
+        return socket.gethostname()
 
 
 @dataclass
@@ -116,6 +128,7 @@ class Config:
     source: str
 
 
+_HOSTNAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?")  # RFC 1123, at most 253
 _SECTION = re.compile(r"^\s*\[+\s*([^\]]+?)\s*\]+\s*(#.*)?$")
 _KEY = re.compile(r"^\s*(\"[^\"]+\"|'[^']+'|[A-Za-z0-9_.-]+)\s*=")
 

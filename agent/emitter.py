@@ -115,6 +115,7 @@ class CollectorEmitter:
         self.asserted: set[tuple[str, str]] = set()  # (type, entity) reported firing in this pass
         self.emitted = 0
         self.refused = 0
+        self.blind: dict[str, str] = {}  # source -> why it could not be seen (latest pass)
 
     async def _send(self, msg: Message) -> bool:
         ok = await self.sink(msg)
@@ -152,6 +153,11 @@ class CollectorEmitter:
     def active_conditions(self) -> list[tuple[str, str, str]]:
         """(type, entity, severity) of this collector's firing conditions, including from before a restart."""
         return [(c.type, c.entity, c.severity) for c in self.tracker.firing_for(self.collector)]
+
+    def not_seen(self, source: str, reason: str) -> None:
+        if self.blind.get(source) != reason:
+            log.info("source_not_seen", collector=self.collector, source=source, reason=reason)
+        self.blind[source] = reason
 
     def begin_pass(self) -> None:
         self.asserted.clear()

@@ -88,6 +88,12 @@ class Emitter(Protocol):
         """(type, entity, severity) of this collector's firing conditions (persisted across restarts)."""
         ...
 
+    def not_seen(self, source: str, reason: str) -> None:
+        """Say that this pass could not look at ``source`` (a missing path, a library that does not
+        load, no device of the kind on this node). ``check`` lists these, so "healthy" never stands
+        for "saw nothing"; the daemon logs each once."""
+        ...
+
 
 @runtime_checkable
 class Collector(Protocol):

@@ -207,6 +207,11 @@ class GPUDevicesCollector:
         gone = sorted(self.seen.items - set(inv.pci))
         on_pci = len(inv.pci)
         expected = max(self.config.expected_count, on_pci + len(gone))
+        if not self.host.path("/sys/bus/pci/devices").is_dir():
+            self.emit.not_seen("/sys/bus/pci/devices", "missing under the host root: the PCI bus was not read")
+        elif not on_pci and not expected:
+            self.emit.not_seen("GPUs", "no NVIDIA GPU on the PCI bus (set expected_count or --expected-gpus "
+                               "where there must be some)")
         base = {"expected": expected, "on_pci": on_pci, "device_nodes": len(inv.dev_minors),
                 "nvml": len(nvml_ids) if nvml_ids is not None else None,
                 "configured_expected": self.config.expected_count or None}

@@ -170,6 +170,8 @@ class InfinibandCollector:
         return [read_port(base, hca, port, self.counters, self.hw, self._names) for hca, port in layout]
 
     async def collect(self) -> None:
+        if not self.host.path("/sys/class/infiniband").is_dir():
+            self.emit.not_seen("/sys/class/infiniband", "no InfiniBand/RoCE HCA on this node (directory missing)")
         snaps = await asyncio.to_thread(self._read_all)
         now = time.monotonic()
         hcas = {s.hca for s in snaps}

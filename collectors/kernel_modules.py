@@ -84,6 +84,8 @@ class KernelModulesCollector:
     async def collect(self) -> None:
         proc_text = self.host.read_text("/proc/modules", limit=1 << 20)
         proc = parse_proc_modules(proc_text) if proc_text is not None else None
+        if proc_text is None:
+            self.emit.not_seen("/proc/modules", "unreadable: module states come from /sys/module alone")
         states = {m: module_state(self.host, m, proc) for m in ("nvidia", "nvidia_uvm", "nvidia_peermem")}
         loaded = {m: s in ("live", "builtin") for m, s in states.items()}
         gpus = len((await asyncio.to_thread(scan, self.host)).pci)

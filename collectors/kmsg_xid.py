@@ -387,7 +387,8 @@ class KmsgXidCollector:
         path = self.host.path(self.config.path)
         try:
             st = os.stat(path)
-        except OSError:
+        except OSError as exc:
+            self.emit.not_seen(self.config.path, f"cannot read the kernel log: {exc.strerror or exc}")
             return
         if stat.S_ISCHR(st.st_mode):
             fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)

@@ -277,4 +277,6 @@ class NCCLLogsCollector:
 
     async def check(self) -> None:
         await self.tailer.read_all_once(self._handle)
+        if not self.tailer.files:
+            self.emit.not_seen(", ".join(self.config.globs), "no NCCL log file matches")
         await self._flush_warnings(everything=True)

@@ -85,6 +85,7 @@ class NVMLCollector:
 
     async def collect(self) -> None:
         if self.lib() is None:
+            self.emit.not_seen("NVML", f"libnvidia-ml not loadable: {load_nvml()[1]}")
             return
         await asyncio.to_thread(self._probe_sync_then_emit_later)
         for item in self._pending:
