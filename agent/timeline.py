@@ -2,8 +2,8 @@
 
 Rendered here rather than in the browser so it is one request and stays well-formed whatever the
 labels hold. The range runs from a little before the earliest span to now (at least
-``MIN_RANGE_S``, at most the caller's window): a port that flapped for a minute fills the plot
-instead of being a 1-px tick on a 6-hour axis.
+``MIN_RANGE_S``, at most the caller's window): a port that flapped for ten seconds fills the
+plot instead of being a 1-px tick on a 6-hour axis.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-MIN_RANGE_S = 300.0
+MIN_RANGE_S = 60.0
 STEPS_S = (10, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 3 * 3600, 6 * 3600, 12 * 3600, 24 * 3600)
 TICK_MIN_PX = 70  # room for a label like "-1h30m" between ticks
 FONT_PX = 11

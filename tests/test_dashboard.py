@@ -155,13 +155,13 @@ def test_timeline_zooms_to_the_data() -> None:
     st = demo_like_fleet(now)
     root = _svg(st.timeline_svg("gpu-03", hours=6, width=1200, now=now))
     rng, gutter, right = (float(root.get(k) or 0) for k in ("data-range-s", "data-gutter", "data-plot-right"))
-    assert rng == 300, "two minutes of flapping get the 5-minute minimum, not 6 hours"
+    assert rng == 130, "two minutes of flapping and 10 % room before them, in whole steps, not 6 hours"
     axis = root.find(_ns("line") + "[@class='axis']")
     assert axis is not None and (float(axis.get("x1") or 0), float(axis.get("x2") or 0)) == (gutter, right)
     assert right == 1200 - timeline.GAP, "the axis runs to the right edge"
     ticks = [(float(t.get("x") or 0), t.text) for t in root.iter(_ns("text")) if t.get("class") == "tick"]
-    assert ticks[0] == (right, "now") and ticks[-1] == (gutter, "-5m"), ticks
-    assert [t[1] for t in ticks][:3] == ["now", "-30s", "-1m"], "30 s steps over 5 minutes"
+    assert ticks[0] == (right, "now") and ticks[-1] == (gutter, "-2m10s"), ticks
+    assert [t[1] for t in ticks][:3] == ["now", "-10s", "-20s"], "10 s steps over 2 minutes"
     labels = {"".join(t.itertext()) for t in root.iter(_ns("text")) if t.get("class") == "label"}
     assert labels == {"IBPortDown ib:mlx5_3/1", "IBPortFlapping ib:mlx5_3/1", "IBErrorCountersIncreasing ib:mlx5_3/1"}
     spans = [r for r in root.iter(_ns("rect")) if r.get("class") == "span"]
@@ -185,6 +185,9 @@ def test_timeline_zooms_to_the_data() -> None:
     assert "ib:x/1" not in ET.tostring(root, encoding="unicode"), "a span that ended before the window is not drawn"
     root = _svg(old.timeline_svg("a", hours=1, now=now))
     assert float(root.get("data-range-s") or 0) == 3600, "hours caps the window"
+    fresh = FleetState()
+    fresh.apply_message(_event("f", now - 5, "GPUDevicesMissing", "firing", "gpu:0"))
+    assert _svg(fresh.timeline_svg("f", now=now)).get("data-range-s") == "60", "a minimum range"
     root = _svg(old.timeline_svg("nobody", hours=1, now=now))
     assert "no condition fired in the last 1 h" in "".join(root.itertext())
 
