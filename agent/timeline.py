@@ -58,7 +58,8 @@ def render(rows: Sequence[Row], *, now: float, max_s: float, width: int) -> str:
         layout.append((r, spans, lines, y, h))
         y += h
     height = max(y, AXIS_Y + 30) + 4
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" '
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+           f'viewBox="0 0 {width} {height}" font-family="sans-serif" '
            f'font-size="{FONT_PX}" data-range-s="{range_s:g}" data-gutter="{gutter}" data-plot-right="{right}" '
            f'data-now="{now:.3f}">', f'<rect width="{width}" height="{height}" fill="#fff"/>']
     k = 0

@@ -32,8 +32,10 @@ def test_shipped_configs_exist() -> None:
 def test_demo_config_is_valid() -> None:
     from agent.demo import NODE_CONFIG
 
-    cfg = configmod.parse(NODE_CONFIG.format(node="gpu-01", root="/h", state="/s", url="nats://127.0.0.1:1"))
+    cfg = configmod.parse(NODE_CONFIG.format(node="gpu-01", root="/h", state="/s", url="nats://127.0.0.1:1",
+                                             modprobe="/h/usr/sbin/modprobe"))
     assert cfg.collectors["gpu_devices"].interval == 1.0 and cfg.agent.remediations.enforce is False
+    assert cfg.agent.remediations.plugins["modprobe"] == {"modprobe": "/h/usr/sbin/modprobe"}
 
 
 def test_typo_names_key_file_line_and_suggestion(tmp_path: Path) -> None:

@@ -176,6 +176,7 @@ def test_sigkill_mid_burst_loses_nothing_and_dedups(tmp_path: Path, nats_server:
     site = install_plugin_dist(tmp_path / "site")
     accepted = tmp_path / "accepted.txt"
     cfg = tmp_path / "agent.toml"
+    (tmp_path / "empty").mkdir()  # an existing host root with nothing in it
     cfg.write_text(f'node = "killme"\nhost_root = "{tmp_path / "empty"}"\nstate_dir = "{tmp_path / "state"}"\n'
                    f'[nats]\nservers = ["{nats_server.url}"]\n[metrics]\nlisten = ""\n'
                    f'[collectors.burst]\ntotal = 3000\naccepted_file = "{accepted}"\n')

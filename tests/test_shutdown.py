@@ -111,7 +111,7 @@ class Daemon:
 def _start(tmp: Path, name: str, *, nats: str, extra: str = "", env: dict[str, str] | None = None,
            expect: int = 0) -> Daemon:
     d = tmp / name
-    d.mkdir(parents=True)
+    (d / "host").mkdir(parents=True)  # an empty host root: the collectors find nothing
     cfg = d / "config.toml"
     cfg.write_text(f'node = "{name}"\nhost_root = "{d / "host"}"\nstate_dir = "{d / "state"}"\n'
                    f"shutdown_timeout = {SHUTDOWN_TIMEOUT}\n"

@@ -45,6 +45,7 @@ def test_abstract_socket_address() -> None:
 
 def test_daemon_ready_watchdog_stopping(tmp_path: Path, nats_server: NatsServerProcess) -> None:
     path = str(tmp_path / "notify.sock")
+    (tmp_path / "h").mkdir()
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     srv.bind(path)
     srv.settimeout(20)
@@ -69,6 +70,7 @@ def test_daemon_ready_watchdog_stopping(tmp_path: Path, nats_server: NatsServerP
 
 def test_sigterm_exits_0_within_bounded_time_even_without_nats(tmp_path: Path) -> None:
     # NATS configured but down: the agent spools, and SIGTERM still ends it promptly.
+    (tmp_path / "h").mkdir()
     proc = subprocess.Popen([*AGENT_CMD, "run", "--nats", "nats://127.0.0.1:1", "--state-dir", str(tmp_path / "st"),
                              "--host-root", str(tmp_path / "h"), "--metrics-listen", ""],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -81,6 +83,7 @@ def test_sigterm_exits_0_within_bounded_time_even_without_nats(tmp_path: Path) -
 
 def test_sighup_reloads_and_rejects_a_bad_config(tmp_path: Path, nats_server: NatsServerProcess) -> None:
     cfg = tmp_path / "c.toml"
+    (tmp_path / "h").mkdir()
     good = (f'state_dir = "{tmp_path / "st"}"\nhost_root = "{tmp_path / "h"}"\n'
             f'[nats]\nservers = ["{nats_server.url}"]\n[metrics]\nlisten = ""\n[log]\nformat = "json"\n')
     cfg.write_text(good)

@@ -110,6 +110,7 @@ def test_agent_sigkill_100_times_during_bursts(tmp_path: Path, nats_server: Nats
     accepted = tmp_path / "accepted.txt"
     cfg = tmp_path / "agent.toml"
     total = 20000
+    (tmp_path / "empty").mkdir()  # an existing host root with nothing in it
     cfg.write_text(f'node = "kill100"\nhost_root = "{tmp_path / "empty"}"\nstate_dir = "{tmp_path / "state"}"\n'
                    f'[nats]\nservers = ["{nats_server.url}"]\n[metrics]\nlisten = ""\n'
                    f'[collectors.burst]\ntotal = {total}\naccepted_file = "{accepted}"\n')
