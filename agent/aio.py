@@ -4,7 +4,9 @@ Python 3.11's ``asyncio.wait_for`` returns the inner result when the awaited fut
 the same loop iteration as an outer ``cancel()``: the cancellation is swallowed and a task asked
 to stop goes on looping (an agent stayed up for minutes after SIGTERM that way, parked in
 ``NodeStatePublisher.run``). ``asyncio.timeout`` keeps the cancellation; every loop that waits
-with a timeout goes through these helpers.
+with a timeout goes through these helpers. Libraries we call (nats-py's requests) still use
+``wait_for``: a loop of ours re-raises a cancellation they swallowed (``raise_if_cancelling``), and
+``cancel_and_wait`` repeats its cancel until the task ends or the time is up.
 """
 
 from __future__ import annotations
@@ -16,8 +18,20 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
+RECANCEL_S = 0.1
+
+
+def raise_if_cancelling() -> None:
+    """Raise CancelledError if this task was asked to stop and some callee swallowed it: the
+    request stays counted in ``Task.cancelling()`` until someone calls ``uncancel()``."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
 async def wait_event(event: asyncio.Event, timeout: float | None) -> bool:
     """True once ``event`` is set, False after ``timeout`` seconds; a cancellation always propagates."""
+    raise_if_cancelling()
     if event.is_set():
         return True
     try:
@@ -30,6 +44,7 @@ async def wait_event(event: asyncio.Event, timeout: float | None) -> bool:
 
 async def within(aw: Awaitable[T], timeout: float | None) -> T:
     """``aw`` bounded by ``timeout`` (TimeoutError past it), cancellation-safe unlike 3.11's wait_for."""
+    raise_if_cancelling()
     async with asyncio.timeout(timeout):
         return await aw
 
@@ -39,11 +54,16 @@ async def cancel_and_wait(tasks: list[asyncio.Task[object]] | set[asyncio.Task[o
     """Cancel ``tasks`` and wait up to ``timeout``; returns those still running (they ignored it).
 
     ``gather`` would wait for a task that swallows its cancellation for ever; ``wait`` does not.
+    The cancel is repeated while waiting: a library that lost one in a race gets another.
     """
-    live = [t for t in tasks if not t.done()]
-    for t in live:
-        t.cancel()
-    if not live:
-        return []
-    _done, pending = await asyncio.wait(live, timeout=timeout)
+    pending = {t for t in tasks if not t.done()}
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while pending:
+        for t in pending:
+            t.cancel()
+        left = deadline - loop.time()
+        if left <= 0:
+            break
+        _done, pending = await asyncio.wait(pending, timeout=min(RECANCEL_S, left))
     return sorted(pending, key=lambda t: t.get_name())

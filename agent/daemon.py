@@ -301,31 +301,33 @@ class Agent:
         budget = self.cfg.shutdown_timeout
         t0 = time.monotonic()
 
-        def left(reserve: float = 0.0) -> float:
-            return max(0.05, budget - (time.monotonic() - t0) - reserve)
+        def left(reserve: float = 0.0, cap: float | None = None) -> float:
+            rest = max(0.05, budget - (time.monotonic() - t0) - reserve)
+            return rest if cap is None else min(cap, rest)
 
-        await self._stop_collectors(timeout=min(2.0, budget / 4))
+        after_drain = 2.0  # what the steps after the spool drain may take together, at most
+        await self._stop_collectors(timeout=left(after_drain, cap=budget / 4))
         if self.bus:
-            await self.bus.stop(drain_timeout=min(1.0, budget / 4))
+            await self.bus.stop(drain_timeout=left(after_drain, cap=budget / 8))
             self._abandon(self.bus.abandoned)
         if self.spool:
             try:
-                await within(self.spool.flush(), left())
+                await within(self.spool.flush(), left(after_drain))
             except TimeoutError:
                 self._abandon(["spool:flush"])
         if self.forwarder and self.link and self.link.connected.is_set():
             with contextlib.suppress(TimeoutError):
-                if not await within(self.forwarder.drain(left(reserve=1.0)), left()):
+                if not await within(self.forwarder.drain(left(after_drain)), left(after_drain)):
                     log.warning("shutdown_spool_not_drained", depth=self.spool.depth if self.spool else 0)
-        self._abandon(await cancel_and_wait(self._tasks, 1.0))
+        self._abandon(await cancel_and_wait(self._tasks, left(cap=0.5)))
         if self.link:
             with contextlib.suppress(Exception):
-                await within(self.link.close(), 1.0)
+                await within(self.link.close(), left(cap=0.5))
         if self.metrics_server:
             with contextlib.suppress(TimeoutError):
-                await within(self.metrics_server.stop(), 1.0)
+                await within(self.metrics_server.stop(), left(cap=0.5))
         if self.embedded:
-            await asyncio.to_thread(self.embedded.stop, timeout=1.0)
+            await asyncio.to_thread(self.embedded.stop, timeout=left(cap=0.5))
         if self.spool and "spool:flush" not in self.abandoned:
             self.spool.close()
         log.info("agent_stopped", spool_depth=self.spool.depth if self.spool else 0,

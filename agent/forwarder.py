@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 
 import structlog
 
+from agent.aio import raise_if_cancelling
 from agent.bus import split_record
 from agent.ids import id_time_ms
 from agent.metrics import AgentMetrics
@@ -41,6 +42,7 @@ class Forwarder:
     async def run(self) -> None:
         backoff = 0.2
         while True:
+            raise_if_cancelling()  # nats-py's requests can swallow a cancellation (3.11 wait_for)
             await self.link.connected.wait()
             try:
                 await self.link.ensure_stream()
@@ -69,6 +71,7 @@ class Forwarder:
         js = self.link.js
         assert js is not None
         while True:
+            raise_if_cancelling()
             after = self.spool.acked_seq
             records = self.spool.read(after, self.window)
             if not records:

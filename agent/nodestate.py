@@ -10,7 +10,7 @@ from typing import Any
 import structlog
 
 from agent import __version__
-from agent.aio import wait_event
+from agent.aio import raise_if_cancelling, wait_event
 from agent.emitter import ConditionTracker
 from agent.message import rfc3339
 from agent.nats_link import NatsLink
@@ -56,6 +56,7 @@ class NodeStatePublisher:
 
     async def run(self) -> None:
         while True:
+            raise_if_cancelling()  # nats-py's requests can swallow a cancellation (3.11 wait_for)
             await self.link.connected.wait()
             try:
                 await self.publish_once()

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.aio import cancel_and_wait, wait_event
+from agent.aio import cancel_and_wait, raise_if_cancelling, wait_event
 from agent.nats_server import NatsServerProcess
 from agent.shutdown import EX_SOFTWARE, STOP_GRACE_S
 from tests.conftest import AGENT_CMD, install_plugin_dist, python_env
@@ -80,6 +80,42 @@ async def test_cancel_and_wait_returns_the_tasks_that_ignore_cancellation() -> N
     assert good.cancelled() and not bad.done() and time.monotonic() - t0 < 1.0
     release.set()  # let it end so the test's loop can close
     await bad
+
+
+async def test_cancel_and_wait_repeats_the_cancel_for_a_task_that_lost_one() -> None:
+    async def loses_one() -> None:
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            pass  # what a library's wait_for does when its reply races the cancel
+        await asyncio.sleep(60)
+
+    task = asyncio.get_running_loop().create_task(loses_one())
+    await asyncio.sleep(0)
+    assert await cancel_and_wait([task], 1.0) == [] and task.cancelled()
+
+
+async def test_a_loop_re_raises_a_cancellation_its_callee_swallowed() -> None:
+    turns = 0
+
+    async def swallowing_callee() -> None:
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            pass
+
+    async def loop_of_ours() -> None:
+        nonlocal turns
+        while True:
+            raise_if_cancelling()
+            turns += 1
+            await swallowing_callee()
+
+    task = asyncio.get_running_loop().create_task(loop_of_ours())
+    await asyncio.sleep(0.01)
+    task.cancel()
+    await asyncio.wait({task}, timeout=1.0)
+    assert task.cancelled() and turns == 1
 
 
 # -- the daemon under load -----------------------------------------------------------------------

@@ -117,7 +117,8 @@ def test_sighup_reloads_and_rejects_a_bad_config(tmp_path: Path, nats_server: Na
         wait_for("config_reloaded")
         assert proc.poll() is None
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(20) == 0
+        rc = proc.wait(20)
+        assert rc == 0, proc.stderr.read()[-4000:]
     finally:
         if proc.poll() is None:
             proc.kill()
