@@ -9,6 +9,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import nats
 import pytest
 
 from agent.nats_server import NatsServerProcess
@@ -73,7 +74,7 @@ async def test_follow_prints_history_then_new_and_new_skips_history(tmp_path: Pa
                                                       stderr=subprocess.PIPE)
         new = await asyncio.create_subprocess_exec(*base, "--new", "--count", "1", stdout=subprocess.PIPE,
                                                    stderr=subprocess.PIPE)
-        await asyncio.sleep(2.0)  # both subscribed
+        await _consumers(nats_server.url, 2)  # both subscribed: --new sees only what comes after
         sim_host.remove_dev_node("nvidia2")
         fout, ferr = await asyncio.wait_for(follow.communicate(), 30)
         nout, nerr = await asyncio.wait_for(new.communicate(), 30)
@@ -82,6 +83,19 @@ async def test_follow_prints_history_then_new_and_new_skips_history(tmp_path: Pa
     assert [m["details"]["device_node"] for m in followed] == ["/dev/nvidia1", "/dev/nvidia2"]
     assert all(m["type"] == "GPUDevicesMissing" and m["severity"] == "critical" for m in followed)
     assert [json.loads(x)["details"]["device_node"] for x in nout.decode().splitlines()] == ["/dev/nvidia2"]
+
+
+async def _consumers(url: str, n: int, timeout: float = 60.0) -> None:
+    """Wait until ``n`` consumers (one per `events` process) exist on the stream."""
+    nc = await nats.connect(url)
+    try:
+        js = nc.jetstream()
+        deadline = asyncio.get_running_loop().time() + timeout
+        while (await js.stream_info("GNA_EVENTS")).state.consumer_count < n:
+            assert asyncio.get_running_loop().time() < deadline, "the events processes never subscribed"
+            await asyncio.sleep(0.05)
+    finally:
+        await nc.close()
 
 
 def test_follow_ends_when_the_pipe_reader_goes_away_on_a_quiet_fleet(tmp_path: Path,
