@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -184,7 +185,7 @@ def _stop_all(daemons: list[Daemon]) -> list[tuple[str, int | None, float]]:
     return out
 
 
-def _round(tmp: Path, server: NatsServerProcess, env: dict[str, str]) -> None:
+def _round(tmp: Path, server: NatsServerProcess, env: dict[str, str]) -> dict[str, float]:
     daemons = [
         _start(tmp, "nats-down", nats="nats://127.0.0.1:1"),
         _start(tmp, "nats-up", nats=server.url),
@@ -211,12 +212,18 @@ def _round(tmp: Path, server: NatsServerProcess, env: dict[str, str]) -> None:
     assert '"collector:stubborn"' in stubborn_log and '"agent_stopped"' in stubborn_log
     blocked_log = Path(results[3][0]).read_text()
     assert "shutdown_deadline_exceeded" in blocked_log and "stubborn_plugin.py\", line" in blocked_log  # the stacks
+    return {Path(log).parent.name: took for log, _rc, took in results}
 
 
 def _rounds(n: int, tmp_path: Path, nats_server: NatsServerProcess) -> None:
     env = python_env(install_plugin_dist(tmp_path / "site", "stubborn_plugin"))
+    took: dict[str, list[float]] = {}
     for i in range(n):
-        _round(tmp_path / f"round-{i}", nats_server, env)
+        for name, seconds in _round(tmp_path / f"round-{i}", nats_server, env).items():
+            took.setdefault(name, []).append(seconds)
+    # shown with -s (docs/operations.md quotes a run): SIGTERM -> exit, seconds, per kind of daemon
+    print("".join(f"\n{name:10} median {statistics.median(v):.2f} s  max {max(v):.2f} s  ({len(v)} runs)"
+                  for name, v in took.items()))
 
 
 @pytest.mark.timeout(300)
