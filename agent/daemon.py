@@ -305,7 +305,7 @@ class Agent:
             rest = max(0.05, budget - (time.monotonic() - t0) - reserve)
             return rest if cap is None else min(cap, rest)
 
-        after_drain = 2.0  # what the steps after the spool drain may take together, at most
+        after_drain = min(2.0, 0.4 * budget)  # what the steps after the spool drain may take together
         await self._stop_collectors(timeout=left(after_drain, cap=budget / 4))
         if self.bus:
             await self.bus.stop(drain_timeout=left(after_drain, cap=budget / 8))
