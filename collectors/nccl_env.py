@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 from agent.config import CollectorSettings
 from agent.types import Emitter, HostPaths, Severity
 from collectors.ib_sysfs import parse_enum
+from collectors.nccl_parse import exact_hca_value, natural_key
 
 GDR_LEVELS = ("LOC", "PIX", "PXB", "PHB", "SYS")
 IB_TIMEOUT_DEFAULT = 20  # NCCL >= 2.23 (18 before, 14 earlier)
@@ -70,9 +71,11 @@ def lint(env: dict[str, str], *, hcas: list[str], active_ib: bool, ifaces: list[
     out: list[tuple[str, Severity, str, str, dict[str, Any]]] = []
     v = env.get("NCCL_IB_HCA")
     if v is not None and (over := hca_prefix_overmatch(v, hcas)):
+        exact = exact_hca_value(v, hcas)
         out.append(("NCCL_IB_HCA", "warning", "PrefixMatch",
-                    f"NCCL_IB_HCA={v} is a prefix match selecting {sorted({h for hs in over.values() for h in hs})}; "
-                    f"use ={v} for an exact match.", {"value": v, "matches": over}))
+                    f"NCCL_IB_HCA={v} is a prefix match selecting "
+                    f"{sorted({h for hs in over.values() for h in hs}, key=natural_key)}; set NCCL_IB_HCA to "
+                    f"'{exact}' to name them exactly.", {"value": v, "matches": over, "exact": exact}))
     if "NCCL_IB_GID_INDEX" in env:
         out.append(("NCCL_IB_GID_INDEX", "warning", "SetByHand",
                     f"NCCL_IB_GID_INDEX={env['NCCL_IB_GID_INDEX']} is set by hand; NCCL >= 2.21 selects the GID "

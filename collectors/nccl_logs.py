@@ -32,6 +32,7 @@ from collectors.nccl_parse import (
     Match,
     ProcessState,
     candidate_lines,
+    exact_hca_value,
     hca_prefix_surprises,
     match_line,
     parse_line,
@@ -244,7 +245,9 @@ class NCCLLogsCollector:
                 "NCCLHCASelection", firing=True, severity="warning", entity=st.entity,
                 reason="PrefixMatch" if surprises else "StorageNIC",
                 message=f"NCCL in {st.key} selected {', '.join(surprises + storage)}"
-                        + (f": NCCL_IB_HCA={env} is a prefix match (use ={env})" if surprises else
+                        + (f": NCCL_IB_HCA={env} is a prefix match (set it to "
+                           f"'{exact_hca_value(env, selected)}' to select only the HCAs it names)"
+                           if surprises else
                            ": a storage NIC excluded by config") + ".",
                 details={**base, "selected": selected, "nccl_ib_hca": env or None, "unintended": surprises,
                          "storage_nics": storage}, suggested_action="fix_config")

@@ -15,7 +15,14 @@ from hypothesis import strategies as st
 from agent.nats_server import NatsServerProcess
 from agent.simhost import SimHost
 from collectors.nccl_env import hca_prefix_overmatch, ifname_matches, lint, parse_environ
-from collectors.nccl_parse import candidate_lines, hca_prefix_surprises, match_line, parse_ib_devices, parse_line
+from collectors.nccl_parse import (
+    candidate_lines,
+    exact_hca_value,
+    hca_prefix_surprises,
+    match_line,
+    parse_ib_devices,
+    parse_line,
+)
 from tests.conftest import AGENT_CMD, agent_config, running_agent, stream_messages
 
 # -- line parser properties ------------------------------------------------------------
@@ -55,6 +62,19 @@ def test_ib_device_list_and_prefix_surprises() -> None:
     assert devs == [{"index": 0, "name": "mlx5_1", "port": 1, "link": "IB", "sharp": False},
                     {"index": 1, "name": "mlx5_10", "port": 1, "link": "RoCE", "sharp": True}]
     assert hca_prefix_surprises("mlx5_1", ["mlx5_1", "mlx5_10"]) == ["mlx5_10"]
+
+
+def test_advice_names_the_hcas_exactly() -> None:
+    hcas = [f"mlx5_{i}" for i in (0, 1, 2, 10, 11)]
+    # a bare prefix means what it selects now, one by one: "=mlx5" would select no HCA at all
+    assert exact_hca_value("mlx5", hcas) == "=mlx5_0,mlx5_1,mlx5_2,mlx5_10,mlx5_11"
+    assert exact_hca_value("mlx5_1", hcas) == "=mlx5_1"  # names an HCA: that one, not mlx5_10/11
+    assert exact_hca_value("mlx5_1:1,mlx5_2:1", hcas) == "=mlx5_1:1,mlx5_2:1"
+    assert exact_hca_value("mlx5_1", []) == "=mlx5_1"
+    assert exact_hca_value("=mlx5_1", hcas) == "=mlx5_1" and exact_hca_value("^mlx5_0", hcas) == "^mlx5_0"
+    findings = lint({"NCCL_IB_HCA": "mlx5"}, hcas=hcas, active_ib=True, ifaces=[], min_ib_timeout=20)
+    (msg,) = [f[3] for f in findings if f[0] == "NCCL_IB_HCA"]
+    assert "set NCCL_IB_HCA to '=mlx5_0,mlx5_1,mlx5_2,mlx5_10,mlx5_11'" in msg and "'=mlx5'" not in msg
     assert hca_prefix_surprises("=mlx5_1", ["mlx5_1", "mlx5_10"]) == []
     assert hca_prefix_surprises("mlx5_1:1,mlx5_10", ["mlx5_1", "mlx5_10"]) == []
 
