@@ -64,8 +64,10 @@ async def run_check(config: configmod.Config) -> dict[str, Any]:
     status = {0: "healthy", 1: "degraded", 2: "unhealthy"}[worst]
     not_seen = [{"collector": e.collector, "source": src, "reason": why}
                 for e in emitters for src, why in sorted(e.blind.items())]
+    unparsed = [{"collector": e.collector, "source": src, "count": n, "sample": sample}
+                for e in emitters for src, (n, sample) in sorted(e.skipped.items())]
     return {"node": node, "status": status, "conditions": conditions, "events": events,
-            "skipped": skipped, "not_seen": not_seen}
+            "skipped": skipped, "not_seen": not_seen, "unparsed": unparsed}
 
 
 def exit_code(report: dict[str, Any]) -> int:
@@ -82,6 +84,8 @@ def render_text(report: dict[str, Any]) -> str:
         lines.append(f"  [skipped ] {s['collector']}: {s['reason']}")
     for n in report["not_seen"]:
         lines.append(f"  [not seen] {n['collector']}: {n['source']}: {n['reason']}")
+    for u in report["unparsed"]:
+        lines.append(f"  [unparsed] {u['collector']}: {u['source']}: {u['count']} lines, e.g. {u['sample']!r}")
     if not report["conditions"] and not report["events"]:
         blind = len(report["not_seen"]) + len(report["skipped"])
         lines.append("  no problems found" + (f" in what could be seen ({blind} not seen or skipped, above)"

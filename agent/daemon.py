@@ -180,6 +180,11 @@ class Agent:
                 self.metrics.bus_dropped.labels(sub.name).set(sub.dropped)
         if self.tracker:
             self.metrics.conditions_active.set(len(self.tracker.active))
+        for name, runner in self.runners.items():
+            for source, (count, _sample) in runner.emitter.skipped.items():
+                self.metrics.source_unparsed.labels(name, source).set(count)
+            for source in runner.emitter.blind:
+                self.metrics.source_not_seen.labels(name, source).set(1)
 
     async def _watchdog(self, interval: float) -> None:
         while True:

@@ -116,6 +116,7 @@ class CollectorEmitter:
         self.emitted = 0
         self.refused = 0
         self.blind: dict[str, str] = {}  # source -> why it could not be seen (latest pass)
+        self.skipped: dict[str, tuple[int, str]] = {}  # source -> (unparsed count, first sample)
 
     async def _send(self, msg: Message) -> bool:
         ok = await self.sink(msg)
@@ -153,6 +154,12 @@ class CollectorEmitter:
     def active_conditions(self) -> list[tuple[str, str, str]]:
         """(type, entity, severity) of this collector's firing conditions, including from before a restart."""
         return [(c.type, c.entity, c.severity) for c in self.tracker.firing_for(self.collector)]
+
+    def unparsed(self, source: str, sample: str) -> None:
+        count, first = self.skipped.get(source, (0, ""))
+        if not count:
+            log.warning("source_unparsed", collector=self.collector, source=source, sample=sample[:200])
+        self.skipped[source] = (count + 1, first or sample[:200])
 
     def not_seen(self, source: str, reason: str) -> None:
         if self.blind.get(source) != reason:

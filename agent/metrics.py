@@ -45,6 +45,10 @@ class AgentMetrics:
                                          buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30, 300))
         self.nats_connected = Gauge("gna_nats_connected", "1 while connected to NATS", registry=r)
         self.conditions_active = Gauge("gna_conditions_active", "Firing conditions", registry=r)
+        self.source_unparsed = Gauge("gna_source_unparsed_lines", "Lines or records of a source that could not be "
+                                     "parsed, since start", ["collector", "source"], registry=r)
+        self.source_not_seen = Gauge("gna_source_not_seen", "1 while a source could not be looked at",
+                                     ["collector", "source"], registry=r)
 
         self.plugins = PluginMetrics()
         r.register(self.plugins)

@@ -88,6 +88,11 @@ class Emitter(Protocol):
         """(type, entity, severity) of this collector's firing conditions (persisted across restarts)."""
         ...
 
+    def unparsed(self, source: str, sample: str) -> None:
+        """Count one line/record of ``source`` that could not be parsed (kept: the first sample).
+        Shown by ``check`` (count and sample) and in ``/metrics``; never silently dropped."""
+        ...
+
     def not_seen(self, source: str, reason: str) -> None:
         """Say that this pass could not look at ``source`` (a missing path, a library that does not
         load, no device of the kind on this node). ``check`` lists these, so "healthy" never stands

@@ -60,6 +60,35 @@ def parse_record(raw: bytes) -> KmsgRecord | None:
     return KmsgRecord(prio, seq, usec, flags, _unescape(lines[0]), props)
 
 
+# Renderings of the kernel log that reach a kmsg source instead of records: a pasted or
+# redirected `dmesg` ("[  123.456789] msg", "<6>[ 123.4] msg" with -r), `dmesg -T`
+# ("[Mon Dec  2 10:00:00 2026] msg"), and journalctl -k / syslog ("Dec 02 10:00:00 host kernel:
+# msg", an ISO timestamp with --output=short-iso, optionally followed by the dmesg uptime).
+_DMESG = re.compile(rb"^(?:<(?P<prio>\d{1,3})>)?\[\s*(?P<sec>\d{1,10})\.(?P<frac>\d{1,9})\]\s?(?P<msg>.*)$", re.S)
+_DMESG_T = re.compile(rb"^\[(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4}\]"
+                      rb"\s?(?P<msg>.*)$", re.S)
+_SYSLOG = re.compile(rb"^(?:[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d|\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d\S*) \S+ kernel: "
+                     rb"(?:\[\s*(?P<sec>\d{1,10})\.(?P<frac>\d{1,9})\] ?)?(?P<msg>.*)$", re.S)
+TEXT_FORMS = (("dmesg", _DMESG), ("dmesg -T", _DMESG_T), ("syslog", _SYSLOG))
+
+
+def parse_text_line(raw: bytes) -> tuple[str, KmsgRecord] | None:
+    """(form, record) for one line of a known text rendering; None otherwise. The record's seq is
+    -1 (the caller numbers text lines); usec is the uptime when the line carries one, else 0."""
+    line = raw.rstrip(b"\r\n")
+    for form, rx in TEXT_FORMS:
+        m = rx.match(line)
+        if m is None:
+            continue
+        groups = m.groupdict()
+        usec = 0
+        if groups.get("sec") is not None:
+            usec = int(groups["sec"]) * 1_000_000 + int((groups["frac"] + b"000000")[:6])
+        prio = int(groups["prio"]) if groups.get("prio") is not None else 6
+        return form, KmsgRecord(prio, -1, usec, "", _unescape(m["msg"]))
+    return None
+
+
 def iter_text_records(data: bytes) -> Iterator[tuple[KmsgRecord | None, int]]:
     """Records from a regular-file/FIFO rendering of /dev/kmsg (one per line, continuations
     indented). Yields (record or None for a malformed line, end offset of the record). A trailing

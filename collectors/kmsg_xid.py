@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import errno
 import json
 import os
@@ -35,6 +36,7 @@ from collectors.kmsg_parse import (
     Xid,
     iter_text_records,
     parse_record,
+    parse_text_line,
 )
 from collectors.xid_catalog import classify
 
@@ -42,6 +44,7 @@ log = structlog.get_logger(__name__)
 
 READ_SIZE = 16384
 STATE_VERSION = 1
+UNUSABLE_AFTER = 20  # unreadable lines, with no record at all, before the source is called unusable
 MODULE_ERRORS_KEPT = 20
 
 
@@ -58,6 +61,15 @@ class KmsgXidConfig(CollectorSettings, kw_only=True, forbid_unknown_fields=True)
 class _Window:
     first: float
     count: int = 1
+    first_usec: int = 0  # kernel time (uptime) of the first and last record: the true span
+    last_usec: int = 0
+
+    def span(self) -> str:
+        """What a summary says about time: the records' own span when they carry one."""
+        seconds = (self.last_usec - self.first_usec) / 1e6
+        if seconds <= 0:
+            return "in one burst"
+        return f"over {seconds:.0f} s" if seconds < 120 else f"over {seconds / 60:.1f} min"
 
 
 class Aggregator:
@@ -67,12 +79,13 @@ class Aggregator:
         self.window = window
         self.open: dict[tuple[Any, ...], _Window] = {}
 
-    def add(self, key: tuple[Any, ...], now: float) -> bool:
+    def add(self, key: tuple[Any, ...], now: float, usec: int = 0) -> bool:
         w = self.open.get(key)
         if w is None:
-            self.open[key] = _Window(first=now)
+            self.open[key] = _Window(first=now, first_usec=usec, last_usec=usec)
             return True
         w.count += 1
+        w.last_usec = max(w.last_usec, usec)
         return False
 
     def due(self, now: float, *, flush_all: bool = False) -> list[tuple[tuple[Any, ...], _Window]]:
@@ -105,6 +118,9 @@ class KmsgXidCollector:
         self.module_errors: dict[str, list[dict[str, Any]]] = {}
         self.records = 0
         self.malformed = 0
+        self.malformed_sample = ""
+        self.text_forms: dict[str, int] = {}  # dmesg/syslog renderings read from a text source
+        self._text_seq = 0  # text lines carry no sequence number: their position in the file is one
         self.lost = 0
         self._min_usec = 0
         self._timers_needed = asyncio.Event()
@@ -158,12 +174,12 @@ class KmsgXidCollector:
         self._timers_needed.set()
         ok = True
         if isinstance(finding, Xid):
-            ok = await self._xid(finding, now)
+            ok = await self._xid(finding, now, rec.usec)
         elif isinstance(finding, FellOffBus):
             ok = await self._fell_off(finding.bus_id, finding.text)
         elif isinstance(finding, SXid):
             sev: Severity = "critical" if finding.fatal else "warning"
-            if self.agg.add(("sxid", finding.bus_id, finding.code), now):
+            if self.agg.add(("sxid", finding.bus_id, finding.code), now, rec.usec):
                 ok = await self.emit.event(
                     "NVSwitchSXidError", severity=sev, entity=f"nvswitch:{finding.bus_id}",
                     reason=f"SXid{finding.code}",
@@ -176,7 +192,7 @@ class KmsgXidCollector:
             errs.append({"kind": finding.kind, "symbol": finding.symbol, "text": finding.text, "seq": rec.seq})
             del errs[:-MODULE_ERRORS_KEPT]
             self.emit.facts.set("kernel.module_errors", self.module_errors)
-            if self.agg.add(("module", finding.module, finding.kind), now):
+            if self.agg.add(("module", finding.module, finding.kind), now, rec.usec):
                 ok = await self.emit.event(
                     "KernelModuleLoadError", severity="warning", entity=f"module:{finding.module}",
                     reason=finding.kind.title().replace("_", ""),
@@ -185,10 +201,10 @@ class KmsgXidCollector:
                              "text": finding.text, "count": 1})
         return ok
 
-    async def _xid(self, x: Xid, now: float) -> bool:
-        info = classify(x.code)
+    async def _xid(self, x: Xid, now: float, usec: int = 0) -> bool:
+        info = classify(x.code, x.text)
         ok = True
-        if self.agg.add(("xid", x.bus_id, x.code), now):
+        if self.agg.add(("xid", x.bus_id, x.code, info.severity), now, usec):
             ok = await self.emit.event(
                 "GPUXidError", severity=info.severity, entity=f"gpu:{x.bus_id}", reason=f"Xid{x.code}",
                 message=f"Xid {x.code} ({info.name}) on GPU {x.bus_id}"
@@ -222,27 +238,26 @@ class KmsgXidCollector:
         for key, w in self.agg.due(now, flush_all=flush_all):
             kind = key[0]
             extra = {"count": w.count, "window_s": self.config.aggregation_window, "aggregated": True,
-                     "first_seen": w.first}
+                     "first_seen": w.first, "span_s": round((w.last_usec - w.first_usec) / 1e6, 3)}
             if kind == "xid":
-                _, bus, code = key
+                _, bus, code, severity = key
                 info = classify(code)
                 await self.emit.event(
-                    "GPUXidError", severity=info.severity, entity=f"gpu:{bus}", reason=f"Xid{code}",
-                    message=f"Xid {code} ({info.name}) on GPU {bus} repeated {w.count} times in "
-                            f"{self.config.aggregation_window:g} s.",
+                    "GPUXidError", severity=severity, entity=f"gpu:{bus}", reason=f"Xid{code}",
+                    message=f"Xid {code} ({info.name}) on GPU {bus} repeated {w.count} times {w.span()}.",
                     details={"xid": code, "name": info.name, "nvidia_action": info.nvidia_action,
                              "application_error": info.application, **extra},
                     suggested_action=info.action)
             elif kind == "sxid":
                 _, bus, code = key
                 await self.emit.event("NVSwitchSXidError", severity="warning", entity=f"nvswitch:{bus}",
-                                      reason=f"SXid{code}", message=f"SXid {code} repeated {w.count} times.",
+                                      reason=f"SXid{code}", message=f"SXid {code} repeated {w.count} times {w.span()}.",
                                       details={"sxid": code, **extra})
             elif kind == "module":
                 _, module, what = key
                 await self.emit.event("KernelModuleLoadError", severity="warning", entity=f"module:{module}",
                                       reason=what.title().replace("_", ""),
-                                      message=f"Kernel module {module} load error repeated {w.count} times.",
+                                      message=f"Kernel module {module} load error repeated {w.count} times {w.span()}.",
                                       details={"module": module, "kind": what, **extra})
         if self.config.fatal_xid_clear_after > 0:
             for bus, entry in list(self.fatal.items()):
@@ -270,6 +285,23 @@ class KmsgXidCollector:
             self._save_state()
 
     # -- reading ----------------------------------------------------------------------
+    def _malformed(self, raw: bytes) -> None:
+        self.malformed += 1
+        self.emit.unparsed(self.config.path, raw[:200].decode("utf-8", "replace").rstrip())
+
+    async def _judge_source(self) -> None:
+        """A source that yields no record at all but many unreadable lines is not a quiet kernel
+        log: it is the wrong thing (a file in another format), and every Xid in it is missed."""
+        unusable = self.malformed >= UNUSABLE_AFTER and self.records == 0 and not self.text_forms
+        entity = f"kmsg:{self.config.path}"
+        if unusable or any(t == "KernelLogUnparsable" for t, _e, _s in self.emit.active_conditions()):
+            await self.emit.condition(
+                "KernelLogUnparsable", firing=unusable, severity="warning", entity=entity,
+                reason="NotKmsgFormat",
+                message=f"{self.config.path}: {self.malformed} lines, none a kernel log record or a known dmesg/"
+                        f"syslog rendering; Xid and other kernel findings cannot be seen.",
+                details={"malformed": self.malformed, "records": self.records}, suggested_action="fix_config")
+
     def _read_device(self, fd: int) -> list[KmsgRecord]:
         out: list[KmsgRecord] = []
         while True:
@@ -282,14 +314,14 @@ class KmsgXidCollector:
                     self.lost += 1
                     continue
                 if exc.errno == errno.EINVAL:  # a record larger than our buffer: skip it
-                    self.malformed += 1
+                    self._malformed(b"<a record larger than the read buffer>")
                     continue
                 raise
             if not raw:
                 break
             rec = parse_record(raw)
             if rec is None:
-                self.malformed += 1
+                self._malformed(raw)
             else:
                 out.append(rec)
             if len(out) >= 4096:
@@ -302,15 +334,21 @@ class KmsgXidCollector:
             buf.extend(chunk)
         out: list[KmsgRecord] = []
         consumed = 0
-        for rec, end in iter_text_records(bytes(buf)):
-            consumed = end
+        data = bytes(buf)
+        for rec, end in iter_text_records(data):
+            raw, consumed = data[consumed:end], end
+            if rec is None and (text := parse_text_line(raw)) is not None:
+                form, rec = text
+                self.text_forms[form] = self.text_forms.get(form, 0) + 1
+                self._text_seq += 1
+                rec = dataclasses.replace(rec, seq=self._text_seq)
             if rec is None:
-                self.malformed += 1
+                self._malformed(raw)
             else:
                 out.append(rec)
         del buf[:consumed]
         if len(buf) > 1 << 20:  # a "line" that never ends: drop it
-            self.malformed += 1
+            self._malformed(bytes(buf[:200]))
             buf.clear()
         return out
 
@@ -361,6 +399,7 @@ class KmsgXidCollector:
                             buf.clear()
                         while records := self._read_text(fh, buf):
                             await self.process(records)
+                        await self._judge_source()
                         # inotify says when the file grows; without it, poll
                         wait = self.config.poll_interval if watcher is None else max(30.0, self.config.poll_interval)
                         await wait_event(ready, wait)
@@ -402,4 +441,5 @@ class KmsgXidCollector:
                 buf = bytearray()
                 while records := self._read_text(fh, buf):
                     await self.process(records)
+        await self._judge_source()
         await self.flush(time.time(), flush_all=True)

@@ -6,6 +6,7 @@ many nodes at once — so they are warnings and never a reason to cordon on thei
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from agent.types import Severity, SuggestedAction
@@ -43,8 +44,20 @@ IGNORE = {63, 92}
 CONTACT_SUPPORT = {61}
 
 
-def classify(code: int) -> XidInfo:
+# Xid 144-150 (NVLink5) carry their own severity: "<UNIT> Fatal|Nonfatal XC0 i0 Link N (...)", written by
+# the GPU's firmware (only the "NVRM: Xid (PCI:...): %d, " prefix is in open-gpu-kernel-modules; the
+# body as logged in leptonai/gpud#1160/#1174, NVIDIA/nccl#2241). A Nonfatal one is not a reason to
+# cordon: NVIDIA's catalog resolves most of them IGNORE (some RESET_GPU after evaluation).
+_SELF_GRADED = range(144, 151)
+_GRADE = re.compile(r"^\s*[A-Z0-9_/]+ (?P<grade>Fatal|Nonfatal)\b")
+
+
+def classify(code: int, text: str = "") -> XidInfo:
     name = _NAMES.get(code, f"Xid {code}")
+    if code in _SELF_GRADED and (m := _GRADE.match(text)):
+        if m["grade"] == "Nonfatal":
+            return XidInfo(code, name, "warning", "none", "IGNORE_OR_EVALUATE", fatal=False)
+        return XidInfo(code, name, "critical", "cordon", "WORKFLOW_NVLINK5_ERR", fatal=True)
     if code in REBOOT:
         return XidInfo(code, name, "critical", "reboot", "REBOOT_SYSTEM", fatal=True)
     if code in RESET_GPU:

@@ -20,6 +20,7 @@ def test_check_healthy_node_exits_0(sim_host: SimHost) -> None:
     assert r.returncode == 0, r.stderr
     report = json.loads(r.stdout)
     not_seen = report.pop("not_seen")
+    assert report.pop("unparsed") == []
     assert report == {"node": "n1", "status": "healthy", "conditions": [], "events": [], "skipped": []}
     # a GPU node without HCAs, NCCL logs or libnvidia-ml here: each said, none of them the GPUs
     assert {n["source"] for n in not_seen} >= {"/sys/class/infiniband", "NVML", "/var/log/nccl/*.log"}

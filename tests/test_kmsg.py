@@ -22,6 +22,7 @@ from collectors.kmsg_parse import (
     iter_text_records,
     normalize_bus,
     parse_record,
+    parse_text_line,
 )
 from collectors.kmsg_xid import KmsgXidCollector, KmsgXidConfig
 from collectors.xid_catalog import classify
@@ -260,3 +261,101 @@ async def test_real_dev_kmsg_record_is_seen_live(tmp_path: Path) -> None:
     hits = [m for m in sink.messages if m.details.get("process") == marker]
     assert len(hits) == 1 and hits[0].entity == "gpu:0000:ff:1f.0"
     assert c.checkpoint is not None and c.checkpoint > 0
+
+
+# -- text renderings of the kernel log at the kmsg source ---------------------------------------
+# Line shapes: util-linux dmesg (`[%5lu.%06lu] ` uptime, `-T` ctime, `-r` `<prio>` prefix) and
+# journalctl -k / rsyslog (`Mon DD HH:MM:SS host kernel: `); the NVRM text as
+# NVIDIA/open-gpu-kernel-modules src/nvidia/src/kernel/gpu/rc/kernel_rc.c prints it (515.43.04-565.77:
+# "NVRM: Xid (PCI:%04x:%02x:%02x): %d, pid=%s, name=%s, %s").
+XID79 = "NVRM: Xid (PCI:0000:9a:00): 79, pid=1234, name=python, GPU has fallen off the bus."
+
+
+@pytest.mark.parametrize("line", [
+    f"[93297.027938] {XID79}",
+    f"<4>[93297.027938] {XID79}",
+    f"[Fri Aug 30 11:43:09 2024] {XID79}",
+    f"Aug 30 11:43:09 gpu-node-07 kernel: {XID79}",
+    f"Aug 30 11:43:09 gpu-node-07 kernel: [93297.027938] {XID79}",
+    f"2024-08-30T11:43:09+0000 gpu-node-07 kernel: {XID79}",
+])
+def test_text_renderings_parse_to_the_kernel_message(line: str) -> None:
+    got = parse_text_line(line.encode() + b"\n")
+    assert got is not None
+    _form, rec = got
+    assert rec.message == XID79 and rec.seq == -1
+    assert NvidiaLineParser().feed(rec.message) is not None  # an Xid finding, as from a record
+
+
+@given(st.binary(max_size=300))
+def test_parse_text_line_never_crashes_and_keeps_a_suffix(data: bytes) -> None:
+    got = parse_text_line(data)
+    if got is not None:
+        _form, rec = got
+        assert data.rstrip(b"\r\n").decode("utf-8", "replace").endswith(rec.message[-50:])
+        assert rec.usec >= 0 and rec.prio >= 0
+
+
+def _check_json(root: Path) -> dict[str, object]:
+    import json
+    import subprocess
+
+    from tests.conftest import AGENT_CMD
+
+    r = subprocess.run([*AGENT_CMD, "check", "--host-root", str(root), "--node", "n1", "--format", "json"],
+                       capture_output=True, text=True, timeout=60)
+    return json.loads(r.stdout) | {"rc": r.returncode}  # type: ignore[no-any-return]
+
+
+def test_dmesg_T_text_at_the_kmsg_source_is_read_not_called_healthy(tmp_path: Path) -> None:
+    host = SimHost.gpu_node(tmp_path / "h", gpus=8)
+    host.write("/dev/kmsg", "[Fri Aug 30 11:43:08 2024] nvidia-modeset: Loading NVIDIA Kernel Mode Setting Driver\n"
+                            f"[Fri Aug 30 11:43:09 2024] {XID79}\n")
+    report = _check_json(host.root)
+    assert report["rc"] == 2
+    assert any(c["type"] == "GPUFellOffBus" for c in report["conditions"])  # type: ignore[union-attr]
+    assert report["unparsed"] == []
+
+
+def test_a_kmsg_source_in_no_known_format_is_counted_shown_and_a_warning(tmp_path: Path) -> None:
+    host = SimHost.gpu_node(tmp_path / "h", gpus=8)
+    host.write("/dev/kmsg", "".join(f"some application log line {i} with no kernel format\n" for i in range(30)))
+    report = _check_json(host.root)
+    assert report["rc"] == 1, report
+    (u,) = report["unparsed"]  # type: ignore[misc]
+    assert u["collector"] == "kmsg_xid" and u["count"] == 30 and u["sample"] == "some application log line 0 with " \
+        "no kernel format"
+    (cond,) = [c for c in report["conditions"] if c["type"] == "KernelLogUnparsable"]  # type: ignore[union-attr]
+    assert cond["severity"] == "warning" and cond["suggested_action"] == "fix_config"
+
+
+# Xid 144-150 bodies as logged on B200/GB200 (leptonai/gpud#1160 and #1174, NVIDIA/nccl#2241): the
+# firmware writes "<UNIT> Fatal|Nonfatal XC0 i0 Link N (hex...)" after the open-source prefix.
+async def test_xid_144_150_take_their_severity_from_their_own_fatal_field(tmp_path: Path) -> None:
+    host = SimHost.gpu_node(tmp_path / "h", gpus=2)
+    host.kmsg("NVRM: Xid (PCI:0018:01:00): 145, RLW_RXPIPE Nonfatal XC0 i0 Link 13 (0x0409a0c2 0x00000008 "
+              "0x00000001 0x00000000 0x00100000 0x00000004)")
+    host.kmsg("NVRM: Xid (PCI:0000:01:00): 144, SAW_MVB Nonfatal XC0 i0 Link 0 (0x00000001 0x00000008 0x00000000 "
+              "0x00000000 0x00000000 0x00000000)")
+    host.kmsg("NVRM: Xid (PCI:0019:01:00): 149, NETIR_LINK_EVT Fatal XC0 i0 Link -1 (0x000fe406 0x00000000 "
+              "0x00000000 0x00000000 0x00000000 0x00000000)")
+    sink = Sink()
+    await _collector(host, sink, None).check()
+    xids = {m.details["xid"]: m for m in sink.of("GPUXidError")}
+    assert xids[145].severity == "warning" and xids[145].suggested_action == "none"
+    assert xids[144].severity == "warning"
+    assert xids[149].severity == "critical" and xids[149].suggested_action == "cordon"
+    assert [m.entity for m in sink.of("GPUFatalXid")] == ["gpu:0019:01:00.0"], "only the Fatal one"
+    assert classify(146).severity == "critical", "no field: the catalog's default"
+
+
+async def test_a_storm_summary_states_its_true_span(tmp_path: Path) -> None:
+    host = SimHost.gpu_node(tmp_path / "h", gpus=1)
+    for i in range(6):  # one Xid 13 a minute for six minutes of kernel time, read in one pass
+        host.kmsg("NVRM: Xid (PCI:0000:18:00): 13, pid=77, name=python, Graphics SM Warp Exception",
+                  usec=1_000_000_000 + i * 72_000_000)
+    sink = Sink()
+    await _collector(host, sink, None).check()
+    summary = [m for m in sink.of("GPUXidError") if m.details.get("aggregated")]
+    assert len(summary) == 1 and summary[0].details["count"] == 6
+    assert "over 6.0 min" in summary[0].message and summary[0].details["span_s"] == 360.0
