@@ -144,7 +144,14 @@ class ModuleError:
     text: str
 
 
-Finding = Xid | FellOffBus | SXid | ModuleError
+@dataclass(frozen=True)
+class PeermemError:
+    function: str
+    kind: str  # invalid_context | registration_failed | p2p_error
+    text: str
+
+
+Finding = Xid | FellOffBus | SXid | ModuleError | PeermemError
 
 XID_RE = re.compile(r"NVRM: Xid \(((?:PCI:)?[0-9a-fA-F:.]+)([^)]*)\): (\d+),\s*(.*)")
 _PID = re.compile(r"pid='?(<unknown>|\d+)'?,\s*name=([^,]*),\s*(.*)")
@@ -155,6 +162,10 @@ SXID_RE = re.compile(r"(nvidia-nvswitch\d*): SXid \((?:PCI:)?([0-9a-fA-F:.]+)\):
 VERSION_RE = re.compile(r"(nvidia[-_]\w+): disagrees about version of symbol (\S+)")
 UNKNOWN_RE = re.compile(r"(nvidia[-_]\w+): Unknown symbol (\S+)")
 INSERT_RE = re.compile(r"could not insert '(nvidia[-_]\w+)': (.*)")
+# open-gpu-kernel-modules kernel-open/nvidia-peermem/nvidia-peermem.c, peer_err():
+# "nvidia-peermem %s:%d " FMT (515-545), "nvidia-peermem %s:%d ERROR " FMT (535.129.03+, 550+, 560+).
+# The line number differs between builds: match the function and the text.
+PEERMEM_RE = re.compile(r"nvidia-peermem (\w+):\d+ (?:ERROR )?(.*)")
 
 
 def normalize_bus(bus: str) -> str:
@@ -211,6 +222,11 @@ class NvidiaLineParser:
         if "SXid" in message and (m := SXID_RE.search(message)):
             sw, bus, code, rest = m.groups()
             return SXid(sw, normalize_bus(bus), int(code), rest.lower().startswith("fatal"), rest[:500])
+        if "nvidia-peermem " in message and (m := PEERMEM_RE.search(message)):
+            func, text = m.group(1), m.group(2).strip()
+            kind = ("invalid_context" if "invalid context" in text or "invalid nv_mem_context" in text
+                    else "registration_failed" if "error while registering" in text else "p2p_error")
+            return PeermemError(func, kind, message[:500])
         if "nvidia" in message:
             if m := VERSION_RE.search(message):
                 return ModuleError(module_name(m.group(1)), "version_mismatch", m.group(2), message[:500])

@@ -32,6 +32,7 @@ from collectors.kmsg_parse import (
     KmsgRecord,
     ModuleError,
     NvidiaLineParser,
+    PeermemError,
     SXid,
     Xid,
     iter_text_records,
@@ -44,6 +45,16 @@ log = structlog.get_logger(__name__)
 
 READ_SIZE = 16384
 STATE_VERSION = 1
+_PEERMEM_REASON = {"invalid_context": "KnownHarmless", "registration_failed": "RegistrationFailed",
+                   "p2p_error": "P2PError"}
+_PEERMEM_MEANING = {
+    # NVIDIA, via Mellanox/nv_peer_memory#120: a diagnostic of a mitigation, not a fault; R560+ drivers no
+    # longer print it (shared field facts).
+    "invalid_context": "'detected invalid context, skipping further processing' is a known harmless diagnostic "
+                       "(NVIDIA, Mellanox/nv_peer_memory#120); R560+ drivers no longer print it.",
+    "registration_failed": "the module could not register with the RDMA stack: GPUDirect RDMA is unavailable.",
+    "p2p_error": "a GPU memory pin/map for GPUDirect RDMA failed.",
+}
 UNUSABLE_AFTER = 20  # unreadable lines, with no record at all, before the source is called unusable
 MODULE_ERRORS_KEPT = 20
 
@@ -177,6 +188,15 @@ class KmsgXidCollector:
             ok = await self._xid(finding, now, rec.usec)
         elif isinstance(finding, FellOffBus):
             ok = await self._fell_off(finding.bus_id, finding.text)
+        elif isinstance(finding, PeermemError):
+            if self.agg.add(("peermem", finding.kind, ""), now, rec.usec):
+                harmless = finding.kind == "invalid_context"
+                ok = await self.emit.event(
+                    "NvidiaPeermemError", severity="info" if harmless else "warning", entity="module:nvidia_peermem",
+                    reason=_PEERMEM_REASON[finding.kind],
+                    message=f"nvidia-peermem ({finding.function}): {_PEERMEM_MEANING[finding.kind]}",
+                    details={"function": finding.function, "kind": finding.kind, "text": finding.text, "count": 1,
+                             "harmless": harmless, **({"fixed_in": "R560"} if harmless else {})})
         elif isinstance(finding, SXid):
             sev: Severity = "critical" if finding.fatal else "warning"
             if self.agg.add(("sxid", finding.bus_id, finding.code), now, rec.usec):
@@ -253,6 +273,13 @@ class KmsgXidCollector:
                 await self.emit.event("NVSwitchSXidError", severity="warning", entity=f"nvswitch:{bus}",
                                       reason=f"SXid{code}", message=f"SXid {code} repeated {w.count} times {w.span()}.",
                                       details={"sxid": code, **extra})
+            elif kind == "peermem":
+                _, what, _ = key
+                await self.emit.event("NvidiaPeermemError",
+                                      severity="info" if what == "invalid_context" else "warning",
+                                      entity="module:nvidia_peermem", reason=_PEERMEM_REASON[what],
+                                      message=f"nvidia-peermem error ({what}) repeated {w.count} times {w.span()}.",
+                                      details={"kind": what, **extra})
             elif kind == "module":
                 _, module, what = key
                 await self.emit.event("KernelModuleLoadError", severity="warning", entity=f"module:{module}",

@@ -17,6 +17,7 @@ from collectors.kmsg_parse import (
     FellOffBus,
     ModuleError,
     NvidiaLineParser,
+    PeermemError,
     SXid,
     Xid,
     iter_text_records,
@@ -91,8 +92,9 @@ def test_sxid_and_module_errors_and_harmless_lines() -> None:
     assert isinstance(m, ModuleError) and m.kind == "unknown_symbol"
     m = p.feed("modprobe: ERROR: could not insert 'nvidia_peermem': Invalid argument")
     assert isinstance(m, ModuleError) and m.kind == "insert_failed" and m.module == "nvidia_peermem"
-    assert p.feed("nvidia-peermem nv_get_p2p_free_callback:127 ERROR detected invalid context, skipping further "
-                  "processing") is None
+    harmless = p.feed("nvidia-peermem nv_get_p2p_free_callback:127 ERROR detected invalid context, skipping "
+                      "further processing")
+    assert isinstance(harmless, PeermemError) and harmless.kind == "invalid_context"  # recognised (info, below)
     assert p.feed("EXT4-fs (vda): mounted filesystem") is None
 
 
@@ -359,3 +361,33 @@ async def test_a_storm_summary_states_its_true_span(tmp_path: Path) -> None:
     summary = [m for m in sink.of("GPUXidError") if m.details.get("aggregated")]
     assert len(summary) == 1 and summary[0].details["count"] == 6
     assert "over 6.0 min" in summary[0].message and summary[0].details["span_s"] == 360.0
+
+
+@pytest.mark.parametrize(("line", "kind"), [
+    # 515-545: "nvidia-peermem %s:%d " FMT (open-gpu-kernel-modules kernel-open/nvidia-peermem/nvidia-peermem.c)
+    ("nvidia-peermem nv_get_p2p_free_callback:101 nv_get_p2p_free_callback -- invalid nv_mem_context",
+     "invalid_context"),
+    # 535.129.03+, 550+, 560+: " ERROR " inserted; line 127 as observed in leptonai/gpud#46
+    ("nvidia-peermem nv_get_p2p_free_callback:127 ERROR detected invalid context, skipping further processing",
+     "invalid_context"),
+    ("nvidia-peermem nv_mem_client_init:410 ERROR nv_mem_client_init -- error while registering traditional client",
+     "registration_failed"),
+    ("nvidia-peermem nv_dma_map:260 ERROR nv_dma_map -- error -22 while calling nvidia_p2p_dma_map_pages()",
+     "p2p_error"),
+])
+def test_nvidia_peermem_errors_are_recognised(line: str, kind: str) -> None:
+    f = NvidiaLineParser().feed(line)
+    assert isinstance(f, PeermemError) and f.kind == kind
+
+
+async def test_peermem_invalid_context_and_a_570_xid_79_without_pid(tmp_path: Path) -> None:
+    host = SimHost.gpu_node(tmp_path / "h", gpus=2)
+    host.kmsg("nvidia-peermem nv_get_p2p_free_callback:132 ERROR detected invalid context, skipping further "
+              "processing", prio=3)
+    host.kmsg("NVRM: Xid (PCI:0000:44:00): 79, GPU has fallen off the bus.")  # 570.86.15+: no pid/name
+    sink = Sink()
+    await _collector(host, sink, None).check()
+    (pm,) = sink.of("NvidiaPeermemError")
+    assert pm.severity == "info" and pm.reason == "KnownHarmless" and pm.entity == "module:nvidia_peermem"
+    assert pm.details["harmless"] is True and pm.details["fixed_in"] == "R560" and "harmless" in pm.message
+    assert [m.entity for m in sink.of("GPUFellOffBus")] == ["gpu:0000:44:00.0"]
