@@ -215,8 +215,9 @@ class SimHost:
             f"juicefs_blockcache_hits {hits}\njuicefs_blockcache_miss {miss}\n"
             f"juicefs_blockcache_hit_bytes {hit_bytes}\njuicefs_blockcache_miss_bytes {miss_bytes}\n"
             f"juicefs_blockcache_evicts 0\njuicefs_blockcache_drops 0\n"
-            f'juicefs_object_request_data_bytes{{method="GET"}} {object_get_bytes}\n'
-            f'juicefs_object_request_data_bytes{{method="PUT"}} 0\n'
+            # CE's own folding of the method label (juicedata/juicefs pkg/vfs/internal.go, v1.0-v1.3)
+            f"juicefs_object_request_data_bytes_GET {object_get_bytes}\n"
+            f"juicefs_object_request_data_bytes_PUT 0\n"
             f"juicefs_fuse_read_size_bytes_sum {fuse_read_bytes}\njuicefs_uptime 3600.5\n"))
 
     # -- presets ---------------------------------------------------------------------

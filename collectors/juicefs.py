@@ -53,7 +53,7 @@ class JuiceFSConfig(CollectorSettings, kw_only=True, forbid_unknown_fields=True)
     window: float = 600.0
     cold_start_grace: float = 600.0
     read_amplification_max: float = 3.0
-    object_bytes_metric: str = "juicefs_object_request_data_bytes"
+    object_bytes_metric: str = "juicefs_object_request_data_bytes_GET"  # bytes downloaded from the object store
     read_bytes_metric: str = "juicefs_fuse_read_size_bytes_sum"
 
 
@@ -250,7 +250,10 @@ class JuiceFSCollector:
             return
         now = time.monotonic()
         st = self.state.setdefault(mp, MountState(first_seen=now))
-        st.samples.append((now, parse_stats(text)))
+        stats = parse_stats(text)
+        if stats.bad_lines:
+            self.emit.unparsed(f"{mp}/.stats", stats.sample)
+        st.samples.append((now, stats.values))
         st.samples = [x for x in st.samples if now - x[0] <= self.config.window] or st.samples[-1:]
         if len(st.samples) < 2 or now - st.first_seen < self.config.cold_start_grace:
             return

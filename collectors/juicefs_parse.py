@@ -35,23 +35,65 @@ def parse_mounts(text: str) -> list[MountEntry]:
     return out
 
 
-def parse_stats(text: str) -> dict[str, float]:
-    """``name value`` lines (names may carry Prometheus labels); junk lines are skipped."""
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        line = line.strip()
+# Enterprise Edition `.stats` is `key: value` lines with dotted keys (as read by fluid-cloudnative/fluid
+# pkg/ddc/juicefs/const.go and its EE test dumps); the ones the collector uses map onto the
+# Community Edition's names. get_bytes/read_bytes are object-store downloads and FUSE reads by their
+# agreement with object.get and fuse_ops.read in those dumps (no public EE document defines them).
+EE_NAMES = {
+    "blockcache.hits": "juicefs_blockcache_hits", "blockcache.miss": "juicefs_blockcache_miss",
+    "blockcache.hitBytes": "juicefs_blockcache_hit_bytes", "blockcache.missBytes": "juicefs_blockcache_miss_bytes",
+    "blockcache.bytes": "juicefs_blockcache_bytes", "blockcache.blocks": "juicefs_blockcache_blocks",
+    "get_bytes": "juicefs_object_request_data_bytes_GET", "put_bytes": "juicefs_object_request_data_bytes_PUT",
+    "read_bytes": "juicefs_fuse_read_size_bytes_sum", "write_bytes": "juicefs_fuse_written_size_bytes_sum",
+}
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+@dataclass
+class Stats:
+    """A `.stats` file: values under Community Edition names, and what could not be read."""
+
+    values: dict[str, float] = field(default_factory=dict)
+    edition: str = ""  # "ce" (`name value`), "ee" (`key: value`), "" when nothing was read
+    bad_lines: int = 0
+    sample: str = ""  # the first line that was neither form
+
+
+def _flatten(name: str) -> str:
+    """CE folds a metric's method into its name in `.stats` (pkg/vfs/internal.go since v1.2:
+    `juicefs_object_request_data_bytes_GET`); a Prometheus-labelled line is folded the same way."""
+    base, brace, labels = name.partition("{")
+    if not brace:
+        return name
+    method = dict(_LABEL.findall(labels)).get("method")
+    return f"{base}_{method}" if method else base
+
+
+def parse_stats(text: str) -> Stats:
+    """Both editions' `.stats`. Duplicate names are summed (CE v1.2+ drops the storage_class label,
+    so two `_GET` lines can appear, as `juicefs stats` also sums them); NaN/inf are no counter values."""
+    out = Stats()
+    for raw in text.splitlines():
+        line = raw.strip()
         if not line or line.startswith("#"):
             continue
-        name, _, value = line.rpartition(" ")
-        if not name:
-            continue
+        if ": " in line and " " not in line.split(": ", 1)[0]:
+            key, _, value = line.partition(": ")
+            name, edition = EE_NAMES.get(key.strip(), key.strip()), "ee"
+        else:
+            name, _, value = line.rpartition(" ")
+            name, edition = _flatten(name.strip()), "ce"
         try:
             v = float(value)
         except ValueError:
+            v = float("nan")
+        if not name or v != v or v in (float("inf"), float("-inf")):
+            if not (edition == "ee" and value.strip().startswith("[")):  # EE lists (`meta.usec_ping: [1799]`)
+                out.bad_lines += 1
+                out.sample = out.sample or line[:200]
             continue
-        if v != v or v in (float("inf"), float("-inf")):  # NaN / inf: not a counter value
-            continue
-        out[name.strip()] = v
+        out.edition = out.edition or edition
+        out.values[name] = out.values.get(name, 0.0) + v
     return out
 
 

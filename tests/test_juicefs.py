@@ -44,9 +44,10 @@ def _collector(root: Path, sink: Sink, facts: FactStore | None = None, **cfg: ob
 def test_parsers() -> None:
     m = parse_mounts("JuiceFS:myjfs /mnt/my\\040jfs fuse.juicefs rw,relatime 0 0\nbad\n")
     assert [(x.source, x.mountpoint, x.fstype) for x in m] == [("JuiceFS:myjfs", "/mnt/my jfs", "fuse.juicefs")]
-    stats = parse_stats('juicefs_blockcache_hits 10\nfoo{m="GET"} 3\nfoo{m="PUT"} 4\ngarbage\nx NaN\n# c\n')
-    assert stats == {"juicefs_blockcache_hits": 10.0, 'foo{m="GET"}': 3.0, 'foo{m="PUT"}': 4.0}
-    assert stat_value(stats, "foo") == 7.0
+    stats = parse_stats('juicefs_blockcache_hits 10\nfoo{method="GET"} 3\nfoo{method="PUT"} 4\ngarbage\nx NaN\n# c\n')
+    assert stats.values == {"juicefs_blockcache_hits": 10.0, "foo_GET": 3.0, "foo_PUT": 4.0}
+    assert stats.edition == "ce" and stats.bad_lines == 2 and stats.sample == "garbage"
+    assert stat_value(stats.values, "foo_GET") == 3.0
     assert parse_size("100") == 100 * MIB and parse_size("100G") == 100 * GIB and parse_size("1.5Gi") == int(1.5 * GIB)
     assert parse_size("lots") is None
     v10 = parse_config(json.dumps({"Version": "1.0.4", "Chunk": {"CacheDir": "/a:/b", "CacheSize": 100}}), "/m")
@@ -63,8 +64,10 @@ def test_parsers() -> None:
 
 @given(st.text(max_size=500))
 def test_stats_and_mount_parsers_never_crash(text: str) -> None:
-    for v in parse_stats(text).values():
-        assert v == v
+    stats = parse_stats(text)
+    for v in stats.values.values():
+        assert v == v and v not in (float("inf"), float("-inf"))
+    assert stats.bad_lines <= len(text.splitlines()) and (stats.sample == "") == (stats.bad_lines == 0)
     for m in parse_mounts(text):
         assert m.fstype
 
@@ -201,3 +204,37 @@ async def test_empty_cache_is_cold_and_a_warmup_candidate(tmp_path: Path) -> Non
     host.write("/proc/999/cmdline", "juicefs\0warmup\0--threads\0050\0/mnt/jfs/train\0")
     await c.collect()
     assert facts.get("juicefs.mounts")[0]["warmup_running"] is True
+
+
+# -- real `.stats` contents, verbatim excerpts ---------------------------------------------------
+def test_ce_duplicate_get_lines_are_summed() -> None:
+    # juicedata/juicefs#5687 (v1.2+: storage_class dropped from the name, two lines remain)
+    s = parse_stats("juicefs_object_request_data_bytes_GET 99108970949790\n"
+                    "juicefs_object_request_data_bytes_GET 93296720741168\n")
+    assert s.values == {"juicefs_object_request_data_bytes_GET": 99108970949790 + 93296720741168.0}
+
+
+def test_ce_v1_0_dump_from_fluid() -> None:
+    # fluid-cloudnative/fluid pkg/ddc/juicefs/report_test.go mockJuiceFSMetricOfCommunity() @9525a2d9d
+    s = parse_stats("juicefs_blockcache_hit_bytes 40717671794\njuicefs_blockcache_hits 9709\njuicefs_blockcache_miss 0\n"
+                    "juicefs_blockcache_read_hist_seconds_total 9709\n"
+                    "juicefs_blockcache_read_hist_seconds_sum 973.9802880359989\n"
+                    "juicefs_fuse_read_size_bytes_total 310652\njuicefs_fuse_read_size_bytes_sum 40717671794\n"
+                    "juicefs_go_build_info__github.com/juicedata/juicefs_(devel) 1\njuicefs_go_info_go1.16.15 1\n"
+                    "juicefs_object_request_errors 0\njuicefs_process_virtual_memory_max_bytes -1\n")
+    assert s.edition == "ce" and s.bad_lines == 0
+    assert s.values["juicefs_blockcache_hits"] == 9709 and s.values["juicefs_fuse_read_size_bytes_sum"] == 40717671794
+
+
+def test_ee_dump_maps_onto_ce_names() -> None:
+    # fluid-cloudnative/fluid pkg/ddc/juicefs/report_test.go @7dea2091b (PR #1829): Enterprise `key: value`
+    s = parse_stats("blockcache.bytes: 536315271087\nblockcache.hitBytes: 8341055360094\nblockcache.hits: 2590312\n"
+                    "blockcache.miss: 1002930\nblockcache.missBytes: 1935703021973\nfuse_ops.read: 29264056\n"
+                    "fuse_ops: 126562751\nget_bytes: 4137587\nmeta.usec_ping: [407]\nobject.get: 41\n"
+                    "object.put: 1173014\nput_bytes: 1134075243126\nread_bytes: 3269189737736\n"
+                    "write_bytes: 2410711988610\n")
+    assert s.edition == "ee" and s.bad_lines == 0, s.sample
+    v = s.values
+    assert (v["juicefs_blockcache_hits"], v["juicefs_blockcache_miss"]) == (2590312, 1002930)
+    assert v["juicefs_object_request_data_bytes_GET"] == 4137587
+    assert v["juicefs_fuse_read_size_bytes_sum"] == 3269189737736 and v["object.get"] == 41
