@@ -37,6 +37,9 @@ def parse_environ(data: bytes) -> dict[str, str]:
     return out
 
 
+JOB_NET_CHOICES = ("NCCL_IB_DISABLE", "NCCL_NET")
+
+
 def hca_prefix_overmatch(value: str, hcas: list[str]) -> dict[str, list[str]]:
     """NCCL_IB_HCA entries (no leading '=') that select more than one present HCA."""
     if not value or value.startswith(("=", "^")):
@@ -166,6 +169,9 @@ class NCCLEnvCollector:
         procs, hcas, active, ifaces = await asyncio.to_thread(self._scan)
         self.emit.facts.set("nccl_env.ib_hca", {str(p): e["NCCL_IB_HCA"] for p, e in procs.items()
                                                 if "NCCL_IB_HCA" in e})
+        # the job's own transport choices: nccl_logs then calls a socket fallback a job setting, not a node fault
+        self.emit.facts.set("nccl_env.net_choice", {str(p): {k: e[k] for k in JOB_NET_CHOICES if k in e}
+                                                    for p, e in procs.items() if any(k in e for k in JOB_NET_CHOICES)})
         for pid, env in procs.items():
             for var, severity, reason, message, details in lint(env, hcas=hcas, active_ib=active, ifaces=ifaces,
                                                                 min_ib_timeout=self.config.min_ib_timeout):

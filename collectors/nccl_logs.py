@@ -170,9 +170,9 @@ class NCCLLogsCollector:
             action = "inspect_hardware" if status in (12, 13) else "none"
             return await self.emit.event(
                 "NCCLIBCompletionError", severity=severity, entity=st.entity, reason=f"IBStatus{status}",
-                message=f"NCCL on {st.key} got an IB completion error from {f['peer']}: status {status}"
+                message=f"NCCL on {st.key} got an IB completion error from {f.get('peer') or 'a peer'}: status {status}"
                         + (f" ({text})" if text else "") + (f" on {f['hca']}" if f.get("hca") else "") + ".",
-                details={**where, "peer": f["peer"], "status": status, "status_name": text or None,
+                details={**where, "peer": f.get("peer"), "status": status, "status_name": text or None,
                          "vendor_err": f.get("vendor_err"), "hca": f.get("hca")},
                 suggested_action=action, msg_id=msg_id)
         if m.rule.name == "socket_error":
@@ -213,17 +213,10 @@ class NCCLLogsCollector:
         ok = True
         base = st.summary()
         rdma = self._active_rdma_ports()
-        if st.net == "Socket" or (st.socket_ifs and not st.ib_devices):
-            ib_node = self._tri(self.config.expect_ib, bool(rdma))
-            ok &= await self.emit.condition(
-                "NCCLSocketFallback", firing=True, severity="critical" if ib_node else "warning", entity=st.entity,
-                reason="NoIBDevice" if st.ib_no_device else "SocketTransport",
-                message=f"NCCL in {st.key} (ranks {st.ranks() or '?'}) uses TCP sockets"
-                        + (f" although {len(rdma)} IB/RoCE ports are ACTIVE" if rdma else "")
-                        + ("; NCCL found no IB device" if st.ib_no_device else "") + ".",
-                details={**base, "net": st.net, "socket_ifs": st.socket_ifs or None, "ib_no_device": st.ib_no_device,
-                         "active_rdma_ports": rdma}, suggested_action="cordon" if ib_node else "fix_config")
-        if (st.non_gdr_channels or st.gdr_disabled) and st.net != "Socket" and self._gdr_available():
+        transport = st.transport()
+        if transport == "Socket" or (transport is None and st.ib_no_device):
+            ok &= await self._socket_fallback(st, base, rdma)
+        if (st.non_gdr_channels or st.gdr_disabled) and transport != "Socket" and self._gdr_available():
             ok &= await self.emit.condition(
                 "NCCLNoGDRDMA", firing=True, severity="warning", entity=st.entity, reason="GDRNotUsed",
                 message=f"NCCL in {st.key} moves IB traffic through host memory (no GPUDirect RDMA) although "
@@ -252,6 +245,48 @@ class NCCLLogsCollector:
                 details={**base, "selected": selected, "nccl_ib_hca": env or None, "unintended": surprises,
                          "storage_nics": storage}, suggested_action="fix_config")
         return ok
+
+    def _job_choice(self, st: ProcessState) -> tuple[str, str] | None:
+        """(variable, value) when the job itself chose sockets: echoed in its log (NCCL prints integer
+        params as "NCCL_IB_DISABLE set by environment to 1.") or read from /proc/<pid>/environ."""
+        env = {**(self.emit.facts.get("nccl_env.net_choice") or {}).get(str(st.pid), {}), **st.env}
+        if env.get("NCCL_IB_DISABLE", "").strip() not in ("", "0"):
+            return "NCCL_IB_DISABLE", env["NCCL_IB_DISABLE"]
+        if env.get("NCCL_NET", "").strip().lower() == "socket":
+            return "NCCL_NET", env["NCCL_NET"]
+        return None
+
+    async def _socket_fallback(self, st: ProcessState, base: dict[str, Any], rdma: list[str]) -> bool:
+        """Severity by who is at fault. The job's setting or its container (no IB device visible to it)
+        is a fix_config warning naming the job; only a node whose ports are up and whose NCCL saw IB
+        devices yet still fell back is critical, and even then it wants inspection, not a cordon."""
+        ib_node = self._tri(self.config.expect_ib, bool(rdma))
+        choice = self._job_choice(st)
+        job = f"NCCL in {st.key} (ranks {st.ranks() or '?'})"
+        severity: Severity
+        action: SuggestedAction
+        if choice is not None:
+            var, value = choice
+            severity, action, reason = ("warning" if ib_node else "info"), "fix_config", "SocketChosenByJob"
+            message = f"{job} uses TCP sockets because the job sets {var}={value}" + (
+                f" although {len(rdma)} IB/RoCE ports are ACTIVE: remove the setting" if ib_node else "") + "."
+        elif not ib_node:
+            severity, action, reason = "info", "none", "NoRDMAOnNode"
+            message = f"{job} uses TCP sockets; this node has no ACTIVE IB/RoCE port."
+        elif st.ib_no_device:
+            severity, action, reason = "warning", "fix_config", "NoIBDeviceInJob"
+            message = (f"{job} uses TCP sockets: NCCL found no IB device although {len(rdma)} IB/RoCE ports are "
+                       f"ACTIVE on the node; the job's container or namespace does not see the HCAs (RDMA device "
+                       f"plugin, /dev/infiniband, NCCL_IB_HCA).")
+        else:
+            severity, action, reason = "critical", "inspect_hardware", "SocketTransport"
+            message = f"{job} uses TCP sockets although {len(rdma)} IB/RoCE ports are ACTIVE."
+        return await self.emit.condition(
+            "NCCLSocketFallback", firing=True, severity=severity, entity=st.entity, reason=reason, message=message,
+            details={**base, "net": st.transport(), "socket_ifs": st.socket_ifs or None,
+                     "ib_no_device": st.ib_no_device, "socket_channels": st.socket_channels,
+                     "job_setting": dict([choice]) if choice else None, "active_rdma_ports": rdma},
+            suggested_action=action)
 
     # -- lifecycle ------------------------------------------------------------------------
     def _alive(self, st: ProcessState) -> bool:

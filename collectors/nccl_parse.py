@@ -14,9 +14,13 @@ from typing import Any
 
 from agent.types import Severity
 
+# NCCL's own prefix, found anywhere in the line: whatever stands before it is a launcher's or a
+# collector's ("node-3: ", "[1,0]<stdout>:", kubectl --timestamps' RFC 3339 time, syslog, tqdm's
+# carriage-return junk). The pid may be redacted ("<pid>", "xxx", "***") when a log is pasted.
 PREFIX = re.compile(
-    r"^(?:\[(?P<ts>\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}(?:\.\d+)?)\] )?"
-    r"(?P<host>[^\s:\[]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>-?\d+)\] "
+    r"(?:\[(?P<ts>\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}(?:\.\d+)?)\] )?"
+    r"(?P<host>[^\s:\[\]<>]+):(?P<pid>\d+|<[^>\s]*>|[xX*#?.]+):(?P<tid>\d+|<[^>\s]*>|[xX*#?.]+) "
+    r"\[(?P<dev>-?\d+)\] "
     r"(?:(?P<src>[^\s]+:\d+)(?: \((?P<func>[^)]*)\))? )?NCCL (?P<level>INFO|WARN|TRACE|CALL|ABORT) (?P<msg>.*)$")
 
 
@@ -35,30 +39,46 @@ def _r(p: str) -> re.Pattern[str]:
 
 
 # The whole vocabulary. Strings checked against NCCL's sources 2.18-2.30 (tests/golden/).
+# Channel/Ring lines (src/transport/{p2p,shm,net}.cc): "Ring %02d" in 2.4, "Channel %02d" from 2.7,
+# "/connIndex" on NET lines from 2.12 (never on SHM lines), brackets busId (2.7-2.18.1) or nvmlDev,
+# none on 2.4's NET lines; PXN adds "(proxyRank)", 2.26+ "(PCI)" after /GDRDMA.
+_CHAN = r"(?:Channel|Ring) (?P<ch>\d+)(?:/\d+)? : (?P<src>\d+)(?:\[[^\]]*\])? -> (?P<dst>\d+)(?:\[[^\]]*\])? "
+
 RULES: tuple[Rule, ...] = (
     Rule("network", _r(r"\bUsing network (?P<net>\S[^\n]*?)\s*$"), "NCCLSocketFallback", "critical", ("net",)),
     Rule("ib_no_device", _r(r"NET/IB : No device found"), "NCCLSocketFallback", "critical", ()),
     Rule("ib_using", _r(r"NET/IB : Using (?P<devs>.*?)\s*(?P<ro>\[RO\])?\s*; OOB (?P<oob>\S+)"), "NCCLHCASelection",
          "warning", ("devs", "oob")),
     Rule("socket_using", _r(r"NET/Socket : Using (?P<ifs>.+?)\s*$"), "NCCLSocketFallback", "critical", ("ifs",)),
-    Rule("gdr", _r(r"GPU Direct RDMA (?P<state>Enabled|Disabled) for (?:GPU \d+ / )?HCA (?P<hca>\d+)"
-                   r"(?: '(?P<name>[^']+)')?"), "NCCLNoGDRDMA", "warning", ("state", "hca", "name")),
-    Rule("channel_net", _r(r"Channel (?P<ch>\d+)/\d+ : (?P<src>\d+)\[[^\]]*\] -> (?P<dst>\d+)\[[^\]]*\] "
-                           r"\[(?P<dir>send|receive)\] via NET/(?P<net>\w+)/(?P<dev>\d+)(?P<flags>\S*)"),
+    # 2.4: "... Disabled for GPU %d[%d] / HCA %d '%s' (no module or not supported by GPU)"; 2.7-2.12:
+    # "NET/IB : GPU Direct RDMA Disabled for HCA %d '%s' (no module)"; 2.13+: "NET/%s : GPU Direct RDMA %s
+    # for HCA %d '%s'"; the Mellanox plugin: "GPU Direct RDMA (nvidia-peermem) enabled for HCA %d '%s".
+    Rule("gdr", _r(r"NET/\w+ : GPU Direct RDMA (?:\((?P<how>[\w-]+)\) )?(?P<state>[Ee]nabled|[Dd]isabled) for "
+                   r"(?:GPU \S+ / )?HCA (?P<hca>[0-9a-f]+)(?: '(?P<name>[^'\s]+)'?)?"),
+         "NCCLNoGDRDMA", "warning", ("state", "hca", "name")),
+    Rule("channel_net", _r(_CHAN + r"\[(?P<dir>send|receive)\] via NET/(?P<net>\w+)/(?P<dev>\d+)(?:\(\d+\))?"
+                                   r"(?P<flags>\S*)"),
          "NCCLNoGDRDMA", "warning", ("ch", "src", "dst", "dir", "net", "dev", "flags")),
-    Rule("channel_shm", _r(r"Channel (?P<ch>\d+)/\d+ : (?P<src>\d+)\[[^\]]*\] -> (?P<dst>\d+)\[[^\]]*\] "
-                           r"via SHM/(?P<mode>\S+)"), "NCCLP2PViaHost", "warning", ("ch", "src", "dst", "mode")),
+    # "via direct shared memory" (2.4-2.12), "via SHM/%s/%s" (2.13-2.30.4), "via SHM/direct" (2.30.7)
+    Rule("channel_shm", _r(_CHAN + r"via (?:SHM/(?P<mode>\S+)|direct shared memory)"), "NCCLP2PViaHost", "warning",
+         ("ch", "src", "dst", "mode")),
     Rule("init", _r(r"comm (?P<comm>0x[0-9a-f]+) rank (?P<rank>\d+) nranks (?P<nranks>\d+) cudaDev (?P<cuda>\d+)"
-                    r"(?: nvmlDev (?P<nvml>\d+))? busId (?P<bus>[0-9a-f]+)(?: commId (?P<commid>0x[0-9a-f]+))?"
+                    r"(?: nvmlDev (?P<nvml>\d+))?(?: busId (?P<bus>[0-9a-f]+))?(?: commId (?P<commid>0x[0-9a-f]+))?"
                     r".*Init COMPLETE"), "", "info", ("comm", "rank", "nranks", "bus", "commid")),
-    Rule("env_hca", _r(r"NCCL_IB_HCA set by environment to (?P<value>\S+)"), "NCCLHCASelection", "warning",
-         ("value",)),
-    Rule("ib_completion", _r(r"NET/IB(?:/GIN)? ?: Got completion from peer (?P<peer>\S+) with "
+    # net_ib.cc, 2.7.3+: INFO(NCCL_NET|NCCL_ENV, "NCCL_IB_HCA set to %s") — shown by default from 2.17
+    Rule("env_hca", _r(r"\bNCCL_IB_HCA set to (?P<value>\S+)"), "NCCLHCASelection", "warning", ("value",)),
+    # param.h/param.cc: "%s set by environment to %lu." (integer NCCL_PARAMs such as NCCL_IB_DISABLE);
+    # net.cc/plugin: "NCCL_NET_PLUGIN set by environment to %s"
+    Rule("env_param", _r(r"\b(?P<name>NCCL_[A-Z0-9_]+) set by environment to (?P<value>[^\s]+?)\.?\s*$"), "",
+         "info", ("name", "value")),
+    # net_ib.cc: "NET/IB : Got completion with error %d, opcode %d, ..." (<= 2.9), "... from peer %s with error
+    # %d" (2.10-2.19), "with status=%d" (2.20+), "status=%s(%d)" (2.28.7+); "NET/IB:" from 2.22
+    Rule("ib_completion", _r(r"NET/IB(?:/GIN)? ?: Got completion (?:from peer (?P<peer>\S+) )?with "
                              r"(?:status=(?:(?P<sname>[A-Z_]+)\()?(?P<status>\d+)\)?|error (?P<err>\d+))"),
          "NCCLIBCompletionError", "critical", ("peer", "status", "sname", "vendor_err", "hca")),
     Rule("socket_error", _r(r"(?P<what>Connection closed by remote peer|Connection reset by peer|Call to recv from "
-                            r"\S+ failed|Connect to \S+ failed|exceeded retries)"), "NCCLSocketError", "warning",
-         ("what",), warn_only=True),
+                            r"\S+ failed|Connect to \S+ failed|connect to \S+ failed|exceeded retries)"),
+         "NCCLSocketError", "warning", ("what",), warn_only=True),
     Rule("watchdog", _r(r"Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=(?P<seq>\d+), "
                         r"OpType=(?P<op>\w+)(?:.*?Timeout\(ms\)=(?P<timeout>\d+))?.*?\) ran for (?P<ran>\d+) "
                         r"milliseconds"), "NCCLCollectiveTimeout", "critical", ("seq", "op", "timeout", "ran")),
@@ -68,9 +88,11 @@ RULES_BY_NAME = {r.name: r for r in RULES}
 # Byte needles: only lines containing one of these are decoded. Channel lines over P2P and
 # NET/IB with /GDRDMA (the healthy, numerous ones) never pass.
 _NEEDLES = (b"Using network ", b"NET/IB : ", b"NET/IB: ", b"NET/IB/GIN", b"NET/Socket : Using", b"GPU Direct RDMA",
-            b"via SHM/", b"via NET/Socket", b"Init COMPLETE", b"NCCL_IB_HCA set", b"NCCL WARN", b"Watchdog caught")
-_NONGDR_RE = rb"via NET/IB/\d+(?![\d/])"
-_NONGDR_DFA = rb"via NET/IB/[0-9]+(?:[^/0-9]|$)"  # the same, without look-ahead (RE2, Hyperscan)
+            b"via SHM/", b"via direct shared memory", b"via NET/Socket", b"Init COMPLETE", b"NCCL_IB_HCA set",
+            b"set by environment to", b"NCCL WARN", b"Watchdog caught")
+# IB channels without /GDRDMA, also through a plugin (NET/IBext_v8/0): the healthy GDR ones never pass
+_NONGDR_RE = rb"via NET/IB\w*/\d+(?![\d/])"
+_NONGDR_DFA = rb"via NET/IB[A-Za-z0-9_]*/[0-9]+(?:[^/0-9]|$)"  # the same, without look-ahead (RE2, Hyperscan)
 PREFILTER = re.compile(b"|".join(re.escape(n) for n in _NEEDLES) + b"|" + _NONGDR_RE)
 
 
@@ -167,10 +189,12 @@ def candidate_lines(data: bytes, base: int, *, max_line: int = 65536,
 
 def parse_line(offset: int, raw: bytes) -> Line:
     text = raw.decode("utf-8", "replace").rstrip("\r")
-    m = PREFIX.match(text)
+    text = text.rsplit("\r", 1)[-1]  # a progress bar's carriage returns: the terminal shows the last part
+    m = PREFIX.search(text)
     if m is None:
         return Line(offset, "", 0, -1, "", "", "", "", text, text)
-    return Line(offset, m["host"], int(m["pid"]), int(m["dev"]), m["level"], m["ts"] or "", m["src"] or "",
+    pid = int(m["pid"]) if m["pid"].isdigit() else 0  # redacted: one process per host
+    return Line(offset, m["host"], pid, int(m["dev"]), m["level"], m["ts"] or "", m["src"] or "",
                 m["func"] or "", m["msg"], text)
 
 
@@ -257,7 +281,10 @@ class ProcessState:
     gdr_disabled: set[str] = field(default_factory=set)
     non_gdr_channels: int = 0
     shm_channels: int = 0
+    socket_channels: int = 0
+    channel_nets: set[str] = field(default_factory=set)  # NET/<name> on channel/ring lines
     env_hca: str = ""
+    env: dict[str, str] = field(default_factory=dict)  # NCCL_* echoed by "set by environment to"
     last_seen: float = 0.0
     lines: int = 0
 
@@ -268,6 +295,16 @@ class ProcessState:
     @property
     def entity(self) -> str:
         return f"nccl:{self.host}:{self.pid}"
+
+    def transport(self) -> str | None:
+        """The inter-node transport NCCL says it uses: "Using network X" (2.6+), else the channel or
+        ring lines' NET/<name> (2.4/2.5 print no "Using network"); None before either appeared."""
+        if self.net:
+            return self.net
+        if self.channel_nets:
+            ib = sorted(n for n in self.channel_nets if n != "Socket")
+            return ib[0] if ib else "Socket"
+        return None
 
     def ranks(self) -> list[int]:
         return sorted({c["rank"] for c in self.comms.values()})
@@ -283,10 +320,14 @@ class ProcessState:
             self.ib_devices = parse_ib_devices(f["devs"])
         elif name == "socket_using":
             self.socket_ifs = f["ifs"]
-        elif name == "gdr" and f["state"] == "Disabled":
+        elif name == "gdr" and f["state"].lower() == "disabled":
             self.gdr_disabled.add(f.get("name") or f"hca{f['hca']}")
-        elif name == "channel_net" and f["net"] == "IB" and "/GDRDMA" not in f.get("flags", ""):
-            self.non_gdr_channels += 1
+        elif name == "channel_net":
+            self.channel_nets.add(f["net"])
+            if f["net"] == "Socket":
+                self.socket_channels += 1
+            elif f["net"].startswith("IB") and "/GDRDMA" not in f.get("flags", ""):  # IB, IBext, IBext_v8
+                self.non_gdr_channels += 1
         elif name == "channel_shm":
             self.shm_channels += 1
         elif name == "init":
@@ -294,6 +335,8 @@ class ProcessState:
                                                         "bus_id": f["bus"], "comm": f["comm"]}
         elif name == "env_hca":
             self.env_hca = f["value"]
+        elif name == "env_param":
+            self.env[f["name"]] = f["value"]
 
     def summary(self) -> dict[str, Any]:
         first = next(iter(self.comms.values()), {})
