@@ -159,9 +159,11 @@ FELL_ONE = re.compile(r"NVRM: GPU ([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2
 FELL_HEAD = re.compile(r"NVRM: The NVIDIA GPU ([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])")
 FELL_TAIL = re.compile(r"fallen off the bus and is not responding")
 SXID_RE = re.compile(r"(nvidia-nvswitch\d*): SXid \((?:PCI:)?([0-9a-fA-F:.]+)\): (\d+),\s*(.*)")
-VERSION_RE = re.compile(r"(nvidia[-_]\w+): disagrees about version of symbol (\S+)")
-UNKNOWN_RE = re.compile(r"(nvidia[-_]\w+): Unknown symbol (\S+)")
-INSERT_RE = re.compile(r"could not insert '(nvidia[-_]\w+)': (.*)")
+# nv_peer_mem: the pre-R470 GPUDirect RDMA module from Mellanox/nv_peer_memory (Mellanox/nv_peer_memory#8)
+_MODULE = r"(nvidia[-_]\w+|nv_peer_mem)"
+VERSION_RE = re.compile(_MODULE + r": disagrees about version of symbol (\S+)")
+UNKNOWN_RE = re.compile(_MODULE + r": Unknown symbol (\S+)")
+INSERT_RE = re.compile(r"could not insert '" + _MODULE + r"': (.*)")
 # open-gpu-kernel-modules kernel-open/nvidia-peermem/nvidia-peermem.c, peer_err():
 # "nvidia-peermem %s:%d " FMT (515-545), "nvidia-peermem %s:%d ERROR " FMT (535.129.03+, 550+, 560+).
 # The line number differs between builds: match the function and the text.
@@ -227,7 +229,7 @@ class NvidiaLineParser:
             kind = ("invalid_context" if "invalid context" in text or "invalid nv_mem_context" in text
                     else "registration_failed" if "error while registering" in text else "p2p_error")
             return PeermemError(func, kind, message[:500])
-        if "nvidia" in message:
+        if "nvidia" in message or "nv_peer_mem" in message:
             if m := VERSION_RE.search(message):
                 return ModuleError(module_name(m.group(1)), "version_mismatch", m.group(2), message[:500])
             if m := UNKNOWN_RE.search(message):

@@ -29,6 +29,7 @@ from agent.tailer import TailedFile, Tailer
 from agent.types import Emitter, HostPaths, Severity, SuggestedAction
 from collectors.ib_sysfs import parse_enum
 from collectors.nccl_parse import (
+    WARNING_RULE,
     Match,
     ProcessState,
     candidate_lines,
@@ -136,6 +137,8 @@ class NCCLLogsCollector:
             touched[key] = st
             if m.rule.name in ("ib_completion", "socket_error", "watchdog", "warn"):
                 events.append((m, st))
+            elif line.level == "WARN":  # a WARN a state rule also reads (no libibverbs): still shown as one
+                events.append((Match(WARNING_RULE, line, {}), st))
         if not events and not touched:
             return True
         if tf.pending is None or tf.pending.get("from") != base:
@@ -275,9 +278,11 @@ class NCCLLogsCollector:
             message = f"{job} uses TCP sockets; this node has no ACTIVE IB/RoCE port."
         elif st.ib_no_device:
             severity, action, reason = "warning", "fix_config", "NoIBDeviceInJob"
-            message = (f"{job} uses TCP sockets: NCCL found no IB device although {len(rdma)} IB/RoCE ports are "
-                       f"ACTIVE on the node; the job's container or namespace does not see the HCAs (RDMA device "
-                       f"plugin, /dev/infiniband, NCCL_IB_HCA).")
+            message = (f"{job} uses TCP sockets: NCCL "
+                       + ("could not open libibverbs" if st.no_verbs else "found no IB device")
+                       + f" although {len(rdma)} IB/RoCE ports are ACTIVE on the node; the job's container or "
+                         f"namespace does not see the HCAs (rdma-core in the image, RDMA device plugin, "
+                         f"/dev/infiniband, NCCL_IB_HCA).")
         else:
             severity, action, reason = "critical", "inspect_hardware", "SocketTransport"
             message = f"{job} uses TCP sockets although {len(rdma)} IB/RoCE ports are ACTIVE."

@@ -16,10 +16,11 @@ from agent.types import Severity
 
 # NCCL's own prefix, found anywhere in the line: whatever stands before it is a launcher's or a
 # collector's ("node-3: ", "[1,0]<stdout>:", kubectl --timestamps' RFC 3339 time, syslog, tqdm's
-# carriage-return junk). The pid may be redacted ("<pid>", "xxx", "***") when a log is pasted.
+# carriage-return junk). Parts may be redacted when a log is pasted: the host ("<cluster_name>"), the pid
+# ("<pid>", "xxx"), or the whole "host:pid:tid " (only "[0] " left; NVIDIA/nccl#1612).
 PREFIX = re.compile(
     r"(?:\[(?P<ts>\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}(?:\.\d+)?)\] )?"
-    r"(?P<host>[^\s:\[\]<>]+):(?P<pid>\d+|<[^>\s]*>|[xX*#?.]+):(?P<tid>\d+|<[^>\s]*>|[xX*#?.]+) "
+    r"(?:(?P<host><[^>\s]+>|[^\s:\[\]<>]+):(?P<pid>\d+|<[^>\s]*>|[xX*#?.]+):(?P<tid>\d+|<[^>\s]*>|[xX*#?.]+) )?"
     r"\[(?P<dev>-?\d+)\] "
     r"(?:(?P<src>[^\s]+:\d+)(?: \((?P<func>[^)]*)\))? )?NCCL (?P<level>INFO|WARN|TRACE|CALL|ABORT) (?P<msg>.*)$")
 
@@ -47,6 +48,9 @@ _CHAN = r"(?:Channel|Ring) (?P<ch>\d+)(?:/\d+)? : (?P<src>\d+)(?:\[[^\]]*\])? ->
 RULES: tuple[Rule, ...] = (
     Rule("network", _r(r"\bUsing network (?P<net>\S[^\n]*?)\s*$"), "NCCLSocketFallback", "critical", ("net",)),
     Rule("ib_no_device", _r(r"NET/IB : No device found"), "NCCLSocketFallback", "critical", ()),
+    # src/misc/ibvwrap.cc: "Failed to open libibverbs.so[.1]" (a WARN in 2.4, INFO in 2.20): no verbs in the
+    # job's container, so no IB device either (NVIDIA/nccl#367, #1817)
+    Rule("ib_no_verbs", _r(r"Failed to open libibverbs"), "NCCLSocketFallback", "critical", ()),
     Rule("ib_using", _r(r"NET/IB : Using (?P<devs>.*?)\s*(?P<ro>\[RO\])?\s*; OOB (?P<oob>\S+)"), "NCCLHCASelection",
          "warning", ("devs", "oob")),
     Rule("socket_using", _r(r"NET/Socket : Using (?P<ifs>.+?)\s*$"), "NCCLSocketFallback", "critical", ("ifs",)),
@@ -89,7 +93,7 @@ RULES_BY_NAME = {r.name: r for r in RULES}
 # NET/IB with /GDRDMA (the healthy, numerous ones) never pass.
 _NEEDLES = (b"Using network ", b"NET/IB : ", b"NET/IB: ", b"NET/IB/GIN", b"NET/Socket : Using", b"GPU Direct RDMA",
             b"via SHM/", b"via direct shared memory", b"via NET/Socket", b"Init COMPLETE", b"NCCL_IB_HCA set",
-            b"set by environment to", b"NCCL WARN", b"Watchdog caught")
+            b"set by environment to", b"Failed to open libibverbs", b"NCCL WARN", b"Watchdog caught")
 # IB channels without /GDRDMA, also through a plugin (NET/IBext_v8/0): the healthy GDR ones never pass
 _NONGDR_RE = rb"via NET/IB\w*/\d+(?![\d/])"
 _NONGDR_DFA = rb"via NET/IB[A-Za-z0-9_]*/[0-9]+(?:[^/0-9]|$)"  # the same, without look-ahead (RE2, Hyperscan)
@@ -193,8 +197,8 @@ def parse_line(offset: int, raw: bytes) -> Line:
     m = PREFIX.search(text)
     if m is None:
         return Line(offset, "", 0, -1, "", "", "", "", text, text)
-    pid = int(m["pid"]) if m["pid"].isdigit() else 0  # redacted: one process per host
-    return Line(offset, m["host"], pid, int(m["dev"]), m["level"], m["ts"] or "", m["src"] or "",
+    pid = int(m["pid"]) if m["pid"] and m["pid"].isdigit() else 0  # redacted: one process per host
+    return Line(offset, m["host"] or "", pid, int(m["dev"]), m["level"], m["ts"] or "", m["src"] or "",
                 m["func"] or "", m["msg"], text)
 
 
@@ -276,6 +280,7 @@ class ProcessState:
     comms: dict[str, dict[str, Any]] = field(default_factory=dict)
     net: str | None = None
     ib_no_device: bool = False
+    no_verbs: bool = False
     ib_devices: list[dict[str, Any]] = field(default_factory=list)
     socket_ifs: str = ""
     gdr_disabled: set[str] = field(default_factory=set)
@@ -316,6 +321,8 @@ class ProcessState:
             self.net = f["net"]
         elif name == "ib_no_device":
             self.ib_no_device = True
+        elif name == "ib_no_verbs":
+            self.ib_no_device = self.no_verbs = True
         elif name == "ib_using":
             self.ib_devices = parse_ib_devices(f["devs"])
         elif name == "socket_using":
