@@ -193,6 +193,8 @@ class InfinibandCollector:
             for f in snap.unreadable:
                 k = f"{snap.hca}/{snap.port}/{f}"
                 self.unreadable[k] = self.unreadable.get(k, 0) + 1
+                self.emit.unparsed(f"/sys/class/infiniband/{k.replace('/', '/ports/', 1)}",
+                                   "unreadable, or not a value of its kind (EINVAL, N/A)")
             await self._port_state(snap, st, now)
             await self._counters(snap, st, now)
             st.last, st.last_t = snap, now

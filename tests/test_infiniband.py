@@ -260,7 +260,7 @@ async def test_hca_removed_is_reported_against_seen_and_expected(ndr: SimHost, c
     assert ("IBDeviceMissing", "ib:mlx5_4") in r2.firing()
 
 
-async def test_unreadable_files_are_skipped_counted_and_silent(ndr: SimHost, clock: Clock) -> None:
+async def test_unreadable_files_are_skipped_counted_and_shown(ndr: SimHost, clock: Clock) -> None:
     r = Runner(ndr.root)
     await r.tick(clock)
     ndr.set_counter("mlx5_0", 1, "symbol_error", "N/A (no PMA)")
@@ -271,3 +271,6 @@ async def test_unreadable_files_are_skipped_counted_and_silent(ndr: SimHost, clo
     assert r.sink.messages == []
     assert r.c.unreadable["mlx5_0/1/counters/symbol_error"] == 2
     assert r.c.unreadable["mlx5_0/1/state"] == 2
+    # and shown, not just counted: check lists them with a count, /metrics as gna_source_unparsed_lines
+    assert r.em.skipped["/sys/class/infiniband/mlx5_0/ports/1/counters/symbol_error"][0] == 2
+    assert r.em.skipped["/sys/class/infiniband/mlx5_0/ports/1/state"][0] == 2
