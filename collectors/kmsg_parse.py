@@ -69,7 +69,11 @@ _DMESG_T = re.compile(rb"^\[(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) [A-Z][a-z]{2} [ \d]\
                       rb"\s?(?P<msg>.*)$", re.S)
 _SYSLOG = re.compile(rb"^(?:[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d|\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d\S*) \S+ kernel: "
                      rb"(?:\[\s*(?P<sec>\d{1,10})\.(?P<frac>\d{1,9})\] ?)?(?P<msg>.*)$", re.S)
-TEXT_FORMS = (("dmesg", _DMESG), ("dmesg -T", _DMESG_T), ("syslog", _SYSLOG))
+# Bare NVIDIA lines with no prefix at all, as often pasted ("NVRM: Xid (PCI:0000:44:00): 79, ..."): only the
+# driver's own tags, so a file of other text is still recognised as unusable.
+_BARE = re.compile(rb"^(?P<msg>(?:NVRM: |nvidia(?:-nvswitch\d*|-peermem|_peermem|-modeset|-uvm)?: ?|nv_peer_mem: ).*)$",
+                   re.S)
+TEXT_FORMS = (("dmesg", _DMESG), ("dmesg -T", _DMESG_T), ("syslog", _SYSLOG), ("bare NVIDIA line", _BARE))
 
 
 def parse_text_line(raw: bytes) -> tuple[str, KmsgRecord] | None:
@@ -158,6 +162,9 @@ _PID = re.compile(r"pid='?(<unknown>|\d+)'?,\s*name=([^,]*),\s*(.*)")
 FELL_ONE = re.compile(r"NVRM: GPU ([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]): GPU has fallen off the bus")
 FELL_HEAD = re.compile(r"NVRM: The NVIDIA GPU ([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])")
 FELL_TAIL = re.compile(r"fallen off the bus and is not responding")
+# any other NVRM wording that names a GPU and says it fell off the bus (older closed drivers)
+FELL_ANY = re.compile(r"NVRM: .*?(?:PCI:)?([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)\b"
+                      r".*fallen off the bus")
 SXID_RE = re.compile(r"(nvidia-nvswitch\d*): SXid \((?:PCI:)?([0-9a-fA-F:.]+)\): (\d+),\s*(.*)")
 # nv_peer_mem: the pre-R470 GPUDirect RDMA module from Mellanox/nv_peer_memory (Mellanox/nv_peer_memory#8)
 _MODULE = r"(nvidia[-_]\w+|nv_peer_mem)"
@@ -220,6 +227,8 @@ class NvidiaLineParser:
                 if FELL_TAIL.search(message):
                     return FellOffBus(normalize_bus(m.group(1)), message)
                 self._pending_gpu, self._pending_age = normalize_bus(m.group(1)), 0
+            elif m := FELL_ANY.search(message):
+                return FellOffBus(normalize_bus(m.group(1)), message)
             return None
         if "SXid" in message and (m := SXID_RE.search(message)):
             sw, bus, code, rest = m.groups()

@@ -391,3 +391,16 @@ async def test_peermem_invalid_context_and_a_570_xid_79_without_pid(tmp_path: Pa
     assert pm.severity == "info" and pm.reason == "KnownHarmless" and pm.entity == "module:nvidia_peermem"
     assert pm.details["harmless"] is True and pm.details["fixed_in"] == "R560" and "harmless" in pm.message
     assert [m.entity for m in sink.of("GPUFellOffBus")] == ["gpu:0000:44:00.0"]
+
+
+def test_bare_nvidia_lines_and_older_fallen_off_wording() -> None:
+    # pasted without any prefix (NVIDIA/open-gpu-kernel-modules#1151 quotes Xid 79 this way on 570+)
+    got = parse_text_line(b"NVRM: Xid (PCI:0000:44:00): 79, GPU has fallen off the bus.\n")
+    assert got is not None and got[0] == "bare NVIDIA line"
+    assert parse_text_line(b"some application line\n") is None, "other bare text stays unparsed"
+    p = NvidiaLineParser()
+    # a synthetic variant (no source: closed pre-515 drivers cannot be read) for the generic fallback that
+    # takes any NVRM line naming a GPU and "fallen off the bus"
+    f = p.feed("NVRM: GPU at 0000:02:00.0 has fallen off the bus.")
+    assert isinstance(f, FellOffBus) and f.bus_id == "0000:02:00.0"
+    assert p.feed("NVRM: GPU at PCI:0000:01:00: GPU-bc0fa0b9-1b1e-2c3d-4e5f-60718293a4b5") is None
