@@ -39,6 +39,7 @@ from collectors.kmsg_parse import (
     parse_record,
     parse_text_line,
 )
+from collectors.verdicts import verdict
 from collectors.xid_catalog import classify
 
 log = structlog.get_logger(__name__)
@@ -191,8 +192,10 @@ class KmsgXidCollector:
         elif isinstance(finding, PeermemError):
             if self.agg.add(("peermem", finding.kind, ""), now, rec.usec):
                 harmless = finding.kind == "invalid_context"
+                v = verdict("NvidiaPeermemError", _PEERMEM_REASON[finding.kind])
                 ok = await self.emit.event(
-                    "NvidiaPeermemError", severity="info" if harmless else "warning", entity="module:nvidia_peermem",
+                    "NvidiaPeermemError", severity=v.severity, entity="module:nvidia_peermem",
+                    suggested_action=v.action,
                     reason=_PEERMEM_REASON[finding.kind],
                     message=f"nvidia-peermem ({finding.function}): {_PEERMEM_MEANING[finding.kind]}",
                     details={"function": finding.function, "kind": finding.kind, "text": finding.text, "count": 1,
@@ -276,7 +279,7 @@ class KmsgXidCollector:
             elif kind == "peermem":
                 _, what, _ = key
                 await self.emit.event("NvidiaPeermemError",
-                                      severity="info" if what == "invalid_context" else "warning",
+                                      severity=verdict("NvidiaPeermemError", _PEERMEM_REASON[what]).severity,
                                       entity="module:nvidia_peermem", reason=_PEERMEM_REASON[what],
                                       message=f"nvidia-peermem error ({what}) repeated {w.count} times {w.span()}.",
                                       details={"kind": what, **extra})
@@ -322,12 +325,13 @@ class KmsgXidCollector:
         unusable = self.malformed >= UNUSABLE_AFTER and self.records == 0 and not self.text_forms
         entity = f"kmsg:{self.config.path}"
         if unusable or any(t == "KernelLogUnparsable" for t, _e, _s in self.emit.active_conditions()):
+            v = verdict("KernelLogUnparsable", "NotKmsgFormat")
             await self.emit.condition(
-                "KernelLogUnparsable", firing=unusable, severity="warning", entity=entity,
+                "KernelLogUnparsable", firing=unusable, severity=v.severity, entity=entity,
                 reason="NotKmsgFormat",
                 message=f"{self.config.path}: {self.malformed} lines, none a kernel log record or a known dmesg/"
                         f"syslog rendering; Xid and other kernel findings cannot be seen.",
-                details={"malformed": self.malformed, "records": self.records}, suggested_action="fix_config")
+                details={"malformed": self.malformed, "records": self.records}, suggested_action=v.action)
 
     def _read_device(self, fd: int) -> list[KmsgRecord]:
         out: list[KmsgRecord] = []

@@ -38,6 +38,7 @@ from collectors.nccl_parse import (
     match_line,
     parse_line,
 )
+from collectors.verdicts import verdict
 
 log = structlog.get_logger(__name__)
 
@@ -266,32 +267,30 @@ class NCCLLogsCollector:
         ib_node = self._tri(self.config.expect_ib, bool(rdma))
         choice = self._job_choice(st)
         job = f"NCCL in {st.key} (ranks {st.ranks() or '?'})"
-        severity: Severity
-        action: SuggestedAction
-        if choice is not None:
-            var, value = choice
-            severity, action, reason = ("warning" if ib_node else "info"), "fix_config", "SocketChosenByJob"
-            message = f"{job} uses TCP sockets because the job sets {var}={value}" + (
-                f" although {len(rdma)} IB/RoCE ports are ACTIVE: remove the setting" if ib_node else "") + "."
-        elif not ib_node:
-            severity, action, reason = "info", "none", "NoRDMAOnNode"
+        if not ib_node:
+            reason = "NoRDMAOnNode"
             message = f"{job} uses TCP sockets; this node has no ACTIVE IB/RoCE port."
+        elif choice is not None:
+            reason = "SocketChosenByJob"
+            message = (f"{job} uses TCP sockets because the job sets {choice[0]}={choice[1]} although {len(rdma)} "
+                       f"IB/RoCE ports are ACTIVE: remove the setting.")
         elif st.ib_no_device:
-            severity, action, reason = "warning", "fix_config", "NoIBDeviceInJob"
+            reason = "NoIBDeviceInJob"
             message = (f"{job} uses TCP sockets: NCCL "
                        + ("could not open libibverbs" if st.no_verbs else "found no IB device")
                        + f" although {len(rdma)} IB/RoCE ports are ACTIVE on the node; the job's container or "
                          f"namespace does not see the HCAs (rdma-core in the image, RDMA device plugin, "
                          f"/dev/infiniband, NCCL_IB_HCA).")
         else:
-            severity, action, reason = "critical", "inspect_hardware", "SocketTransport"
+            reason = "SocketTransport"
             message = f"{job} uses TCP sockets although {len(rdma)} IB/RoCE ports are ACTIVE."
+        v = verdict("NCCLSocketFallback", reason)
         return await self.emit.condition(
-            "NCCLSocketFallback", firing=True, severity=severity, entity=st.entity, reason=reason, message=message,
+            "NCCLSocketFallback", firing=True, severity=v.severity, entity=st.entity, reason=reason, message=message,
             details={**base, "net": st.transport(), "socket_ifs": st.socket_ifs or None,
                      "ib_no_device": st.ib_no_device, "socket_channels": st.socket_channels,
                      "job_setting": dict([choice]) if choice else None, "active_rdma_ports": rdma},
-            suggested_action=action)
+            suggested_action=v.action)
 
     # -- lifecycle ------------------------------------------------------------------------
     def _alive(self, st: ProcessState) -> bool:

@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass
 
 from agent.types import Severity, SuggestedAction
+from collectors.verdicts import verdict
 
 
 @dataclass(frozen=True)
@@ -55,9 +56,10 @@ _GRADE = re.compile(r"^\s*[A-Z0-9_/]+ (?P<grade>Fatal|Nonfatal)\b")
 def classify(code: int, text: str = "") -> XidInfo:
     name = _NAMES.get(code, f"Xid {code}")
     if code in _SELF_GRADED and (m := _GRADE.match(text)):
-        if m["grade"] == "Nonfatal":
-            return XidInfo(code, name, "warning", "none", "IGNORE_OR_EVALUATE", fatal=False)
-        return XidInfo(code, name, "critical", "cordon", "WORKFLOW_NVLINK5_ERR", fatal=True)
+        v = verdict("GPUXidError", m["grade"])
+        fatal = m["grade"] == "Fatal"
+        return XidInfo(code, name, v.severity, v.action, "WORKFLOW_NVLINK5_ERR" if fatal else "IGNORE_OR_EVALUATE",
+                       fatal=fatal)
     if code in REBOOT:
         return XidInfo(code, name, "critical", "reboot", "REBOOT_SYSTEM", fatal=True)
     if code in RESET_GPU:

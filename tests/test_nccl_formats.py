@@ -75,6 +75,18 @@ FORMATS: list[tuple[str, str, str, str, dict[str, object]]] = [
      {"status": 12, "sname": "IBV_WC_RETRY_EXC_ERR", "vendor_err": 129}),
     # shm.cc v2.30.7-1 L116: "Channel %02d : %d[%d] -> %d[%d] via SHM/direct"
     ("v2.30.7-1", "shm.cc", P + "Channel 01 : 1[1] -> 2[2] via SHM/direct", "channel_shm", {"mode": "direct"}),
+    # pytorch ProcessGroupNCCL.cpp (2.1.0 literals; order from main@0007e752): "[Rank ", rank, "] Watchdog caught
+    # collective operation timeout: WorkNCCL(SeqNum=.., OpType=.., NumelIn=.., NumelOut=.., Timeout(ms)=..) ran for
+    # .. milliseconds before timing out." — no NCCL prefix: the line belongs to the file's %h.%p
+    ("torch-2.1.0", "ProcessGroupNCCL.cpp", "[E ProcessGroupNCCL.cpp:475] [Rank 3] Watchdog caught collective "
+     "operation timeout: WorkNCCL(SeqNum=1, OpType=BROADCAST, NumelIn=131072000, NumelOut=131072000, "
+     "Timeout(ms)=600000) ran for 600081 milliseconds before timing out.", "watchdog",
+     {"seq": "1", "op": "BROADCAST", "timeout": "600000", "ran": "600081"}),
+    # torch 2.14.1: per-work prefix "[PG GUID <uid>(<desc>) Rank <r>] " behind c10 logging's "[rankN]:[E...]"
+    ("torch-2.14.1", "ProcessGroupNCCL.cpp", "[rank3]:[E1218 20:27:21.426451 ProcessGroupNCCL.cpp:632] [PG GUID "
+     "0(default_pg) Rank 3] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=4712, OpType=ALLREDUCE, "
+     "NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600081 milliseconds before timing out.", "watchdog",
+     {"seq": "4712", "op": "ALLREDUCE"}),
     # Mellanox/nccl-rdma-sharp-plugins p2p_plugin.c L312 (HEAD 2f5ac02): the closing quote is missing in the source
     ("plugin", "p2p_plugin.c", P + "NET/IB : GPU Direct RDMA (nvidia-peermem) enabled for HCA 0 'mlx5_0", "gdr",
      {"state": "enabled", "name": "mlx5_0"}),
