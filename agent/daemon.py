@@ -162,13 +162,17 @@ class Agent:
     # -- health / metrics ------------------------------------------------------------
     def health(self) -> tuple[bool, str]:
         problems = []
-        if self.spool and self.spool.write_errors:
-            problems.append(f"spool write errors: {self.spool.write_errors}")
+        if self.spool and self.spool.failing:
+            problems.append(f"spool write errors: {self.spool.write_errors} (writes failing now)")
+        elif self.spool and self.spool.write_errors:
+            problems.append(f"spool recovered after {self.spool.write_errors} write errors")
         if self.forwarder and self.link and not self.link.connected.is_set():
             problems.append("nats disconnected (spooling)")
         failing = [n for n, r in self.runners.items() if r.consecutive_failures]
         text = "ok" if not problems and not failing else "; ".join(problems + [f"failing: {failing}"] * bool(failing))
-        return (not (self.spool and self.spool.write_errors)), text
+        # 503 only while writes fail now: a cumulative count would have the liveness probe restart a
+        # recovered agent in a loop after one transient disk-full.
+        return (not (self.spool and self.spool.failing)), text
 
     def refresh_metrics(self) -> None:
         if self.spool:

@@ -121,7 +121,8 @@ class Spool:
         self._bytes = 0
         self.dropped = [0, 0, 0]  # per severity, cumulative, persisted
         self.announced = [0, 0, 0]
-        self.write_errors = 0
+        self.write_errors = 0  # since start (metrics, the health text)
+        self.failing = False  # the last batch failed: cleared by the next good one
         self._pending: list[tuple[int, bytes, asyncio.Future[int | None]]] = []
         self._writer: asyncio.Task[None] | None = None
         self._new_data = asyncio.Event()
@@ -248,10 +249,12 @@ class Spool:
                 seqs = await asyncio.to_thread(self._write_batch, [(s, p) for s, p, _ in batch])
             except Exception as exc:
                 self.write_errors += 1
+                self.failing = True
                 for _, _, fut in batch:
                     if not fut.done():
                         fut.set_exception(SpoolError(f"spool write failed: {exc}"))
                 continue
+            self.failing = False
             for (_, _, fut), seq in zip(batch, seqs, strict=True):
                 if not fut.done():
                     fut.set_result(seq)

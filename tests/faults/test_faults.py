@@ -161,6 +161,8 @@ async def test_spool_filesystem_full(tmp_path: Path, nats_server: NatsServerProc
             await _drained(agent, timeout=60)
             assert await _emit(agent, 99999), "writes resume once the backlog drained"
             await _drained(agent)
+            ok, text = agent.health()
+            assert ok and "recovered after" in text, "healthy again once writes succeed (no restart loop)"
         msgs = [m for m in await stream_messages(nats_server.url) if m["type"] == "BurstEvent"]
         got = {m["details"]["n"] for m in msgs}
         assert set(accepted) <= got, "every accepted event survived the full disk"
