@@ -23,7 +23,7 @@ from agent.metrics import AgentMetrics
 from agent.nats_link import NatsLink
 from agent.natsclient import NatsUnavailable, redact
 from agent.persist import until_stopped
-from agent.subjects import EVENTS_PREFIX, action_subject
+from agent.subjects import EVENTS_PREFIX, action_subject, decode_token
 from remediations.budget import FleetBudget
 from remediations.engine import Engine
 from remediations.loader import load_plugins
@@ -42,6 +42,7 @@ class Cordoner:
         self.link = NatsLink(cfg.nats, servers, AgentMetrics(), name=f"gpu-node-agent-cordoner/{name}")
         self.engine: Engine | None = None
         self.handled = 0
+        self.rejected: dict[str, int] = {}  # reason -> messages terminated unhandled (never redelivered)
         self._sub: Any = None
 
     async def start(self) -> None:
@@ -63,7 +64,11 @@ class Cordoner:
                              headers={"Nats-Msg-Id": body["id"]})
 
         loaded = load_plugins(self.cfg.remediations, HostRoot("/"))
-        plugins = loaded.available
+        # Only cluster-level actions (cordon/drain, which take a budget slot) run centrally: a node-local one
+        # (modprobe, a cache warmup) would act on the cordoner's own host.
+        plugins = {n: p for n, p in loaded.available.items() if getattr(p, "needs_budget", False)}
+        for name in sorted(set(loaded.available) - set(plugins)):
+            loaded.unavailable[name] = f"{name} acts on a node's own host: the node agent runs it, not the cordoner"
         self.engine = Engine(self.cfg.remediations, plugins, audit=audit, alert=alert, budget=lambda: budget,
                              unavailable=loaded.unavailable)
         self._sub = await js.subscribe(
@@ -73,15 +78,37 @@ class Cordoner:
         log.info("cordoner_started", durable=self.durable, queue=self.queue, plugins=sorted(plugins),
                  enforce=self.cfg.remediations.enforce)
 
+    def _reject(self, reason: str, subject: str, sample: bytes) -> None:
+        n = self.rejected[reason] = self.rejected.get(reason, 0) + 1
+        if n == 1 or n % 1000 == 0:
+            log.warning("cordoner_message_rejected", reason=reason, count=n, subject=subject[:200],
+                        sample=sample[:200].decode("utf-8", "replace"))
+
     async def _on_msg(self, msg: Any) -> None:
+        """Identity is the subject (per-node NATS permissions make it authentic), never the payload; a
+        message that cannot be decided is terminated and counted, so it never blocks the ones behind it."""
+        parts = msg.subject.split(".")
         try:
+            node = decode_token(parts[2]) if len(parts) == 5 else None
             data = json.loads(msg.data)
-        except ValueError:
-            await msg.term()  # not a message of ours: never redeliver it
+        except (ValueError, IndexError):
+            node, data = None, None
+        if node is None or not isinstance(data, dict):
+            self._reject("malformed", msg.subject, msg.data)
+            await msg.term()
             return
-        if isinstance(data, dict) and data.get("collector") != "agent":
+        if data.get("node") != node:
+            self._reject("node_mismatch", msg.subject, msg.data)
+            await msg.term()
+            return
+        if data.get("collector") != "agent":
             assert self.engine is not None
-            await self.engine.handle(data)
+            try:
+                await self.engine.handle(data)
+            except Exception as exc:  # a poison message: decided as rejected, not redelivered for ever
+                self._reject(f"unhandled:{type(exc).__name__}", msg.subject, msg.data)
+                await msg.term()
+                return
             self.handled += 1
         await msg.ack()
 

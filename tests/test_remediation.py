@@ -351,6 +351,46 @@ async def test_central_cordoner_queue_group_acts_once_per_message(tools: Path, t
     assert sum(c.handled for c in cords) == 20
 
 
+async def test_cordoner_takes_identity_from_the_subject_and_survives_poison(tools: Path, tmp_path: Path,
+                                                                           nats_server: NatsServerProcess) -> None:
+    """#13 D1/D2: a message on nodeb's subject naming nodea is rejected; malformed ones are terminated and
+    counted, never redelivered, and a valid message behind 200 of them is still decided."""
+    from agent import config as configmod
+    from agent.subjects import event_subject
+    from remediations.cordoner import Cordoner
+
+    agent_cfg = configmod.parse('[remediations]\ncordon_with = "slurm"\n').agent
+    c = Cordoner(agent_cfg, [nats_server.url])
+    await c.start()
+    assert c.engine is not None and "modprobe" not in c.engine.plugins, "node-local plugins stay on the nodes"
+    nc = await nats.connect(nats_server.url)
+    js = nc.jetstream()
+    audits: list[dict[str, Any]] = []
+
+    async def on_audit(m: Any) -> None:
+        audits.append(json.loads(m.data))
+
+    await nc.subscribe("gna.actions.>", cb=on_audit)
+    spoof = _msg(node="nodea")
+    await js.publish(event_subject("nodeb", spoof["collector"], spoof["severity"]), json.dumps(spoof).encode())
+    for i in range(200):
+        bad = {**_msg(node="nodeb"), "entity": ["not", "a", "string"], "id": f"bad{i}"}
+        await js.publish(event_subject("nodeb", "kmsg_xid", "critical"), json.dumps(bad).encode())
+    await js.publish(event_subject("nodeb", "kmsg_xid", "critical"), b"\xff not json")
+    good = _msg(node="nodec")
+    await js.publish(event_subject("nodec", good["collector"], good["severity"]), json.dumps(good).encode())
+    for _ in range(200):
+        if any(a["node"] == "nodec" for a in audits):
+            break
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.3)
+    await c.stop()
+    await nc.close()
+    assert [a["node"] for a in audits if a["remediation"] == "slurm"] == ["nodec"], audits[:3]
+    assert c.rejected["node_mismatch"] == 1 and c.rejected["malformed"] == 1
+    assert sum(n for r, n in c.rejected.items() if r.startswith("unhandled:")) == 200
+
+
 ACTION_SCHEMA = json.loads((Path(__file__).resolve().parent.parent / "agent/schema/action.schema.json").read_text())
 
 
