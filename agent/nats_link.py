@@ -88,7 +88,7 @@ class NatsLink:
         self.metrics.nats_connected.set(1)
         self.stream_ready = False  # the server may be a new one: verify again
         url = self.nc.connected_url if self.nc else None
-        log.info("nats_reconnected", server=url.netloc if url else "")
+        log.info("nats_reconnected", server=url.netloc.rsplit("@", 1)[-1] if url else "")  # never the user info
 
     async def connect(self) -> None:
         """Connect, retrying with backoff until it works (the agent starts before NATS does)."""

@@ -106,3 +106,41 @@ def test_connect_options_map_every_auth_method() -> None:
     assert connect_options(NatsConfig(token="t"), ["nats://a"], "x")["token"] == "t"
     opts = connect_options(NatsConfig(), ["nats://a", "nats://b"], "x")
     assert opts["max_reconnect_attempts"] == -1 and opts["servers"] == ["nats://a", "nats://b"] and "tls" not in opts
+
+
+def test_credentials_in_a_url_never_reach_the_log_even_across_a_reconnect(tmp_path: Path) -> None:
+    """#13 D12: user info in a NATS URL is redacted in every log line (connect, reconnect, errors)."""
+    import signal
+    import subprocess
+    import time
+
+    from agent.nats_server import NatsServerProcess
+    from tests.conftest import AGENT_CMD
+
+    secret = "s3cr3t-in-url"
+    server = NatsServerProcess(tmp_path / "ns", extra_config=f'authorization {{\n  user: "u"\n  password: "{secret}"\n}}\n')
+    server.start()
+    (tmp_path / "h").mkdir()
+    log = tmp_path / "agent.log"
+    try:
+        with open(log, "wb") as fh:
+            proc = subprocess.Popen([*AGENT_CMD, "run", "--nats", f"nats://u:{secret}@127.0.0.1:{server.port}",
+                                     "--state-dir", str(tmp_path / "st"), "--host-root", str(tmp_path / "h"),
+                                     "--metrics-listen", ""], stdout=subprocess.DEVNULL, stderr=fh)
+        deadline = time.monotonic() + 30
+        while b"nats_connected" not in log.read_bytes():
+            assert time.monotonic() < deadline, log.read_text()[-2000:]
+            time.sleep(0.1)
+        server.stop()
+        server.start()
+        while b"nats_reconnected" not in log.read_bytes():
+            assert time.monotonic() < deadline + 30, log.read_text()[-2000:]
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        server.stop(kill=True)
+    text = log.read_text()
+    assert "nats_reconnected" in text and secret not in text, [line for line in text.splitlines() if secret in line]
