@@ -103,7 +103,7 @@ class Tailer:
         self._watch: Inotify | None = None
         self._watched_dirs: dict[str, int] = {}
         self.stats = {"lines_cut": 0, "bytes_skipped": 0, "truncations": 0, "rotations": 0, "files_opened": 0,
-                      "files_closed": 0, "read_errors": 0}
+                      "files_closed": 0, "read_errors": 0, "outside_roots": 0}
 
     # -- checkpoints ------------------------------------------------------------------
     def load(self) -> None:
@@ -124,10 +124,28 @@ class Tailer:
         write_atomic(self.state_file, json.dumps(data, separators=(",", ":")).encode(), fsync=False)
 
     # -- discovery --------------------------------------------------------------------
+    def _roots(self) -> list[str]:
+        """The real directories the globs name (their non-magic prefix): a symlink may point only inside."""
+        out = []
+        for pattern in self.globs:
+            d = str(self.host.path(pattern))
+            while glob.has_magic(d):
+                d = os.path.dirname(d)
+            out.append(os.path.realpath(d))
+        return out
+
     def _matches(self) -> dict[tuple[int, int], str]:
         found: dict[tuple[int, int], str] = {}
+        roots = self._roots()
         for pattern in self.globs:
             for path in glob.glob(str(self.host.path(pattern))):
+                real = os.path.realpath(path)
+                if not any(real == r or real.startswith(r.rstrip("/") + "/") for r in roots):
+                    # a link in a job-writable log dir to /etc/shadow or another job's file: not ours to read
+                    self.stats["outside_roots"] += 1
+                    if self.stats["outside_roots"] == 1:
+                        log.warning("tail_symlink_outside_roots", path=self._host_path(path), roots=self.globs)
+                    continue
                 try:
                     st = os.stat(path)  # follows symlinks: a swapped link is a new file
                 except OSError:

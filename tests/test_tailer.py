@@ -242,3 +242,21 @@ def test_corrupt_checkpoint_is_ignored(tmp_path: Path, garbage: bytes) -> None:
     t = _tailer(tmp_path, state)
     t.load()
     assert t._restored == {}
+
+
+async def test_symlinks_are_followed_only_inside_the_configured_roots(tmp_path: Path) -> None:
+    """#13 D15: a link in the (job-writable) log dir to a file elsewhere is never read."""
+    root = tmp_path / "root"
+    d = _logdir(root)
+    secret = root / "etc" / "shadow"
+    secret.parent.mkdir(parents=True)
+    secret.write_bytes(b"root:$6$secret:19000:0:99999:7:::\n")
+    (d / "evil.log").symlink_to(secret)
+    (d / "real.log").write_bytes(b"host:1:1 [0] NCCL INFO fine\n")
+    (d / "alias.log").symlink_to(d / "real.log")  # inside the root: still followed
+    t = _tailer(root)
+    t.rescan()
+    (only,) = t.files.values()  # real.log and its alias are one file (one inode)
+    assert only.path in ("/var/log/nccl/real.log", "/var/log/nccl/alias.log")
+    assert t.stats["outside_roots"] == 1
+    assert all("shadow" not in tf.path for tf in t.files.values())
