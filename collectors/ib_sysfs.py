@@ -181,7 +181,8 @@ def read_port(hca_dir: str, hca: str, port: int, counters: tuple[str, ...], hw: 
             names_cache[f"{base}/{sub}"] = present
         for name in present:
             value = parse_counter(_read_small(f"{base}/{sub}/{name}"))
-            if value is None:
+            bits = COUNTER_BITS.get(name, 64) if sub == "counters" else 64
+            if value is None or value >> bits:  # beyond the counter's width: impossible, never a rate
                 snap.unreadable.append(f"{sub}/{name}")
             else:
                 out[name] = value

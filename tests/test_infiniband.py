@@ -271,6 +271,10 @@ async def test_unreadable_files_are_skipped_counted_and_shown(ndr: SimHost, cloc
     assert r.sink.messages == []
     assert r.c.unreadable["mlx5_0/1/counters/symbol_error"] == 2
     assert r.c.unreadable["mlx5_0/1/state"] == 2
+    # a value beyond the counter's width (2^70 in an 8-bit link_downed, #13 D13) is impossible: skipped too
+    ndr.set_counter("mlx5_0", 1, "link_downed", str(1 << 70))
+    await r.tick(clock)
+    assert r.sink.messages == [] and r.c.unreadable["mlx5_0/1/counters/link_downed"] == 1
     # and shown, not just counted: check lists them with a count, /metrics as gna_source_unparsed_lines
-    assert r.em.skipped["/sys/class/infiniband/mlx5_0/ports/1/counters/symbol_error"][0] == 2
-    assert r.em.skipped["/sys/class/infiniband/mlx5_0/ports/1/state"][0] == 2
+    assert r.em.skipped["/sys/class/infiniband/mlx5_0/ports/1/counters/symbol_error"][0] == 3
+    assert r.em.skipped["/sys/class/infiniband/mlx5_0/ports/1/state"][0] == 3
