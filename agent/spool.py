@@ -22,15 +22,31 @@ import json
 import os
 import struct
 import threading
+import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import structlog
+
 from agent.aio import wait_event
 
+log = structlog.get_logger(__name__)
+
 HEADER = struct.Struct("<IIQB")
+
+
+def _valid_state(raw: dict[str, Any]) -> bool:
+    def count(v: Any) -> bool:
+        return type(v) is int and v >= 0
+
+    def triple(v: Any) -> bool:
+        return isinstance(v, list) and len(v) == 3 and all(count(x) for x in v)
+
+    return count(raw.get("acked_seq", 0)) and triple(raw.get("dropped", [0, 0, 0])) and \
+        triple(raw.get("announced", [0, 0, 0]))
 MAX_FRAME_PAYLOAD = 16 * 1024 * 1024
 SEVERITY_CODES = {"info": 0, "warning": 1, "critical": 2}
 SEVERITY_NAMES = {v: k for k, v in SEVERITY_CODES.items()}
@@ -175,13 +191,23 @@ class Spool:
         return seg
 
     def _load_state(self) -> dict[str, Any]:
+        path = self.dir / "state.json"
         try:
-            raw = json.loads((self.dir / "state.json").read_text())
+            raw = json.loads(path.read_text())
+        except FileNotFoundError:
+            return {}
         except (OSError, ValueError):
-            return {}
-        if not isinstance(raw, dict) or raw.get("version") != STATE_VERSION:
-            return {}
-        return raw
+            raw = None
+        if isinstance(raw, dict) and raw.get("version") == STATE_VERSION and _valid_state(raw):
+            return raw
+        # A hand-edited or corrupted pointer must not crash every start: set it aside, say so, and
+        # start from 0 (re-sent records are duplicates the stream's Msg-Id window drops).
+        aside = path.with_name(f"state.json.bad-{int(time.time())}")
+        with contextlib.suppress(OSError):
+            os.replace(path, aside)
+        log.error("spool_state_invalid", path=str(path), set_aside=str(aside),
+                  hint="the acknowledged pointer restarts at 0; NATS drops the duplicates")
+        return {}
 
     def _save_state(self) -> None:
         data = json.dumps({"version": STATE_VERSION, "acked_seq": self._acked,

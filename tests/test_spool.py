@@ -170,3 +170,26 @@ def test_sigkill_loses_nothing_accepted(tmp_path: Path) -> None:
     on_disk = {r.seq for r in s.read(0, 100000)}
     assert set(accepted) <= on_disk
     assert s.last_seq >= max(accepted)
+
+
+@pytest.mark.parametrize("state", [
+    '{"version": 1, "acked_seq": "12", "dropped": [0, 0, 0], "announced": [0, 0, 0]}',
+    '{"version": 1, "acked_seq": 3, "dropped": "lots", "announced": [0, 0, 0]}',
+    '{"version": 1, "acked_seq": -5}',
+    '{"version": 1, "acked_seq": true, "announced": [1, 2]}',
+    "[1, 2, 3]",
+    "{not json",
+])
+async def test_a_bad_state_file_is_set_aside_never_a_crash_loop(tmp_path: Path, state: str) -> None:
+    """#13 D14: a wrong-typed field in state.json used to crash every start."""
+    d = tmp_path / "spool"
+    sp = Spool(d, fsync=False)
+    sp.open()
+    await sp.append("warning", b"kept")
+    sp.close()
+    (d / "state.json").write_text(state)
+    sp2 = Spool(d, fsync=False)
+    sp2.open()  # no exception
+    assert sp2.acked_seq == 0 and [r.payload for r in sp2.read(0, 10)] == [b"kept"]
+    assert list(d.glob("state.json.bad-*")), "the bad file is kept for the operator"
+    sp2.close()
