@@ -98,6 +98,17 @@ class Agent:
             details={"dropped": counts, "policy": self.spool.policy, "max_bytes": self.spool.max_bytes})
         return await self._sink(msg)
 
+    async def _announce_corruption(self) -> None:
+        assert self.spool is not None
+        c = self.spool.corruption
+        self.metrics.spool_dropped.labels("corrupted").inc(c["records"])
+        await self._sink(make_message(
+            node=self.node, collector=AGENT_COLLECTOR, kind="event", type="SpoolCorrupted", severity="warning",
+            entity=f"spool:{self.spool.dir}", reason="DamagedFrames",
+            message=f"The spool had damaged frames in {c['segments']} segment(s): {c['bytes']} bytes skipped, "
+                    f"{c['records']} records lost; every intact record after them was kept.",
+            details=dict(c)))
+
     def _on_spool_drop(self, sev: int, n: int) -> None:
         self.metrics.spool_dropped.labels(SEVERITY_NAMES[sev]).inc(n)
 
@@ -264,6 +275,8 @@ class Agent:
         self.bus.subscribe("log", self._log_message)
         self._start_remediation()
         self.bus.start()
+        if self.spool.corruption["segments"]:
+            await self._announce_corruption()
         servers = self._nats_servers()  # in the main thread: PR_SET_PDEATHSIG follows the forking thread
         self.link = NatsLink(self.cfg.nats, servers, self.metrics, name=f"gpu-node-agent/{self.node}")
         self.forwarder = Forwarder(self.spool, self.link, self.metrics, window=self.cfg.nats.publish_window,

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import struct
@@ -101,6 +102,20 @@ def decode_frames(data: bytes) -> tuple[list[Record], int]:
     return out, pos
 
 
+def next_valid_frame(data: bytes, start: int, after_seq: int) -> int | None:
+    """Offset of the first intact frame at or after ``start`` whose seq follows ``after_seq``: where
+    reading resumes past a damaged frame. None when only a torn tail (or garbage) remains."""
+    n = len(data)
+    for pos in range(start, n - HEADER.size + 1):
+        length, crc, seq, sev = HEADER.unpack_from(data, pos)
+        end = pos + HEADER.size + length
+        if sev > 2 or length > MAX_FRAME_PAYLOAD or end > n or seq <= after_seq:
+            continue
+        if _crc(seq, sev, data[pos + HEADER.size : end]) == crc:
+            return pos
+    return None
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -139,6 +154,8 @@ class Spool:
         self.announced = [0, 0, 0]
         self.write_errors = 0  # since start (metrics, the health text)
         self.failing = False  # the last batch failed: cleared by the next good one
+        # damage found at open: segments, bytes skipped, records lost (seq gaps); announced once
+        self.corruption = {"segments": 0, "bytes": 0, "records": 0}
         self._pending: list[tuple[int, bytes, asyncio.Future[int | None]]] = []
         self._writer: asyncio.Task[None] | None = None
         self._new_data = asyncio.Event()
@@ -178,9 +195,28 @@ class Spool:
         data = path.read_bytes()
         records, good = decode_frames(data)
         if good < len(data):
-            with open(path, "r+b") as fh:
-                fh.truncate(good)
-                os.fsync(fh.fileno())
+            # A damaged frame mid-segment (a flipped byte) must not take every later record with it:
+            # resume at the next intact frame, count what was skipped, and rewrite the segment whole.
+            skipped = 0
+            while good < len(data):
+                nxt = next_valid_frame(data, good + 1, records[-1].seq if records else first - 1)
+                if nxt is None:
+                    break  # a torn tail: what a crash mid-write leaves
+                skipped += nxt - good
+                more, used = decode_frames(data[nxt:])
+                records += more
+                good = nxt + used
+            if skipped:
+                lost = sum(b.seq - a.seq - 1 for a, b in itertools.pairwise(records) if b.seq > a.seq + 1)
+                self.corruption["segments"] += 1
+                self.corruption["bytes"] += skipped
+                self.corruption["records"] += lost
+                write_atomic(path, b"".join(encode_frame(r.seq, r.severity, r.payload) for r in records))
+                good = path.stat().st_size
+            else:
+                with open(path, "r+b") as fh:
+                    fh.truncate(good)
+                    os.fsync(fh.fileno())
         seg = Segment(first_seq=first, path=path, size=good)
         for r in records:
             seg.count += 1

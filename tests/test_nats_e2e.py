@@ -229,3 +229,34 @@ async def test_resend_after_lost_ack_pointer_is_deduplicated(tmp_path: Path,
         assert agent2.forwarder is not None and agent2.forwarder.duplicates == 100
     msgs = [m for m in await stream_messages(nats_server.url) if m["type"] == "BurstEvent"]
     assert len(msgs) == 100
+
+
+async def test_a_flipped_byte_mid_segment_costs_one_record_and_is_announced(tmp_path: Path,
+                                                                           nats_server: NatsServerProcess) -> None:
+    """#13 D10: 1,000 spooled events, one flipped byte in the middle: 999 arrive, SpoolCorrupted says so."""
+    from agent.message import encode, make_message
+    from agent.spool import Spool
+    from agent.subjects import event_subject
+
+    state = tmp_path / "state"
+    sp = Spool(state / "spool", fsync=False, segment_bytes=16 << 20)
+    sp.open()
+    for i in range(1000):
+        m = make_message(node="node-a.example.com", collector="burst", kind="event", type="BurstEvent",
+                         severity="warning", entity=f"burst:{i}", reason="Test", message=f"event {i}",
+                         details={"n": i})
+        await sp.append("warning", b"%s\n%s\n%s" % (event_subject(m.node, m.collector, m.severity).encode(),
+                                                     m.id.encode(), encode(m)))
+    sp.close()
+    (seg,) = (state / "spool").glob("*.seg")
+    data = bytearray(seg.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    seg.write_bytes(bytes(data))
+    cfg = agent_config(tmp_path, servers=[nats_server.url])
+    async with running_agent(cfg) as agent:
+        assert agent.spool is not None and agent.spool.corruption["records"] == 1
+        await _wait(lambda: agent.spool is not None and agent.spool.depth == 0, timeout=30)
+    msgs = await stream_messages(nats_server.url)
+    assert len([m for m in msgs if m["type"] == "BurstEvent"]) == 999
+    (c,) = [m for m in msgs if m["type"] == "SpoolCorrupted"]
+    assert c["details"]["records"] == 1 and c["details"]["bytes"] > 0 and c["severity"] == "warning"

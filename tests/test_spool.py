@@ -67,18 +67,23 @@ def test_decode_frames_never_crashes_on_garbage(data: bytes) -> None:
 @settings(suppress_health_check=[HealthCheck.function_scoped_fixture], max_examples=60)
 @given(payloads=st.lists(st.binary(max_size=64), min_size=1, max_size=20), cut=st.integers(0, 4000),
        flip=st.integers(0, 4000))
-def test_recovery_keeps_an_intact_prefix(tmp_path_factory: pytest.TempPathFactory, payloads: list[bytes],
-                                         cut: int, flip: int) -> None:
+def test_recovery_keeps_every_intact_frame(tmp_path_factory: pytest.TempPathFactory, payloads: list[bytes],
+                                           cut: int, flip: int) -> None:
+    """A torn tail is cut; a flipped byte costs only the frame it hit (#13 D10), never the ones after it."""
     d = tmp_path_factory.mktemp("sp")
-    data = b"".join(encode_frame(i + 1, 0, p) for i, p in enumerate(payloads))
+    frames = [encode_frame(i + 1, 0, p) for i, p in enumerate(payloads)]
+    data = b"".join(frames)
     corrupted = bytearray(data[: cut % (len(data) + 1)])
+    hit = -1
     if corrupted:
-        corrupted[flip % len(corrupted)] ^= 0xFF
+        pos = flip % len(corrupted)
+        corrupted[pos] ^= 0xFF
+        hit = next(i for i in range(len(frames)) if pos < sum(len(f) for f in frames[: i + 1]))
     (d / f"{1:020d}.seg").write_bytes(bytes(corrupted))
     s = _spool(d)
     recs = s.read(0, 1000)
-    # whatever survived is an exact prefix of what was written
-    assert [r.payload for r in recs] == payloads[: len(recs)]
+    whole = [i for i in range(len(frames)) if sum(len(f) for f in frames[: i + 1]) <= len(corrupted)]
+    assert [(r.seq, r.payload) for r in recs] == [(i + 1, payloads[i]) for i in whole if i != hit]
     s.close()
 
 
