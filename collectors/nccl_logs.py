@@ -196,10 +196,12 @@ class NCCLLogsCollector:
         if win is not None and time.monotonic() - win[0] < self.config.warning_window:
             win[1] += 1
             return True
-        self.warn_windows[(st.key, text)] = [time.monotonic(), 1, where]
-        return await self.emit.event(
+        accepted = await self.emit.event(
             "NCCLWarning", severity="warning", entity=st.entity, reason="NCCLWarn",
             message=f"NCCL WARN in {st.key}: {text[:200]}", details={**where, "count": 1}, msg_id=msg_id)
+        if accepted:  # a refused first occurrence (spool full) is retried, never counted as a repeat of itself
+            self.warn_windows[(st.key, text)] = [time.monotonic(), 1, where]
+        return accepted
 
     async def _flush_warnings(self, *, everything: bool = False) -> None:
         now = time.monotonic()

@@ -206,3 +206,30 @@ def test_all_scanner_engines_find_the_same_lines(parts: list[bytes], tail: bytes
     engines = ["re"] + [e for e in ("re2", "hyperscan") if nccl_parse.engine(e) is not None]
     results = {e: candidate_lines(data, 0, engine=e) for e in engines}
     assert all(r == results["re"] for r in results.values()), results
+
+
+async def test_a_refused_warning_is_retried_not_counted_as_its_own_repeat(tmp_path: Path) -> None:
+    """#13 D9: with the spool full, the first NCCL WARN was counted before the bus took it."""
+    from agent.emitter import CollectorEmitter, ConditionTracker
+    from agent.facts import FactStore
+    from agent.hostroot import HostRoot
+    from collectors.nccl_logs import NCCLLogsCollector, NCCLLogsConfig
+    from tests.conftest import Sink
+
+    host = SimHost.gpu_node(tmp_path / "h", gpus=1)
+    log = host.p("/var/log/nccl/n.7.log")
+    log.parent.mkdir(parents=True)
+    log.write_bytes(b"n:7:8 [0] misc/foo.cc:1 NCCL WARN something odd\n" * 3)
+    sink = Sink()
+    em = CollectorEmitter("n", "nccl_logs", sink, ConditionTracker(None), facts=FactStore())
+    c = NCCLLogsCollector(NCCLLogsConfig(), HostRoot(host.root), em)
+    c.tailer.rescan()
+    (tf,) = c.tailer.files.values()
+    sink.accept = False
+    assert not await c._handle(tf, log.read_bytes(), 0)
+    assert c.warn_windows == {}, "nothing was accepted, so nothing may count as a repeat"
+    sink.accept = True
+    assert await c._handle(tf, log.read_bytes(), 0)
+    (first,) = sink.of("NCCLWarning")
+    assert first.details["count"] == 1
+    assert [w[1] for w in c.warn_windows.values()] == [3]
