@@ -141,5 +141,9 @@ def test_unit_passes_systemd_analyze_verify(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     assert "gpu-node-agent.service" not in r.stderr, r.stderr  # no warnings about our unit either
     for key in ("Type=notify", "WatchdogSec=", "Restart=always", "NoNewPrivileges=yes", "ProtectSystem=strict",
-                "StateDirectory=gpu-node-agent", "CapabilityBoundingSet="):
+                "StateDirectory=gpu-node-agent", "CapabilityBoundingSet=", "LimitNOFILE="):
         assert key in unit
+    bounding = next(line for line in unit.splitlines() if line.startswith("CapabilityBoundingSet="))
+    assert "CAP_SYS_MODULE" not in bounding, "module loading only with the opt-in drop-in"
+    dropin = (ROOT / "systemd" / "gpu-node-agent.service.d" / "enforce-modprobe.conf").read_text()
+    assert "CapabilityBoundingSet=CAP_SYS_MODULE" in dropin
