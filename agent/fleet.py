@@ -23,7 +23,7 @@ import structlog
 from agent import natsclient, timeline
 from agent.config import NatsConfig
 from agent.message import rfc3339
-from agent.subjects import ACTIONS_PREFIX, EVENTS_PREFIX, HEARTBEAT_PREFIX
+from agent.subjects import ACTIONS_PREFIX, EVENTS_PREFIX, HEARTBEAT_PREFIX, decode_token
 
 log = structlog.get_logger(__name__)
 
@@ -71,7 +71,7 @@ class NodeView:
         out = dict.fromkeys(FAMILIES, "")
         for c in self.conditions.values():
             fam = family(c["type"])
-            if SEV_RANK[c["severity"]] > SEV_RANK[out[fam]]:
+            if SEV_RANK.get(c["severity"], 0) > SEV_RANK[out[fam]]:
                 out[fam] = c["severity"]
         return out
 
@@ -95,6 +95,7 @@ class FleetState:
         self.dirty: set[str] = set()
         self.changed = asyncio.Event()
         self.messages_seen = 0
+        self.rejected: dict[str, int] = {}  # reason -> messages not applied (shown in /api/stats)
         self.last_message_lag: deque[float] = deque(maxlen=10000)  # message time -> applied, seconds
 
     def node(self, name: str) -> NodeView:
@@ -108,13 +109,33 @@ class FleetState:
         self.changed.set()
 
     # -- inputs ---------------------------------------------------------------------------
-    def apply_state(self, state: dict[str, Any]) -> None:
+    # Identity is the subject (or KV key) a message came on, which per-node NATS permissions make
+    # authentic; a payload naming another node is rejected and counted. Times from the wire are
+    # clamped to the time of receipt: a "time: 2099" cannot keep a dead node fresh.
+    def _identity(self, payload_node: Any, subject_node: str | None) -> str:
+        name = str(payload_node or "")
+        if subject_node is not None and name != subject_node:
+            self.rejected["node_mismatch"] = self.rejected.get("node_mismatch", 0) + 1
+            return ""
+        return name
+
+    def _severity(self, value: Any) -> str:
+        if value in SEV_RANK:
+            return str(value)
+        self.rejected["unknown_severity"] = self.rejected.get("unknown_severity", 0) + 1
+        return ""
+
+    @staticmethod
+    def _received(ts: Any, now: float) -> float:
+        return min(_epoch(ts) or now, now)
+
+    def apply_state(self, state: dict[str, Any], *, subject_node: str | None = None) -> None:
         """A node's KV document or heartbeat: last seen, version, the active conditions it reports."""
-        name = str(state.get("node", ""))
+        name = self._identity(state.get("node"), subject_node)
         if not name:
             return
         nv = self.node(name)
-        nv.last_seen = max(nv.last_seen, _epoch(state.get("time")) or time.time())
+        nv.last_seen = max(nv.last_seen, self._received(state.get("time"), time.time()))
         nv.heartbeat_interval = float(state.get("heartbeat_interval") or nv.heartbeat_interval)
         nv.agent_version = str(state.get("agent_version", nv.agent_version))
         conds = state.get("conditions")
@@ -123,7 +144,8 @@ class FleetState:
             for c in conds:
                 key = f"{c.get('collector')}|{c.get('type')}|{c.get('entity')}"
                 prev = nv.conditions.get(key, {})
-                fresh[key] = {**prev, **c, "since": c.get("since") or prev.get("since")}
+                fresh[key] = {**prev, **c, "since": c.get("since") or prev.get("since"),
+                              "severity": self._severity(c.get("severity"))}
                 span_key = f"{c.get('type')}|{c.get('entity')}"
                 if span_key not in nv.spans or nv.spans[span_key][-1][1] is not None:
                     nv.spans.setdefault(span_key, []).append([_epoch(c.get("since")) or time.time(), None])
@@ -138,13 +160,14 @@ class FleetState:
         if spans and spans[-1][1] is None:
             spans[-1][1] = at
 
-    def apply_message(self, msg: dict[str, Any]) -> None:
-        name = str(msg.get("node", ""))
+    def apply_message(self, msg: dict[str, Any], *, subject_node: str | None = None) -> None:
+        name = self._identity(msg.get("node"), subject_node)
         if not name or "type" not in msg:
             return
         nv = self.node(name)
         self.messages_seen += 1
-        at = _epoch(msg.get("time")) or time.time()
+        msg = {**msg, "severity": self._severity(msg.get("severity"))}
+        at = self._received(msg.get("time"), time.time())
         self.last_message_lag.append(max(0.0, time.time() - at))
         if msg.get("kind") == "condition":
             key = f"{msg.get('collector')}|{msg['type']}|{msg.get('entity')}"
@@ -169,8 +192,8 @@ class FleetState:
                 spans.pop(0)
         self._touch(name)
 
-    def apply_action(self, record: dict[str, Any]) -> None:
-        name = str(record.get("node", ""))
+    def apply_action(self, record: dict[str, Any], *, subject_node: str | None = None) -> None:
+        name = self._identity(record.get("node"), subject_node)
         if not name:
             return
         self.node(name).actions.appendleft(record)
@@ -193,7 +216,7 @@ class FleetState:
             if q and q.lower() not in nv.name.lower():
                 continue
             conds = list(nv.conditions.values())
-            if severity and not any(SEV_RANK[c["severity"]] >= SEV_RANK[severity] for c in conds):
+            if severity and not any(SEV_RANK.get(c["severity"], 0) >= SEV_RANK.get(severity, 0) for c in conds):
                 continue
             if collector and not any(c.get("collector") == collector for c in conds):
                 continue
@@ -214,7 +237,8 @@ class FleetState:
         if nv is None:
             return None
         return {"node": name, **self.row(nv, time.time()), "agent_version": nv.agent_version,
-                "conditions": sorted(nv.conditions.values(), key=lambda c: (-SEV_RANK[c["severity"]], c["type"])),
+                "conditions": sorted(nv.conditions.values(),
+                                     key=lambda c: (-SEV_RANK.get(c["severity"], 0), c["type"])),
                 "events": list(nv.events)[:100], "actions": collapse_actions(nv.actions)[:100]}
 
     def timeline_svg(self, name: str, *, hours: float = 6.0, width: int = 900, now: float | None = None) -> str:
@@ -270,17 +294,18 @@ class FleetFeed:
 
         async def on_hb(msg: Any) -> None:
             with contextlib.suppress(*_BAD_INPUT):
-                self.state.apply_state(json.loads(msg.data))
+                self.state.apply_state(json.loads(msg.data), subject_node=_subject_node(msg.subject))
 
         await self.nc.subscribe(f"{HEARTBEAT_PREFIX}.>", cb=on_hb)
 
         async def on_stream(msg: Any) -> None:
             with contextlib.suppress(*_BAD_INPUT):
                 data = json.loads(msg.data)
+                node = _subject_node(msg.subject)
                 if msg.subject.startswith(ACTIONS_PREFIX + "."):
-                    self.state.apply_action(data)
+                    self.state.apply_action(data, subject_node=node)
                 elif msg.subject.startswith(EVENTS_PREFIX + "."):
-                    self.state.apply_message(data)
+                    self.state.apply_message(data, subject_node=node)
 
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._follow_stream(js, on_stream), name="fleet:stream"))
@@ -318,7 +343,7 @@ class FleetFeed:
                     if entry is None or entry.value is None:
                         continue
                     with contextlib.suppress(*_BAD_INPUT):
-                        self.state.apply_state(json.loads(entry.value))
+                        self.state.apply_state(json.loads(entry.value), subject_node=decode_token(entry.key))
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -332,6 +357,12 @@ class FleetFeed:
         if self.nc is not None:
             with contextlib.suppress(*_BAD_INPUT):
                 await self.nc.close()
+
+
+def _subject_node(subject: str) -> str:
+    """gna.heartbeat.<node>, gna.events.<node>.<collector>.<severity>, gna.actions.<node>.<remediation>"""
+    parts = subject.split(".")
+    return decode_token(parts[2]) if len(parts) >= 3 else "\0"  # no node: matches no payload
 
 
 def _start_time_config(since: Any) -> Any:
