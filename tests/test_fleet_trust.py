@@ -58,3 +58,14 @@ async def test_the_feed_takes_identity_from_the_subject(nats_server: NatsServerP
         await feed.stop()
     assert "nodec" in state.nodes and "nodea" not in state.nodes and "nodeb" not in state.nodes
     assert state.rejected["node_mismatch"] == 1
+
+
+def test_pages_carry_a_strict_csp_that_allows_only_their_own_blocks() -> None:
+    """#13 D3: injected markup cannot run even if a page ever put data into innerHTML unescaped; the
+    real-browser tests in tests/test_dashboard.py prove the pages' own scripts still run under it."""
+    from agent.dashboard import _page, csp
+
+    for name in ("dashboard.html", "node.html"):
+        policy = csp(_page(name))
+        assert "script-src 'sha256-" in policy and "'unsafe-inline'" not in policy and "default-src 'none'" in policy
+        assert "frame-ancestors 'none'" in policy
