@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import random
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -100,7 +101,7 @@ class FleetBudget:
         """Compare-and-set loop: concurrent agents can never overshoot the limit."""
         try:
             limit = await self.limit()
-            for _ in range(attempts):
+            for attempt in range(attempts):
                 now = time.time()
                 state, rev = await self._read()
                 self._prune(state, now)
@@ -110,6 +111,8 @@ class FleetBudget:
                 if state["tripped"] and used < limit:
                     state["tripped"] = False  # drained
                 if used >= limit or state["tripped"]:
+                    if state["tripped"]:  # already recorded: a denial needs no write (and adds no contention)
+                        return SlotDecision(False, "budget exhausted", used, limit, True)
                     state["tripped"] = True
                     granted = False
                 else:
@@ -123,8 +126,8 @@ class FleetBudget:
                     else:
                         await kv.update(KEY, body, last=rev)
                 except Exception as exc:
-                    if _cas_conflict(exc):  # another agent wrote first: read again
-                        await asyncio.sleep(0.002 + 0.01 * (hash(node) % 7) / 7)
+                    if _cas_conflict(exc):  # another agent wrote first: read again, backing off with jitter
+                        await asyncio.sleep(random.uniform(0.001, min(0.05, 0.002 * 2 ** min(attempt, 5))))
                         continue
                     raise
                 return SlotDecision(granted, "granted" if granted else "budget exhausted",
