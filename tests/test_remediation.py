@@ -315,24 +315,31 @@ async def test_nats_down_means_no_cordon(tools: Path, tmp_path: Path) -> None:
     assert [a for a in argv_log(tools) if a[1] == "update"] == []
 
 
-async def test_central_cordoner_queue_group_acts_once_per_message(tools: Path, tmp_path: Path,
-                                                                  nats_server: NatsServerProcess) -> None:
+async def _cordoners(url: str, n: int) -> tuple[list[Any], Any, list[dict[str, Any]]]:
+    """``n`` started central cordoners (Slurm), a NATS connection, and the audits they publish."""
     from agent import config as configmod
-    from agent.subjects import event_subject
     from remediations.cordoner import Cordoner
 
     agent_cfg = configmod.parse('[remediations]\ncordon_with = "slurm"\n').agent
-    cords = [Cordoner(agent_cfg, [nats_server.url], name=f"c{i}") for i in range(2)]
+    cords = [Cordoner(agent_cfg, [url], name=f"c{i}") for i in range(n)]
     for c in cords:
         await c.start()
-    nc = await nats.connect(nats_server.url)
-    js = nc.jetstream()
+    nc = await nats.connect(url)
     audits: list[dict[str, Any]] = []
 
     async def on_audit(m: Any) -> None:
         audits.append(json.loads(m.data))
 
     await nc.subscribe("gna.actions.>", cb=on_audit)
+    return cords, nc, audits
+
+
+async def test_central_cordoner_queue_group_acts_once_per_message(tools: Path, tmp_path: Path,
+                                                                  nats_server: NatsServerProcess) -> None:
+    from agent.subjects import event_subject
+
+    cords, nc, audits = await _cordoners(nats_server.url, 2)
+    js = nc.jetstream()
     for i in range(20):
         m = _msg(node=f"node-{i}")
         await js.publish(event_subject(m["node"], m["collector"], m["severity"]), json.dumps(m).encode(),
@@ -355,22 +362,11 @@ async def test_cordoner_takes_identity_from_the_subject_and_survives_poison(tool
                                                                            nats_server: NatsServerProcess) -> None:
     """#13 D1/D2: a message on nodeb's subject naming nodea is rejected; malformed ones are terminated and
     counted, never redelivered, and a valid message behind 200 of them is still decided."""
-    from agent import config as configmod
     from agent.subjects import event_subject
-    from remediations.cordoner import Cordoner
 
-    agent_cfg = configmod.parse('[remediations]\ncordon_with = "slurm"\n').agent
-    c = Cordoner(agent_cfg, [nats_server.url])
-    await c.start()
+    (c,), nc, audits = await _cordoners(nats_server.url, 1)
     assert c.engine is not None and "modprobe" not in c.engine.plugins, "node-local plugins stay on the nodes"
-    nc = await nats.connect(nats_server.url)
     js = nc.jetstream()
-    audits: list[dict[str, Any]] = []
-
-    async def on_audit(m: Any) -> None:
-        audits.append(json.loads(m.data))
-
-    await nc.subscribe("gna.actions.>", cb=on_audit)
     spoof = _msg(node="nodea")
     await js.publish(event_subject("nodeb", spoof["collector"], spoof["severity"]), json.dumps(spoof).encode())
     for i in range(200):
