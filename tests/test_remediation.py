@@ -25,12 +25,16 @@ from remediations.policy import Match, RemediationsConfig, Rule
 from tests.fake_kube import FakeKube
 
 FAKE_TOOL = r"""#!/usr/bin/env python3
-import json, os, sys
+import fcntl, json, os, sys
 log = os.environ["GNA_TEST_ARGV_LOG"]
+state = os.environ.get("GNA_TEST_STATE", "/tmp/gna-state")
+# Like slurmctld, the fake serialises updates: several agents drain at once, and a reader must
+# never see another process's half-written state file.
+lock = open(state + ".lock", "a")
+fcntl.flock(lock, fcntl.LOCK_EX)
 with open(log, "a") as fh:
     fh.write(json.dumps([os.path.basename(sys.argv[0]), *sys.argv[1:]]) + "\n")
 name = os.path.basename(sys.argv[0])
-state = os.environ.get("GNA_TEST_STATE", "/tmp/gna-state")
 if name == "scontrol":
     if sys.argv[1:3] == ["show", "node"]:
         st = json.load(open(state)) if os.path.exists(state) else {}
@@ -45,7 +49,9 @@ if name == "scontrol":
             st[args["NodeName"]] = {"State": "IDLE+DRAIN", "Reason": args.get("Reason", "")}
         else:
             st[args["NodeName"]] = {"State": "IDLE", "Reason": ""}
-        json.dump(st, open(state, "w"))
+        with open(state + ".tmp", "w") as fh:
+            json.dump(st, fh)
+        os.replace(state + ".tmp", state)
 elif name == "modprobe":
     root = os.environ.get("GNA_TEST_HOST_ROOT", "")
     mod = sys.argv[-1]
