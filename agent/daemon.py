@@ -179,7 +179,7 @@ class Agent:
             problems.append(f"spool recovered after {self.spool.write_errors} write errors")
         if self.forwarder and self.link and not self.link.connected.is_set():
             problems.append("nats disconnected (spooling)")
-        failing = [n for n, r in self.runners.items() if r.consecutive_failures]
+        failing = [n for n, r in self.runners.items() if r.failing]
         text = "ok" if not problems and not failing else "; ".join(problems + [f"failing: {failing}"] * bool(failing))
         # 503 only while writes fail now: a cumulative count would have the liveness probe restart a
         # recovered agent in a loop after one transient disk-full.

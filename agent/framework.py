@@ -1,7 +1,10 @@
 """The wrapper every collector runs in: intervals, jitter, timeouts, crash isolation, backoff, self-metrics.
 
 A failing collector never disturbs the others; after ``FAILING_AFTER`` consecutive failures the
-agent raises a ``CollectorFailing`` condition about it, resolved by the next good pass.
+agent raises a ``CollectorFailing`` condition about it. A collector may have two parts, a periodic
+``collect`` and a long-running ``run``; each keeps its own failure streak, so a good housekeeping
+pass never hides a watcher that keeps crashing. The condition (and ``/healthz``) resolve only when
+every part is healthy now: a pass succeeded, or the restarted ``run`` stayed up ``healthy_after``.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from agent.types import Emitter
 log = structlog.get_logger(__name__)
 
 FAILING_AFTER = 3
-HEALTHY_RUN_RESETS_BACKOFF = 60.0
+HEALTHY_RUN_RESETS_BACKOFF = 60.0  # a run() that stays up this long after a (re)start is healthy again
 
 
 def is_periodic(collector: Any) -> bool:
@@ -41,10 +44,20 @@ class CollectorRunner:
         self.emitter = emitter
         self.metrics = metrics
         self.agent_emitter = agent_emitter
-        self.consecutive_failures = 0
+        self.streaks = {"collect": 0, "run": 0}  # consecutive failures of each part
         self.last_error = ""
         self.passes = 0
         self._failing_fired = False
+        self.healthy_after = HEALTHY_RUN_RESETS_BACKOFF
+
+    @property
+    def consecutive_failures(self) -> int:
+        return max(self.streaks.values())
+
+    @property
+    def failing(self) -> bool:
+        """Failing now (not: ever failed): the last pass failed or run() is down or restarting."""
+        return self.consecutive_failures > 0
 
     async def run(self) -> None:
         self.metrics.collector_up.labels(self.name).set(1)
@@ -91,13 +104,13 @@ class CollectorRunner:
         try:
             await within(self.collector.collect(), self.settings.timeout)
         except TimeoutError:
-            await self._failed("timeout", f"pass exceeded {self.settings.timeout}s")
+            await self._failed("collect", "timeout", f"pass exceeded {self.settings.timeout}s")
             return False
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             log.exception("collector_failed", collector=self.name)
-            await self._failed("exception", repr(exc))
+            await self._failed("collect", "exception", repr(exc))
             return False
         finally:
             self.metrics.collector_duration.labels(self.name).observe(time.perf_counter() - start)
@@ -105,46 +118,56 @@ class CollectorRunner:
             self.passes += 1
         if getattr(self.collector, "auto_resolve", True):
             await self.emitter.resolve_unasserted()
-        await self._succeeded()
+        await self._succeeded("collect")
         return True
 
     async def _supervise(self) -> None:
         backoff = self.settings.restart_backoff_min
         while True:
-            started = time.monotonic()
+            task = asyncio.get_running_loop().create_task(self.collector.run(), name=f"collector:{self.name}:run")
+            kind, error = "", ""
             try:
-                await self.collector.run()
+                if self.streaks["run"]:
+                    # restarted after a failure: healthy again once it stays up a while, not when
+                    # it next fails (a watcher that died for good must not look failing for ever,
+                    # one that keeps dying must not look recovered)
+                    done, _ = await asyncio.wait({task}, timeout=self.healthy_after)
+                    if not done:
+                        backoff = self.settings.restart_backoff_min
+                        await self._succeeded("run")
+                await task
                 kind, error = "exited", "run() returned"
             except asyncio.CancelledError:
+                task.cancel()
+                await asyncio.wait({task}, timeout=1.0)  # let it close its files; a stubborn one is left behind
                 raise
             except Exception as exc:
                 log.exception("collector_crashed", collector=self.name)
                 kind, error = "exception", repr(exc)
-            if time.monotonic() - started > HEALTHY_RUN_RESETS_BACKOFF:
-                backoff = self.settings.restart_backoff_min
-                await self._succeeded()  # it had been healthy for a while: a fresh failure streak
-            await self._failed(kind, error)
+            await self._failed("run", kind, error)
             self.metrics.collector_restarts.labels(self.name).inc()
             await asyncio.sleep(self._delay(backoff))
             backoff = min(backoff * 2, self.settings.restart_backoff_max)
 
-    async def _failed(self, kind: str, error: str) -> None:
-        self.consecutive_failures += 1
+    async def _failed(self, part: str, kind: str, error: str) -> None:
+        self.streaks[part] += 1
         self.last_error = error
         self.metrics.collector_errors.labels(self.name, kind).inc()
         self.metrics.collector_up.labels(self.name).set(0)
-        log.warning("collector_error", collector=self.name, kind=kind, error=error,
-                    consecutive=self.consecutive_failures)
-        if self.consecutive_failures >= FAILING_AFTER and not self._failing_fired:
+        log.warning("collector_error", collector=self.name, part=part, kind=kind, error=error,
+                    consecutive=self.streaks[part])
+        if self.streaks[part] >= FAILING_AFTER and not self._failing_fired:
             self._failing_fired = True
             await self.agent_emitter.condition(
                 "CollectorFailing", firing=True, severity="warning", entity=f"collector:{self.name}",
                 reason=kind.capitalize(),
-                message=f"Collector {self.name} failed {self.consecutive_failures} times in a row: {error}.",
-                details={"consecutive_failures": self.consecutive_failures, "last_error": error[:500]})
+                message=f"Collector {self.name} failed {self.streaks[part]} times in a row ({part}): {error}.",
+                details={"consecutive_failures": self.streaks[part], "part": part, "last_error": error[:500]})
 
-    async def _succeeded(self) -> None:
-        self.consecutive_failures = 0
+    async def _succeeded(self, part: str) -> None:
+        self.streaks[part] = 0
+        if self.failing:
+            return  # the other part is still failing
         self.metrics.collector_up.labels(self.name).set(1)
         if self._failing_fired:
             self._failing_fired = False

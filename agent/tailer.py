@@ -7,6 +7,12 @@ deleted or replaced behind a symlink is drained to its end. A file that shrinks 
 or whose first bytes change starts over. Offsets only advance when the consumer says the lines
 were accepted; checkpoints are written atomically (write, then rename) with a version field.
 
+Bounded descriptors: a file read to its end and idle for ``idle_close`` seconds (or the least
+recently active ones beyond ``max_open``) is parked: its descriptor closed, its entry and offset
+kept; the next rescan (inotify wakes one on any write in the directory) reopens it when its size
+moved, checking inode and fingerprint. A run() that ends (a consumer's exception) forgets its
+descriptors and keeps the offsets, so the next run() reopens every file from its checkpoint.
+
 Hostile input: a line cut in half at EOF waits for its end; with ``max_line`` set, a longer
 line is cut (counted; consumers that only decode a few lines cap those instead); a run of
 bytes with no newline for a whole chunk is skipped to the next newline
@@ -47,6 +53,23 @@ from agent.spool import write_atomic
 log = structlog.get_logger(__name__)
 
 CHECKPOINT_VERSION = 1
+_ENTRY_TYPES = {"dev": int, "ino": int, "path": str, "offset": int, "fp": str, "fp_len": int}
+
+
+def _valid_entry(f: Any) -> dict[str, Any] | None:
+    """A checkpoint entry with the types it must have (a hand-edited or damaged file is not trusted)."""
+    if not isinstance(f, dict):
+        return None
+    for k, t in _ENTRY_TYPES.items():
+        v = f.get(k)
+        if not isinstance(v, t) or isinstance(v, bool) or (isinstance(v, int) and v < 0):
+            return None
+    if not isinstance(f.get("first_seen_ms", 0), int) or not isinstance(f.get("pending"), dict | None):
+        return None
+    pending = f.get("pending")
+    if pending is not None and not all(isinstance(pending.get(k), int) for k in ("from", "ms")):
+        return None
+    return dict(f)
 DIR_MASK = IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO | IN_MODIFY | IN_CLOSE_WRITE | IN_DELETE_SELF | \
     IN_MOVE_SELF
 
@@ -65,7 +88,7 @@ class TailedFile:
     first_seen_ms: int = 0
     pending: dict[str, Any] | None = None  # consumer's in-flight batch (see nccl_logs)
     fd: int | None = None
-    last_data: float = 0.0
+    last_data: float = 0.0  # monotonic time of the last read or (re)open
     gone_since: float | None = None  # no glob path leads to it any more
     oversize_lines: int = 0
     skipped_bytes: int = 0
@@ -87,7 +110,8 @@ def fingerprint(fd: int, nbytes: int) -> tuple[str, int]:
 class Tailer:
     def __init__(self, host: HostRoot, globs: list[str], state_file: Path | None, *, chunk_bytes: int = 1 << 20,
                  max_line: int = 0, fp_bytes: int = 256, rescan_interval: float = 10.0,
-                 linger: float = 5.0, debounce: float = 0.05) -> None:
+                 linger: float = 5.0, debounce: float = 0.05, max_open: int = 256,
+                 idle_close: float = 300.0) -> None:
         self.host = host
         self.globs = globs
         self.state_file = state_file
@@ -97,13 +121,17 @@ class Tailer:
         self.rescan_interval = rescan_interval
         self.linger = linger
         self.debounce = debounce
+        self.max_open = max_open
+        self.idle_close = idle_close
         self.files: dict[str, TailedFile] = {}
         self._restored: dict[str, dict[str, Any]] = {}
         self._wake = asyncio.Event()
         self._watch: Inotify | None = None
+        self._deferred = 0  # files found but not opened: the descriptor cap was reached
         self._watched_dirs: dict[str, int] = {}
         self.stats = {"lines_cut": 0, "bytes_skipped": 0, "truncations": 0, "rotations": 0, "files_opened": 0,
-                      "files_closed": 0, "read_errors": 0, "outside_roots": 0}
+                      "files_closed": 0, "read_errors": 0, "outside_roots": 0, "files_parked": 0,
+                      "files_reopened": 0, "runs_ended": 0, "bad_checkpoints": 0}
 
     # -- checkpoints ------------------------------------------------------------------
     def load(self) -> None:
@@ -113,8 +141,16 @@ class Tailer:
             data = json.loads(self.state_file.read_text())
         except (OSError, ValueError):
             return
-        if isinstance(data, dict) and data.get("version") == CHECKPOINT_VERSION:
-            self._restored = {f"{f['dev']}:{f['ino']}": f for f in data.get("files", []) if isinstance(f, dict)}
+        if isinstance(data, dict) and data.get("version") == CHECKPOINT_VERSION and isinstance(data.get("files"), list):
+            saved = {}
+            for f in data["files"]:
+                entry = _valid_entry(f)
+                if entry is None:
+                    self.stats["bad_checkpoints"] += 1
+                    continue
+                saved[f"{entry['dev']}:{entry['ino']}"] = entry
+            # what this process still remembers (a run() that ended) is at least as new as the file
+            self._restored = {**saved, **self._restored}
 
     def save(self) -> None:
         if self.state_file is None:
@@ -134,8 +170,8 @@ class Tailer:
             out.append(os.path.realpath(d))
         return out
 
-    def _matches(self) -> dict[tuple[int, int], str]:
-        found: dict[tuple[int, int], str] = {}
+    def _matches(self) -> dict[tuple[int, int], tuple[str, int]]:
+        found: dict[tuple[int, int], tuple[str, int]] = {}
         roots = self._roots()
         for pattern in self.globs:
             for path in glob.glob(str(self.host.path(pattern))):
@@ -151,7 +187,7 @@ class Tailer:
                 except OSError:
                     continue
                 if os.path.isfile(path):
-                    found.setdefault((st.st_dev, st.st_ino), path)
+                    found.setdefault((st.st_dev, st.st_ino), (path, st.st_size))
         return found
 
     def _host_path(self, real: str) -> str:
@@ -169,6 +205,7 @@ class Tailer:
             return None
         tf = TailedFile(dev, ino, self._host_path(path), fd=fd, first_seen_ms=int(time.time() * 1000))
         tf.fp, tf.fp_len = fingerprint(fd, self.fp_bytes)
+        tf.last_data = time.monotonic()
         saved = self._restored.pop(tf.key, None)
         if saved and saved.get("fp_len", 0) <= tf.fp_len:
             head_fp = fingerprint(fd, saved["fp_len"])[0] if saved["fp_len"] != tf.fp_len else tf.fp
@@ -182,14 +219,26 @@ class Tailer:
     def rescan(self) -> None:
         now = time.monotonic()
         matches = self._matches()
-        for (dev, ino), path in matches.items():
+        room = self.max_open - self.open_files
+        self._deferred = 0
+        for (dev, ino), (path, size) in matches.items():
             key = f"{dev}:{ino}"
             tf = self.files.get(key)
             if tf is None:
+                if room <= 0:
+                    self._deferred += 1  # opened once others are read to their end and parked
+                    continue
                 tf = self._open(dev, ino, path)
                 if tf is not None:
                     self.files[key] = tf
+                    room -= 1
             else:
+                if tf.fd is None and size != tf.offset:
+                    if room <= 0:
+                        self._deferred += 1
+                    else:
+                        self._reopen(tf, path)
+                        room -= tf.fd is not None
                 if tf.path != self._host_path(path):
                     self.stats["rotations"] += 1
                     tf.path = self._host_path(path)
@@ -200,6 +249,59 @@ class Tailer:
             if tf.gone_since is None:
                 tf.gone_since = now
         self._watch_dirs()
+
+    def _reopen(self, tf: TailedFile, path: str) -> None:
+        """A parked file moved: open it again if it is still the same file (inode and first bytes)."""
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return
+        try:
+            st = os.fstat(fd)
+            same = (st.st_dev, st.st_ino) == (tf.dev, tf.ino)
+            if same and tf.fp_len and fingerprint(fd, tf.fp_len)[0] != tf.fp:
+                tf.offset, tf.pending = 0, None  # rewritten in place while parked: starts over
+        except OSError:
+            same = False
+        if not same:
+            os.close(fd)
+            return
+        tf.fd = fd
+        tf.last_data = time.monotonic()
+        self.stats["files_reopened"] += 1
+
+    def _park_idle(self) -> int:
+        """Close descriptors of files read to their end: idle ones, then the least recently active
+        beyond ``max_open``. Files still being read keep theirs (the cap can be exceeded by them)."""
+        now = time.monotonic()
+        idle: list[TailedFile] = []
+        for tf in self.files.values():
+            if tf.fd is None or tf.pending is not None or tf.gone_since is not None:
+                continue
+            try:
+                caught_up = os.fstat(tf.fd).st_size == tf.offset
+            except OSError:
+                caught_up = False
+            if caught_up:
+                idle.append(tf)
+        idle.sort(key=lambda t: t.last_data)
+        # files waiting for a descriptor need room below the cap
+        excess = self.open_files - self.max_open + min(self._deferred, self.max_open)
+        parked = 0
+        for tf in idle:
+            if excess <= 0 and now - tf.last_data < self.idle_close:
+                break
+            assert tf.fd is not None
+            os.close(tf.fd)
+            tf.fd = None
+            excess -= 1
+            parked += 1
+        self.stats["files_parked"] += parked
+        return parked
+
+    @property
+    def open_files(self) -> int:
+        return sum(1 for t in self.files.values() if t.fd is not None)
 
     def _watch_dirs(self) -> None:
         if self._watch is None:
@@ -227,7 +329,8 @@ class Tailer:
         Returns (data, new_offset): data ends at a newline; new_offset may be larger than
         tf.offset + len(data) when an over-long run of bytes was skipped.
         """
-        assert tf.fd is not None
+        if tf.fd is None:  # parked: rescan reopens it when it grows
+            return None
         try:
             st = os.fstat(tf.fd)
         except OSError:
@@ -333,15 +436,27 @@ class Tailer:
                 self._wake.clear()
                 await self.pump(handler)
                 self._close_finished()
+                if self._park_idle() and self._deferred:
+                    self._wake.set()  # room was made: open the next files now, not at the next rescan
                 await wait_event(self._wake, self.rescan_interval)
                 await asyncio.sleep(self.debounce)  # batch a burst of appends into one read
         finally:
             if self._watch:
                 self._watch.close()
-            for tf in self.files.values():
-                if tf.fd is not None:
-                    os.close(tf.fd)
-                    tf.fd = None
+                self._watch = None
+                self._watched_dirs.clear()
+            self._forget()
+
+    def _forget(self) -> None:
+        """Close every descriptor and keep only offsets: the next run() starts from them, as after a
+        restart of the process (an entry without its descriptor would never be read again)."""
+        for key, tf in self.files.items():
+            if tf.fd is not None:
+                os.close(tf.fd)
+                tf.fd = None
+            self._restored[key] = tf.to_json()
+        self.files.clear()
+        self.stats["runs_ended"] += 1
 
     async def read_all_once(self, handler: Handler) -> None:
         """Every matched file from its beginning, no checkpoint (``check``)."""

@@ -17,7 +17,7 @@ import contextlib
 import re
 import time
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import msgspec
 import structlog
@@ -65,6 +65,9 @@ class NCCLLogsConfig(CollectorSettings, kw_only=True, forbid_unknown_fields=True
     # Byte prefilter engine: auto = Hyperscan (x86_64) > RE2 > Python re; all find the same lines.
     scanner: Literal["auto", "hyperscan", "re2", "re"] = "auto"
     rescan_interval: float = 30.0  # inotify finds new files at once; the rescan is the fallback
+    # descriptors held: beyond this, files read to their end are parked (closed, reopened on growth)
+    max_open_files: Annotated[int, msgspec.Meta(ge=1)] = 256
+    idle_close: Annotated[float, msgspec.Meta(ge=0)] = 300.0  # a read, quiet file gives back its descriptor
 
 
 class NCCLLogsCollector:
@@ -79,7 +82,8 @@ class NCCLLogsCollector:
         self.emit = emit
         state = emit.state_dir / "nccl_checkpoints.json" if emit.state_dir else None
         self.tailer = Tailer(host if isinstance(host, HostRoot) else HostRoot(host.root), config.globs, state,
-                             chunk_bytes=config.chunk_bytes, rescan_interval=config.rescan_interval)
+                             chunk_bytes=config.chunk_bytes, rescan_interval=config.rescan_interval,
+                             max_open=config.max_open_files, idle_close=config.idle_close)
         self.engine = config.scanner  # "auto": resolved on the first chunk (nothing loads on an idle node)
         self.procs: dict[str, ProcessState] = {}
         self.warn_windows: dict[tuple[str, str], list[Any]] = {}  # (proc, text) -> [first, count, sample]

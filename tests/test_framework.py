@@ -100,3 +100,46 @@ async def test_long_running_collector_restarts_with_backoff() -> None:
     assert 4 <= c.starts <= 6
     assert metrics.collector_restarts.labels("crashing_loop")._value.get() >= 3
     assert any(m.type == "CollectorFailing" and m.status == "firing" for m in sink.messages)
+
+
+class WatcherThatDies:
+    """Housekeeping passes succeed while the watcher crashes, until ``heal`` is set (D6)."""
+
+    name: ClassVar[str] = "watcher"
+
+    def __init__(self) -> None:
+        self.heal = False
+        self.starts = 0
+        self.passes = 0
+
+    async def collect(self) -> None:
+        self.passes += 1
+
+    async def run(self) -> None:
+        self.starts += 1
+        await asyncio.sleep(0.01)
+        if not self.heal:
+            raise AssertionError("tailer lost its descriptors")
+        await asyncio.sleep(3600)
+
+
+async def test_a_good_housekeeping_pass_never_hides_a_crashing_watcher() -> None:
+    sink, metrics = Sink(), AgentMetrics()
+    c = WatcherThatDies()
+    r = _runner(c, sink, metrics, restart_backoff_min=0.02, restart_backoff_max=0.05)
+    r.healthy_after = 0.3
+    task = asyncio.create_task(r.run())
+    try:
+        await asyncio.sleep(1.0)
+        assert c.passes >= 10 and c.starts >= 5
+        failing = [(m.status, m.details.get("part")) for m in sink.messages if m.type == "CollectorFailing"]
+        assert failing == [("firing", "run")]  # fired, and the passes did not resolve it
+        assert r.failing and metrics.collector_up.labels("watcher")._value.get() == 0
+        c.heal = True
+        await asyncio.sleep(1.0)  # restarted, stayed up longer than healthy_after
+        failing = [m.status for m in sink.messages if m.type == "CollectorFailing"]
+        assert failing == ["firing", "resolved"]
+        assert not r.failing and metrics.collector_up.labels("watcher")._value.get() == 1
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
