@@ -42,7 +42,7 @@ async def run_check(config: configmod.Config) -> dict[str, Any]:
         settings = config.collectors.get(name) or cls.config_type()
         if not settings.enabled:
             continue
-        emitter = CollectorEmitter(node, name, sink, tracker, facts=facts)
+        emitter = CollectorEmitter(node, name, sink, tracker, facts=facts, max_conditions=settings.max_conditions)
         emitters.append(emitter)
         try:
             collector = cls(settings, host, emitter)

@@ -12,7 +12,7 @@ import socket
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -40,6 +40,7 @@ class CollectorSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     timeout: float = 10.0
     restart_backoff_min: float = 1.0  # first delay after a failure; doubles up to the max
     restart_backoff_max: float = 60.0
+    max_conditions: Annotated[int, msgspec.Meta(ge=1)] = 64  # beyond: folded into one aggregate per type
 
 
 class NatsConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

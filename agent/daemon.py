@@ -17,7 +17,7 @@ from agent import __version__
 from agent import config as configmod
 from agent.aio import cancel_and_wait, within
 from agent.bus import LocalBus
-from agent.emitter import CollectorEmitter, ConditionTracker
+from agent.emitter import DEFAULT_MAX_CONDITIONS, CollectorEmitter, ConditionTracker
 from agent.facts import FactStore
 from agent.forwarder import Forwarder
 from agent.framework import CollectorRunner
@@ -82,10 +82,10 @@ class Agent:
             self.metrics.bus_refused.inc()
         return ok
 
-    def emitter_for(self, collector: str) -> CollectorEmitter:
+    def emitter_for(self, collector: str, max_conditions: int = DEFAULT_MAX_CONDITIONS) -> CollectorEmitter:
         assert self.tracker is not None
         return CollectorEmitter(self.node, collector, self._sink, self.tracker, facts=self.facts,
-                                state_dir=self.state_dir / "collectors" / collector)
+                                state_dir=self.state_dir / "collectors" / collector, max_conditions=max_conditions)
 
     async def _announce_drops(self, counts: dict[str, int]) -> bool:
         total = sum(counts.values())
@@ -149,7 +149,7 @@ class Agent:
             if not settings.enabled:
                 log.info("collector_disabled", collector=name)
                 continue
-            emitter = self.emitter_for(name)
+            emitter = self.emitter_for(name, settings.max_conditions)
             try:
                 collector = cls(settings, self.host, emitter)
             except Exception as exc:
@@ -329,6 +329,9 @@ class Agent:
 
         after_drain = min(2.0, 0.4 * budget)  # what the steps after the spool drain may take together
         await self._stop_collectors(timeout=left(after_drain, cap=budget / 4))
+        if self.tracker:
+            with contextlib.suppress(OSError):
+                self.tracker.flush()  # folded conditions saved at most once a second while running
         if self.bus:
             await self.bus.stop(drain_timeout=left(after_drain, cap=budget / 8))
             self._abandon(self.bus.abandoned)
