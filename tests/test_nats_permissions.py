@@ -1,0 +1,341 @@
+"""#13: the account/permission layout of agent/nats_permissions.py, enforced by a real nats-server
+started with the rendered config and nkeys generated here. Every role runs its real code path
+(the agent, FleetFeed, `events`, the cordoner, the budget) and the server must log no violation for
+it; every forbidden action must be refused and leave the stream untouched."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import nats
+import pytest
+from nats.aio.client import Client
+from nats.js.api import StreamConfig
+
+from agent.config import NatsConfig
+from agent.nats_permissions import (
+    Layout,
+    Roles,
+    ServerSettings,
+    load_layout,
+    new_user_seed,
+    node_permissions,
+    render_config,
+)
+from agent.nats_server import NatsServerProcess, find_nats_server, free_port
+from agent.subjects import encode_token, event_subject, heartbeat_subject
+from tests.conftest import ROOT, agent_config, running_agent
+
+NODE_A, NODE_B = "node-a.example.com", "node-b.example.com"
+ROLES = ("a", "b", "cordoner", "reader", "admin")
+DENIED_WAIT = 0.5  # a refused request gets no reply: how long to wait for one
+
+
+class RenderedServer(NatsServerProcess):
+    """nats-server started with exactly the rendered config (no extra settings of the base class)."""
+
+    def __init__(self, store_dir: Path, layout: Layout) -> None:
+        super().__init__(store_dir, port=int(layout.server.listen.rsplit(":", 1)[1]))
+        self.layout = layout
+
+    def _write_config(self) -> Path:
+        self.store_dir.mkdir(parents=True, exist_ok=True)
+        conf = self.store_dir / "nats-server.conf"
+        conf.write_text(render_config(self.layout))
+        return conf
+
+    def violations(self) -> list[str]:
+        text = (self.store_dir / "nats-server.log").read_text(errors="replace")
+        return [line for line in text.splitlines() if "Violation" in line]
+
+
+@dataclass
+class Fleet:
+    server: RenderedServer
+    seeds: dict[str, Path]
+    keys: dict[str, str]
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def cfg(self, who: str) -> NatsConfig:
+        return NatsConfig(servers=[self.url], nkey_seed=str(self.seeds[who]), connect_timeout=5)
+
+    async def connect(self, who: str) -> Client:
+        async def on_error(exc: Exception) -> None:
+            self.errors.append(f"{who}: {exc}")
+
+        return await nats.connect(self.url, nkeys_seed=str(self.seeds[who]), error_cb=on_error,
+                                  allow_reconnect=False)
+
+    def violations_of(self, who: str) -> list[str]:
+        return [v for v in self.server.violations() if self.keys[who] in v]
+
+
+@pytest.fixture
+def fleet(tmp_path: Path) -> Iterator[Fleet]:
+    seeds, keys = {}, {}
+    for who in ROLES:
+        seed, public = new_user_seed()
+        seeds[who] = tmp_path / f"{who}.nk"
+        seeds[who].write_text(seed + "\n")
+        seeds[who].chmod(0o600)
+        keys[who] = public
+    layout = Layout(server=ServerSettings(listen=f"127.0.0.1:{free_port()}", store_dir=str(tmp_path / "js")),
+                    nodes={NODE_A: keys["a"], NODE_B: keys["b"]},
+                    roles=Roles(cordoner=[keys["cordoner"]], readers=[keys["reader"]], admins=[keys["admin"]]))
+    server = RenderedServer(tmp_path / "nats", layout)
+    server.start()
+    yield Fleet(server, seeds, keys)
+    server.stop(kill=True)
+
+
+@pytest.fixture
+async def admin(fleet: Fleet) -> AsyncIterator[Any]:
+    nc = await fleet.connect("admin")
+    yield nc
+    await nc.close()
+
+
+async def _stored(admin_nc: Any, subject: str) -> int:
+    info = await admin_nc.jetstream().stream_info("GNA_EVENTS", subjects_filter=subject)
+    return sum((info.state.subjects or {}).values())
+
+
+async def _denied(coro: Any) -> None:
+    with pytest.raises((nats.errors.TimeoutError, TimeoutError)):
+        await asyncio.wait_for(coro, DENIED_WAIT * 2)
+
+
+async def _emit_as_node_a(tmp_path: Path, fleet: Fleet, entity: str, admin_nc: Any) -> None:
+    """The real agent, node A's seed: one event, drained to JetStream, and its state in the KV bucket."""
+    cfg = agent_config(tmp_path, servers=[fleet.url], node=NODE_A)
+    cfg.agent.nats.nkey_seed = str(fleet.seeds["a"])
+    async with running_agent(cfg) as agent:
+        assert agent.link is not None
+        await asyncio.wait_for(agent.link.connected.wait(), 15)
+        assert await agent.emitter_for("burst").event("BurstEvent", severity="warning", entity=entity,
+                                                      reason="T", message="as node A")
+        for _ in range(300):
+            if agent.spool is not None and agent.spool.depth == 0 and await _has_state(admin_nc, NODE_A):
+                break
+            await asyncio.sleep(0.05)
+        assert agent.spool is not None and agent.spool.depth == 0, "node A's events did not reach JetStream"
+        assert await _has_state(admin_nc, NODE_A), "node A's state did not reach the KV bucket"
+
+
+async def _has_state(admin_nc: Any, node: str) -> bool:
+    try:
+        kv = await admin_nc.jetstream().key_value("gna-nodes")
+        return bool((await kv.get(encode_token(node))).value)
+    except (nats.js.errors.NotFoundError, nats.js.errors.BucketNotFoundError, nats.js.errors.KeyNotFoundError):
+        return False
+
+
+async def test_agent_as_node_a_publishes_and_readers_read(tmp_path: Path, fleet: Fleet, admin: Any,
+                                                          capfd: pytest.CaptureFixture[str]) -> None:
+    """(a) The real agent with node A's seed creates the stream and bucket, publishes events, heartbeats and
+    its KV state with no violation; the dashboard's feed and `events` read all of it as a reader."""
+    from agent.events import EventsQuery, run_events
+    from agent.fleet import FleetFeed, FleetState
+
+    reader = await fleet.connect("reader")
+    beats: list[str] = []
+
+    async def on_beat(msg: Any) -> None:
+        beats.append(msg.subject)
+
+    await reader.subscribe("gna.heartbeat.>", cb=on_beat)
+    await reader.flush()
+
+    await _emit_as_node_a(tmp_path, fleet, "perm-a", admin)
+
+    token = encode_token(NODE_A)
+    assert await _stored(admin, f"gna.events.{token}.>") >= 1
+    assert heartbeat_subject(NODE_A) in beats
+    kv = await admin.jetstream().key_value("gna-nodes")
+    assert json.loads((await kv.get(token)).value)["node"] == NODE_A
+
+    state = FleetState()
+    feed = FleetFeed(state, [fleet.url], nats_cfg=fleet.cfg("reader"))
+    await feed.start()
+    try:
+        for _ in range(100):
+            nv = state.nodes.get(NODE_A)
+            if nv is not None and any(e.get("entity") == "perm-a" for e in nv.events) and nv.last_seen:
+                break
+            await asyncio.sleep(0.05)
+        else:
+            pytest.fail(f"the reader's FleetFeed did not see node A: {state.nodes}")
+    finally:
+        await feed.stop()
+
+    capfd.readouterr()
+    assert await run_events([fleet.url], EventsQuery(node=NODE_A, collector="burst"), fleet.cfg("reader")) == 0
+    assert [json.loads(line)["entity"] for line in capfd.readouterr().out.splitlines()] == ["perm-a"]
+    await reader.close()
+
+    for who in ("a", "reader"):
+        assert fleet.violations_of(who) == [], f"{who}'s permissions miss a subject its code uses"
+
+
+async def test_node_a_cannot_speak_for_node_b(tmp_path: Path, fleet: Fleet, admin: Any) -> None:
+    """(b) Node A's credentials cannot publish node B's events, audits, heartbeat or KV state, nor read
+    the fleet's subjects: each is a permission violation and nothing of it lands anywhere."""
+    await _emit_as_node_a(tmp_path, fleet, "own", admin)  # the stream and bucket exist; node A works
+    reader = await fleet.connect("reader")
+    beats: list[str] = []
+
+    async def on_beat(msg: Any) -> None:
+        beats.append(msg.subject)
+
+    await reader.subscribe("gna.heartbeat.>", cb=on_beat)
+    await reader.flush()
+
+    a = await fleet.connect("a")
+    js = a.jetstream(timeout=DENIED_WAIT)
+    forged = event_subject(NODE_B, "burst", "critical")
+    body = json.dumps({"node": NODE_B, "type": "Forged", "severity": "critical"}).encode()
+    await _denied(js.publish(forged, body))
+    await _denied(js.publish(f"gna.actions.{encode_token(NODE_B)}.kubernetes", body))
+    await _denied(js.publish(f"$KV.gna-nodes.{encode_token(NODE_B)}", body))
+    await a.publish(heartbeat_subject(NODE_B), body)
+    await a.subscribe("gna.events.>")  # a node reads nothing of the fleet
+    await a.flush()
+    await asyncio.sleep(0.3)
+
+    errors = " ".join(fleet.errors).lower()
+    for subject in (forged, heartbeat_subject(NODE_B), f"$kv.gna-nodes.{encode_token(NODE_B)}"):
+        assert f'publish to "{subject.lower()}"' in errors, fleet.errors
+    assert 'subscription to "gna.events.>"' in errors, fleet.errors
+    assert await _stored(admin, f"gna.events.{encode_token(NODE_B)}.>") == 0
+    assert await _stored(admin, "gna.actions.>") == 0
+    assert heartbeat_subject(NODE_B) not in beats
+    kv = await admin.jetstream().key_value("gna-nodes")
+    assert await kv.keys() == [encode_token(NODE_A)]
+    await a.close()
+    await reader.close()
+
+
+async def test_reader_consumes_but_never_writes(tmp_path: Path, fleet: Fleet, admin: Any) -> None:
+    """(c) A reader can consume the stream but cannot publish events or audits, delete anything, or
+    repoint the cordoner's durable consumer (CONSUMER.CREATE by name creates *or updates*)."""
+    await _emit_as_node_a(tmp_path, fleet, "r1", admin)
+    before = await _stored(admin, "gna.>")
+    r = await fleet.connect("reader")
+    js = r.jetstream(timeout=DENIED_WAIT)
+    sub = await js.pull_subscribe("gna.events.>", durable=None, stream="GNA_EVENTS")
+    assert [json.loads(m.data)["entity"] for m in await sub.fetch(1, timeout=5)] == ["r1"]
+
+    await _denied(js.publish(event_subject(NODE_A, "burst", "critical"), b"{}"))
+    await _denied(js.publish("gna.actions.x.kubernetes", b"{}"))
+    await _denied(js.purge_stream("GNA_EVENTS"))
+    await _denied(js.delete_stream("GNA_EVENTS"))
+    from nats.js.api import ConsumerConfig
+
+    await _denied(js.add_consumer("GNA_EVENTS", ConsumerConfig(name="gna-cordoner", durable_name="gna-cordoner",
+                                                               filter_subject="gna.events.>")))
+    # The bare (ephemeral) CREATE it may use cannot name a durable either: the server refuses that itself.
+    req = {"stream_name": "GNA_EVENTS", "config": {"durable_name": "gna-cordoner", "deliver_subject": "_INBOX.r",
+                                                   "filter_subject": "gna.events.>"}}
+    reply = await r.request("$JS.API.CONSUMER.CREATE.GNA_EVENTS", json.dumps(req).encode(), timeout=5)
+    assert "error" in json.loads(reply.data), reply.data
+    assert await _stored(admin, "gna.>") == before
+    assert len(fleet.violations_of("reader")) == 5
+    await r.close()
+
+
+async def test_cordoner_uses_the_budget_and_node_cannot_harm_the_stream(tmp_path: Path, fleet: Fleet,
+                                                                        admin: Any) -> None:
+    """(d) The real cordoner starts (stream, durable queue consumer, acks) and takes budget slots with no
+    violation; node A cannot delete, purge or reshape the stream, nor touch the budget."""
+    from agent import config as configmod
+    from remediations.budget import BudgetUnavailable, FleetBudget
+    from remediations.cordoner import Cordoner
+
+    await _emit_as_node_a(tmp_path, fleet, "before-cordoner", admin)
+    cfg = configmod.parse("", file="<test>").agent
+    cfg.nats = fleet.cfg("cordoner")
+    cordoner = Cordoner(cfg, [fleet.url])
+    await asyncio.wait_for(cordoner.start(), 15)
+    try:
+        await _emit_as_node_a(tmp_path, fleet, "seen-by-cordoner", admin)
+        for _ in range(100):
+            if cordoner.handled >= 1:
+                break
+            await asyncio.sleep(0.05)
+        assert cordoner.handled >= 1
+        js = cordoner.link.js
+        assert js is not None
+        budget = FleetBudget(js, max_nodes=1, max_percent=0)
+        assert (await budget.take(NODE_A, "test")).granted
+        assert not (await budget.take(NODE_B, "test")).granted  # the limit, not a permission, refused it
+        assert (await budget.status())["fleet_size"] == 1  # reads the nodes bucket's keys
+        await js.publish(f"gna.actions.{encode_token(NODE_B)}.kubernetes", b"{}")  # its audits, any node
+        await js.publish("gna.events.cordoner.agent.critical", b"{}")  # its alerts
+        for _ in range(100):
+            info = await js.consumer_info("GNA_EVENTS", "gna-cordoner")
+            if info.num_ack_pending == 0 and info.num_pending == 0:
+                break
+            await asyncio.sleep(0.05)
+        assert info.num_ack_pending == 0, "the cordoner could not ack"
+    finally:
+        await cordoner.stop()
+    assert fleet.violations_of("cordoner") == []
+
+    stored = await _stored(admin, "gna.>")
+    a = await fleet.connect("a")
+    js_a = a.jetstream(timeout=DENIED_WAIT)
+    await _denied(js_a.delete_stream("GNA_EVENTS"))
+    await _denied(js_a.purge_stream("GNA_EVENTS"))
+    await _denied(js_a.update_stream(StreamConfig(name="GNA_EVENTS", subjects=["gna.>"], max_age=1)))
+    with pytest.raises(nats.js.errors.BadRequestError):  # CREATE is allowed, but never changes a stream
+        await js_a.add_stream(StreamConfig(name="GNA_EVENTS", subjects=["gna.>"], max_age=1))
+    with pytest.raises(BudgetUnavailable):
+        await asyncio.wait_for(FleetBudget(js_a).take(NODE_A, "x"), 10)
+    info = await admin.jetstream().stream_info("GNA_EVENTS")
+    assert info.config.subjects == ["gna.events.>", "gna.actions.>"] and info.config.max_age != 1
+    assert await _stored(admin, "gna.>") == stored
+    await a.close()
+
+
+def test_node_budget_adds_only_the_budget() -> None:
+    _, key = new_user_seed()
+    off = node_permissions(NODE_A, Layout(nodes={NODE_A: key}))
+    on = node_permissions(NODE_A, Layout(nodes={NODE_A: key}, node_budget=True))
+    assert set(on.publish) - set(off.publish) >= {"$KV.gna-budget.cordons", "$JS.API.STREAM.INFO.KV_gna-budget"}
+    assert "gna.events.node-a=example=com.*.*" in off.publish and off.subscribe == ["_INBOX.>"]
+
+
+def test_layout_errors_are_refused() -> None:
+    _, k1 = new_user_seed()
+    with pytest.raises(ValueError, match="share the nkey"):
+        render_config(Layout(nodes={"a": k1}, roles=Roles(readers=[k1])))
+    with pytest.raises(ValueError, match="not a user public nkey"):
+        render_config(Layout(nodes={"a": "S" + k1[1:]}))
+    with pytest.raises(ValueError, match="cordoner"):
+        render_config(Layout(nodes={"cordoner": k1}))
+
+
+def test_shipped_config_is_rendered_and_accepted() -> None:
+    """(e) deploy/nats/nats-server.conf is exactly the renderer's output for the shipped layout, and
+    nats-server accepts it."""
+    layout_path = "deploy/nats/layout.example.toml"
+    shipped = ROOT / "deploy" / "nats" / "nats-server.conf"
+    rendered = render_config(load_layout(ROOT / layout_path), source=layout_path)
+    assert shipped.read_text() == rendered, (
+        f"re-render it: .venv/bin/python -m agent.nats_permissions render {layout_path} > {shipped.relative_to(ROOT)}")
+    r = subprocess.run([find_nats_server(), "-t", "-c", str(shipped)], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stdout + r.stderr
+    cli = subprocess.run([sys.executable, "-m", "agent.nats_permissions", "render",
+                          layout_path], capture_output=True, text=True, cwd=ROOT, timeout=30)
+    assert cli.returncode == 0 and cli.stdout == rendered, cli.stderr
