@@ -88,7 +88,9 @@ def make_app(state: FleetState) -> web.Application:
             return round(lags[min(len(lags) - 1, int(p / 100 * len(lags)))], 4) if lags else None
 
         return web.json_response({"nodes": len(state.nodes), "messages": state.messages_seen,
-                                  "rejected": state.rejected, "lag_p50_s": pct(50), "lag_p99_s": pct(99),
+                                  "rejected": state.rejected,
+                                  "rejected_samples": state.rejections.samples,
+                                  "lag_p50_s": pct(50), "lag_p99_s": pct(99),
                                   "lag_max_s": lags[-1] if lags else None,
                                   "subscribers": len(subscribers)})
 

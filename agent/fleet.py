@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import re
 import time
 from collections import deque
@@ -24,10 +23,10 @@ from agent import natsclient, timeline
 from agent.config import NatsConfig
 from agent.message import rfc3339
 from agent.subjects import ACTIONS_PREFIX, EVENTS_PREFIX, HEARTBEAT_PREFIX, decode_token
+from agent.wire import Rejected, Rejections, decode_action, decode_event, decode_state
 
 log = structlog.get_logger(__name__)
 
-_BAD_INPUT = (ValueError, KeyError, TypeError, AttributeError)  # a malformed message is skipped, not fatal
 SEV_RANK = {"": 0, "info": 1, "warning": 2, "critical": 3}
 FAMILIES = ("GPU", "IB", "NCCL", "JuiceFS", "Agent")
 _DIGITS = re.compile(r"\d+(?:\.\d+)?")
@@ -66,6 +65,8 @@ class NodeView:
     events: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=200))
     actions: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=200))
     spans: dict[str, list[list[float | None]]] = field(default_factory=dict)  # "type|entity" -> [[start, end]]
+    conditions_total: int = 0  # what the node reports; more than len(conditions) when its heartbeat was cut
+    conditions_folded: int = 0  # beyond its per-collector caps (aggregated on the node)
 
     def worst(self) -> dict[str, str]:
         out = dict.fromkeys(FAMILIES, "")
@@ -95,7 +96,8 @@ class FleetState:
         self.dirty: set[str] = set()
         self.changed = asyncio.Event()
         self.messages_seen = 0
-        self.rejected: dict[str, int] = {}  # reason -> messages not applied (shown in /api/stats)
+        self.rejections = Rejections()  # reason -> messages not applied, with a sample (/api/stats)
+        self.rejected = self.rejections.counts
         self.last_message_lag: deque[float] = deque(maxlen=10000)  # message time -> applied, seconds
 
     def node(self, name: str) -> NodeView:
@@ -139,7 +141,11 @@ class FleetState:
         nv.heartbeat_interval = float(state.get("heartbeat_interval") or nv.heartbeat_interval)
         nv.agent_version = str(state.get("agent_version", nv.agent_version))
         conds = state.get("conditions")
+        folded = state.get("conditions_folded")
+        nv.conditions_folded = sum(v for v in folded.values() if isinstance(v, int)) if isinstance(folded, dict) else 0
+        complete = state.get("conditions_complete", True) is not False
         if isinstance(conds, list):
+            nv.conditions_total = int(state.get("conditions_total") or len(conds)) if not complete else len(conds)
             fresh = {}
             for c in conds:
                 key = f"{c.get('collector')}|{c.get('type')}|{c.get('entity')}"
@@ -149,6 +155,8 @@ class FleetState:
                 span_key = f"{c.get('type')}|{c.get('entity')}"
                 if span_key not in nv.spans or nv.spans[span_key][-1][1] is not None:
                     nv.spans.setdefault(span_key, []).append([_epoch(c.get("since")) or time.time(), None])
+            if not complete:  # a cut heartbeat (max_payload): what it left out is still known from events
+                fresh = {**nv.conditions, **fresh}
             for key in set(nv.conditions) - set(fresh):
                 _, t, e = key.split("|", 2)
                 self._close_span(nv, f"{t}|{e}", time.time())
@@ -201,7 +209,8 @@ class FleetState:
 
     # -- views ------------------------------------------------------------------------------
     def row(self, nv: NodeView, now: float) -> dict[str, Any]:
-        return {"node": nv.name, "worst": nv.worst(), "active": len(nv.conditions), "stale": nv.stale(now),
+        return {"node": nv.name, "worst": nv.worst(), "active": max(len(nv.conditions), nv.conditions_total),
+                "folded": nv.conditions_folded, "stale": nv.stale(now),
                 "last_seen": rfc3339(nv.last_seen) if nv.last_seen else None,
                 "age_s": round(now - nv.last_seen, 1) if nv.last_seen else None,
                 "types": sorted({c["type"] for c in nv.conditions.values()}),
@@ -293,23 +302,38 @@ class FleetFeed:
         js = self.nc.jetstream()
 
         async def on_hb(msg: Any) -> None:
-            with contextlib.suppress(*_BAD_INPUT):
-                self.state.apply_state(json.loads(msg.data), subject_node=_subject_node(msg.subject))
+            self.accept(msg.subject, msg.data)
 
         await self.nc.subscribe(f"{HEARTBEAT_PREFIX}.>", cb=on_hb)
 
         async def on_stream(msg: Any) -> None:
-            with contextlib.suppress(*_BAD_INPUT):
-                data = json.loads(msg.data)
-                node = _subject_node(msg.subject)
-                if msg.subject.startswith(ACTIONS_PREFIX + "."):
-                    self.state.apply_action(data, subject_node=node)
-                elif msg.subject.startswith(EVENTS_PREFIX + "."):
-                    self.state.apply_message(data, subject_node=node)
+            self.accept(msg.subject, msg.data)
 
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._follow_stream(js, on_stream), name="fleet:stream"))
         self._tasks.append(loop.create_task(self._watch_kv(js), name="fleet:kv"))
+
+    def accept(self, subject: str, data: bytes) -> bool:
+        """One message from the wire: decoded against its schema, then applied; a bad one is counted
+        with a sample (``/api/stats``), never raised into the subscription."""
+        state = self.state
+        try:
+            if subject.startswith(EVENTS_PREFIX + "."):
+                state.apply_message(decode_event(subject, data), subject_node=_subject_node(subject))
+            elif subject.startswith(ACTIONS_PREFIX + "."):
+                state.apply_action(decode_action(subject, data), subject_node=_subject_node(subject))
+            elif subject.startswith(HEARTBEAT_PREFIX + ".") and len(subject.split(".")) == 3:
+                node = _subject_node(subject)
+                state.apply_state(decode_state(node, data), subject_node=node)
+            else:
+                raise Rejected("bad_subject", subject[:200])
+        except Rejected as exc:
+            state.rejections.record(exc.reason, subject, data, str(exc))
+            return False
+        except Exception as exc:  # a shape the decoder let through that a view could not use: still counted
+            state.rejections.record(f"unusable:{type(exc).__name__}", subject, data, repr(exc))
+            return False
+        return True
 
     async def _follow_stream(self, js: Any, on_stream: Any) -> None:
         import datetime as dt
@@ -342,20 +366,29 @@ class FleetFeed:
                 async for entry in watcher:
                     if entry is None or entry.value is None:
                         continue
-                    with contextlib.suppress(*_BAD_INPUT):
-                        self.state.apply_state(json.loads(entry.value), subject_node=decode_token(entry.key))
+                    self._accept_kv(entry.key, entry.value)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 log.info("fleet_kv_watch_retry", error=repr(exc))
                 await asyncio.sleep(1)
 
+    def _accept_kv(self, key: str, value: bytes) -> None:
+        subject = f"$KV.{self.kv_bucket}.{key}"
+        try:
+            node = decode_token(key)
+            self.state.apply_state(decode_state(node, value), subject_node=node)
+        except Rejected as exc:
+            self.state.rejections.record(exc.reason, subject, value, str(exc))
+        except Exception as exc:
+            self.state.rejections.record(f"unusable:{type(exc).__name__}", subject, value, repr(exc))
+
     async def stop(self) -> None:
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self.nc is not None:
-            with contextlib.suppress(*_BAD_INPUT):
+            with contextlib.suppress(Exception):
                 await self.nc.close()
 
 

@@ -1,4 +1,10 @@
-"""Heartbeats on ``gna.heartbeat.<node>`` and the node's current state in the ``gna-nodes`` KV bucket."""
+"""Heartbeats on ``gna.heartbeat.<node>`` and the node's current state in the ``gna-nodes`` KV bucket.
+
+The document is bounded: it never exceeds ``HEARTBEAT_MAX_BYTES`` nor the server's max_payload.
+Beyond that it carries the worst conditions that fit, ``conditions_total`` and
+``conditions_complete: false`` (the fleet then keeps what it knows from the event stream for the
+rest); a heartbeat that grew past max_payload would be refused and the node would look dead.
+"""
 
 from __future__ import annotations
 
@@ -19,6 +25,37 @@ from agent.subjects import encode_token, heartbeat_subject
 
 log = structlog.get_logger(__name__)
 
+HEARTBEAT_MAX_BYTES = 64 * 1024
+_MESSAGE_CAP = 300  # a condition's message in the heartbeat (the full one is in its event)
+_SEV = {"critical": 2, "warning": 1, "info": 0}
+
+
+def _dumps(doc: Any) -> bytes:
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def bounded(doc: dict[str, Any], conditions: list[dict[str, Any]], max_bytes: int) -> bytes:
+    """``doc`` with as many of ``conditions`` (worst and oldest first) as fit in ``max_bytes``."""
+    conds = sorted(conditions, key=lambda c: (-_SEV.get(str(c.get("severity")), 0), str(c.get("since"))))
+    for c in conds:
+        if len(str(c.get("message", ""))) > _MESSAGE_CAP:
+            c["message"] = str(c["message"])[:_MESSAGE_CAP] + "…"
+    doc = {**doc, "conditions_total": len(conds), "conditions_complete": True, "conditions": conds}
+    body = _dumps(doc)
+    if len(body) <= max_bytes:
+        return body
+    doc["conditions_complete"] = False
+    room = max_bytes - len(_dumps({**doc, "conditions": []}))
+    kept = []
+    for c in conds:
+        size = len(_dumps(c)) + 1
+        if size > room:
+            break
+        kept.append(c)
+        room -= size
+    doc["conditions"] = kept
+    return _dumps(doc)
+
 
 class NodeStatePublisher:
     def __init__(self, node: str, link: NatsLink, tracker: ConditionTracker, spool: Spool | None,
@@ -34,6 +71,7 @@ class NodeStatePublisher:
         tracker.on_change = self.changed.set
 
     def state(self) -> dict[str, Any]:
+        """The document without its conditions (``body`` adds them, bounded)."""
         return {
             "schema_version": 1,
             "node": self.node,
@@ -42,13 +80,16 @@ class NodeStatePublisher:
             "started": rfc3339(self.started),
             "heartbeat_interval": self.interval,
             "spool_depth": self.spool.depth if self.spool else 0,
-            "conditions": self.tracker.snapshot(),
+            "conditions_folded": self.tracker.overflow_counts(),
         }
+
+    def body(self, max_payload: int) -> bytes:
+        limit = min(HEARTBEAT_MAX_BYTES, max(1024, max_payload - 1024))  # headroom for NATS headers
+        return bounded(self.state(), self.tracker.snapshot(), limit)
 
     async def publish_once(self) -> None:
         assert self.link.nc is not None
-        state = self.state()
-        body = json.dumps(state, separators=(",", ":")).encode()
+        body = self.body(self.link.nc.max_payload or HEARTBEAT_MAX_BYTES)
         await self.link.nc.publish(heartbeat_subject(self.node), body)
         kv = await self.link.kv()
         await kv.put(encode_token(self.node), body)

@@ -18,17 +18,21 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from agent import config as configmod
 from agent.aio import within
 from agent.hostroot import HostRoot
-from agent.ids import new_id
+from agent.message import encode, make_message
 from agent.metrics import AgentMetrics
 from agent.nats_link import NatsLink
 from agent.natsclient import NatsUnavailable, redact
 from agent.persist import until_stopped
-from agent.subjects import EVENTS_PREFIX, action_subject, decode_token
+from agent.subjects import EVENTS_PREFIX, action_subject, event_subject
+from agent.wire import Rejected, Rejections, decode_event
 from remediations.budget import FleetBudget
 from remediations.engine import Engine
 from remediations.loader import load_plugins
 
 log = structlog.get_logger(__name__)
+
+CORDONER_NODE = "cordoner"  # the "node" the cordoner's own alerts come from (docs/nats-security.md)
+MAX_DELIVER = 5
 
 
 class Cordoner:
@@ -42,7 +46,8 @@ class Cordoner:
         self.link = NatsLink(cfg.nats, servers, AgentMetrics(), name=f"gpu-node-agent-cordoner/{name}")
         self.engine: Engine | None = None
         self.handled = 0
-        self.rejected: dict[str, int] = {}  # reason -> messages terminated unhandled (never redelivered)
+        self.rejections = Rejections(who="cordoner")  # terminated unhandled (never redelivered), with samples
+        self.rejected = self.rejections.counts
         self._sub: Any = None
 
     async def start(self) -> None:
@@ -59,9 +64,11 @@ class Cordoner:
                              json.dumps(record, separators=(",", ":")).encode(), headers={"Nats-Msg-Id": record["id"]})
 
         async def alert(type_: str, message: str, details: dict[str, Any]) -> None:
-            body = {"schema_version": 1, "id": new_id(), "type": type_, "message": message, "details": details}
-            await js.publish(f"{EVENTS_PREFIX}.cordoner.agent.critical", json.dumps(body).encode(),
-                             headers={"Nats-Msg-Id": body["id"]})
+            # a schema-valid message from "node" cordoner, so the dashboard shows it like any other
+            msg = make_message(node=CORDONER_NODE, collector="agent", kind="event", type=type_, severity="critical",
+                               entity="cordoner", reason=type_, message=message, details=details)
+            await js.publish(event_subject(CORDONER_NODE, "agent", "critical"), encode(msg),
+                             headers={"Nats-Msg-Id": msg.id})
 
         loaded = load_plugins(self.cfg.remediations, HostRoot("/"))
         # Only cluster-level actions (cordon/drain, which take a budget slot) run centrally: a node-local one
@@ -73,32 +80,23 @@ class Cordoner:
                              unavailable=loaded.unavailable)
         self._sub = await js.subscribe(
             f"{EVENTS_PREFIX}.>", queue=self.queue, durable=self.durable, cb=self._on_msg, manual_ack=True,
+            # max_deliver: a message that kills or hangs the cordoner itself (no term possible) is given
+            # up after a few tries instead of being redelivered for ever
             config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, deliver_policy=DeliverPolicy.NEW, ack_wait=60,
-                                  max_ack_pending=1000))
+                                  max_ack_pending=1000, max_deliver=MAX_DELIVER))
         log.info("cordoner_started", durable=self.durable, queue=self.queue, plugins=sorted(plugins),
                  enforce=self.cfg.remediations.enforce)
 
-    def _reject(self, reason: str, subject: str, sample: bytes) -> None:
-        n = self.rejected[reason] = self.rejected.get(reason, 0) + 1
-        if n == 1 or n % 1000 == 0:
-            log.warning("cordoner_message_rejected", reason=reason, count=n, subject=subject[:200],
-                        sample=sample[:200].decode("utf-8", "replace"))
+    def _reject(self, reason: str, subject: str, sample: bytes, detail: str = "") -> None:
+        self.rejections.record(reason, subject, sample, detail)
 
     async def _on_msg(self, msg: Any) -> None:
         """Identity is the subject (per-node NATS permissions make it authentic), never the payload; a
         message that cannot be decided is terminated and counted, so it never blocks the ones behind it."""
-        parts = msg.subject.split(".")
         try:
-            node = decode_token(parts[2]) if len(parts) == 5 else None
-            data = json.loads(msg.data)
-        except (ValueError, IndexError):
-            node, data = None, None
-        if node is None or not isinstance(data, dict):
-            self._reject("malformed", msg.subject, msg.data)
-            await msg.term()
-            return
-        if data.get("node") != node:
-            self._reject("node_mismatch", msg.subject, msg.data)
+            data = decode_event(msg.subject, msg.data)
+        except Rejected as exc:
+            self._reject(exc.reason, msg.subject, msg.data, str(exc))
             await msg.term()
             return
         if data.get("collector") != "agent":

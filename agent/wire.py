@@ -1,0 +1,150 @@
+"""What central consumers accept from the wire: every message decoded against its schema at the
+boundary, identity from the subject (per-node NATS permissions make it authentic), and every
+refusal counted with a sample so it is visible (``/api/stats``, the cordoner's log), never a
+silent drop and never an exception inside a view.
+
+Events and conditions: ``gna.events.<node>.<collector>.<severity>`` carrying a
+agent/schema/message.schema.json document whose node, collector and severity agree with the
+subject. Audits: ``gna.actions.<node>.<remediation>`` (action.schema.json). Node state (heartbeat
+or ``gna-nodes`` KV entry): a JSON object whose ``node`` is the subject's or key's node.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+import structlog
+
+from agent import message as wire_message
+from agent.subjects import decode_token, is_valid_token
+
+log = structlog.get_logger(__name__)
+
+MAX_SAMPLE = 200
+_STATE_TEXT = ("node", "time", "started", "agent_version")
+_CONDITION_TEXT = ("collector", "type", "entity", "severity", "since", "message_id", "reason", "message",
+                   "suggested_action")
+_ACTION_TEXT = ("id", "time", "node", "remediation", "reason")
+_DECISIONS = ("executed", "dry_run", "skipped", "failed")
+
+
+class Rejected(Exception):
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+
+
+@dataclass
+class Rejections:
+    """reason -> count, with the first sample of each: what a bad publisher sent, shown to operators."""
+
+    counts: dict[str, int] = field(default_factory=dict)
+    samples: dict[str, dict[str, Any]] = field(default_factory=dict)
+    who: str = "fleet"
+
+    def record(self, reason: str, subject: str, data: bytes | str, detail: str = "") -> None:
+        n = self.counts[reason] = self.counts.get(reason, 0) + 1
+        if reason not in self.samples:
+            raw = data.encode("utf-8", "replace") if isinstance(data, str) else bytes(data)
+            self.samples[reason] = {"subject": subject[:MAX_SAMPLE], "detail": detail[:MAX_SAMPLE],
+                                    "data": raw[:MAX_SAMPLE].decode("utf-8", "replace"), "time": time.time()}
+        if n == 1 or n % 1000 == 0:
+            log.warning("message_rejected", consumer=self.who, reason=reason, count=n, subject=subject[:MAX_SAMPLE],
+                        detail=detail[:MAX_SAMPLE])
+
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"total": self.total(), "by_reason": dict(self.counts), "samples": dict(self.samples)}
+
+
+def _subject_tokens(subject: str, prefix: str, n: int) -> list[str]:
+    parts = subject.split(".")
+    head = prefix.split(".")
+    if len(parts) != len(head) + n or parts[: len(head)] != head or not all(is_valid_token(p) for p in parts[2:]):
+        raise Rejected("bad_subject", subject[:MAX_SAMPLE])
+    return parts[len(head):]
+
+
+def _node_of(token: str) -> str:
+    try:
+        return decode_token(token)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise Rejected("bad_subject", f"node token {token[:80]!r}") from exc
+
+
+def _json_object(data: bytes) -> dict[str, Any]:
+    try:
+        doc = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise Rejected("not_json", str(exc)) from exc
+    if not isinstance(doc, dict):
+        raise Rejected("not_an_object", type(doc).__name__)
+    return doc
+
+
+def decode_event(subject: str, data: bytes) -> dict[str, Any]:
+    """An event or condition from ``gna.events.<node>.<collector>.<severity>``, as a dict."""
+    node_token, collector, severity = _subject_tokens(subject, "gna.events", 3)
+    try:
+        msg = wire_message.decode(data)
+    except msgspec.ValidationError as exc:
+        raise Rejected("schema", str(exc)) from exc
+    except msgspec.DecodeError as exc:
+        raise Rejected("not_json", str(exc)) from exc
+    if msg.node != _node_of(node_token):
+        raise Rejected("node_mismatch", f"subject names {_node_of(node_token)!r}, payload {msg.node[:80]!r}")
+    if msg.collector != collector or msg.severity != severity:
+        raise Rejected("subject_mismatch", f"payload {msg.collector}/{msg.severity} on {subject[:120]}")
+    if (msg.kind == "condition") != (msg.status is not None):
+        raise Rejected("schema", "conditions carry a status, events do not")
+    if not wire_message.TYPE_NAME.match(msg.type):
+        raise Rejected("schema", f"type {msg.type[:80]!r} is not CamelCase")
+    return wire_message.to_dict(msg)
+
+
+def decode_action(subject: str, data: bytes) -> dict[str, Any]:
+    """A remediation audit from ``gna.actions.<node>.<remediation>``."""
+    node_token, remediation = _subject_tokens(subject, "gna.actions", 2)
+    doc = _json_object(data)
+    for k in _ACTION_TEXT:
+        if not isinstance(doc.get(k), str):
+            raise Rejected("schema", f"{k} must be a string")
+    if doc.get("decision") not in _DECISIONS:
+        raise Rejected("schema", f"decision {str(doc.get('decision'))[:40]!r}")
+    if not isinstance(doc.get("dry_run"), bool) or not isinstance(doc.get("trigger", {}), dict):
+        raise Rejected("schema", "dry_run must be a boolean, trigger an object")
+    # audits of the central cordoner name the node they acted on: the cordoner may publish any node's
+    # audit subject (its NATS user), a node only its own (docs/nats-security.md)
+    if doc["node"] != _node_of(node_token):
+        raise Rejected("node_mismatch", f"subject names {_node_of(node_token)!r}, payload {doc['node'][:80]!r}")
+    if doc["remediation"] != remediation:
+        raise Rejected("subject_mismatch", f"remediation {doc['remediation'][:40]!r} on {subject[:120]}")
+    return doc
+
+
+def decode_state(node: str, data: bytes) -> dict[str, Any]:
+    """A heartbeat or ``gna-nodes`` entry of ``node`` (from the subject or KV key)."""
+    doc = _json_object(data)
+    for k in _STATE_TEXT:
+        if k in doc and not isinstance(doc[k], str):
+            raise Rejected("schema", f"{k} must be a string")
+    if doc.get("node") != node:
+        raise Rejected("node_mismatch", f"subject names {node[:80]!r}, payload {str(doc.get('node'))[:80]!r}")
+    hb = doc.get("heartbeat_interval", 10.0)
+    if isinstance(hb, bool) or not isinstance(hb, int | float) or not 0 < hb <= 86400:
+        raise Rejected("schema", "heartbeat_interval must be a number of seconds in (0, 86400]")
+    conds = doc.get("conditions", [])
+    if not isinstance(conds, list):
+        raise Rejected("schema", "conditions must be a list")
+    for c in conds:
+        if not isinstance(c, dict) or not all(isinstance(c.get(k, ""), str) for k in _CONDITION_TEXT):
+            raise Rejected("schema", "a condition must be an object of strings")
+    if not isinstance(doc.get("conditions_complete", True), bool):
+        raise Rejected("schema", "conditions_complete must be a boolean")
+    return doc
