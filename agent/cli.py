@@ -331,6 +331,9 @@ def cmd_events(args: argparse.Namespace) -> int:
     import signal
 
     from agent.events import EventsQuery, quiet_broken_pipe, run_events
+    from agent.logsetup import configure
+
+    configure("error", "auto")  # stdout is the messages only; the skip summary goes to stderr
 
     def interrupted(signum: int, frame: object) -> None:
         raise KeyboardInterrupt

@@ -13,6 +13,7 @@ reader of its standard output goes away (``events -f | head`` returns even on a 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import select
 import sys
@@ -27,6 +28,7 @@ from nats.js.errors import NotFoundError
 from agent.config import NatsConfig
 from agent.natsclient import connect
 from agent.subjects import events_filter
+from agent.wire import Rejected, Rejections, decode_event
 
 FETCH_WAIT_S = 0.5  # how long one fetch waits for new messages: the follower's reaction time
 
@@ -57,11 +59,25 @@ class _Printer:
     def __init__(self, count: int | None) -> None:
         self.count = count
         self.printed = 0
+        self.rejections = Rejections(who="events")
 
-    def write(self, data: bytes) -> None:
+    def summary(self) -> None:
+        if self.rejections.total():
+            reasons = ", ".join(f"{r}: {n}" for r, n in sorted(self.rejections.counts.items()))
+            print(f"gpu-node-agent: skipped {self.rejections.total()} messages that failed validation ({reasons})",
+                  file=sys.stderr)
+
+    def write(self, subject: str, data: bytes) -> None:
         if self.count is not None and self.printed >= self.count:
             raise _Done
-        sys.stdout.write(data.decode("utf-8", "replace").rstrip("\n") + "\n")
+        try:
+            msg = decode_event(subject, data)
+        except Rejected as exc:
+            # stdout carries only valid messages (a pipe into jq or a script); a spoofed or damaged one
+            # is counted and summarised on stderr, and its bytes (terminal escapes) never printed raw
+            self.rejections.record(exc.reason, subject, data, str(exc))
+            return
+        sys.stdout.write(json.dumps(msg, separators=(",", ":")) + "\n")
         sys.stdout.flush()
         self.printed += 1
         if self.count is not None and self.printed >= self.count:
@@ -83,6 +99,7 @@ async def run_events(servers: list[str], q: EventsQuery, cfg: NatsConfig) -> int
     except _Done:
         pass
     finally:
+        out.summary()
         await nc.close()
     return 0
 
@@ -125,7 +142,7 @@ async def _stream(nc: Any, q: EventsQuery, cfg: NatsConfig, out: _Printer, left:
                 pending = (await sub.consumer_info()).num_pending
             continue
         for m in msgs:
-            out.write(m.data)
+            out.write(m.subject, m.data)
             pending = m.metadata.num_pending
 
 

@@ -148,3 +148,32 @@ def test_duration_bounds_the_connect_attempt() -> None:
                         "--duration", "1"], capture_output=True, text=True, timeout=30)
     assert r.returncode == 69 and "within 1 s" in r.stderr
     assert time.monotonic() - t0 < 6
+
+
+def test_spoofed_and_damaged_messages_never_reach_stdout(tmp_path: Path, nats_server: NatsServerProcess) -> None:
+    """#13: stdout holds only schema-valid messages of the subject's node (a pipe into jq); the others are
+    summed up on stderr, and their bytes (a terminal escape) are never printed."""
+    asyncio.run(_emit(tmp_path, nats_server.url, ["b0"]))
+    first = _events(nats_server.url)
+    assert first.returncode == 0, first.stderr
+    good = json.loads(first.stdout.splitlines()[0])
+
+    async def publish() -> None:
+        from agent.subjects import event_subject
+
+        nc = await nats.connect(nats_server.url)
+        js = nc.jetstream()
+        subj = event_subject(good["node"], "burst", "warning")
+        await js.publish(subj, json.dumps({**good, "id": "x1", "node": "someone-else"}).encode())
+        await js.publish(subj, b"\x1b]0;owned\x07\x1b[2J not json")
+        await js.publish(subj, json.dumps({**good, "id": "x2", "entity": "\x1b[31mred"}).encode())
+        await nc.close()
+
+    asyncio.run(publish())
+    r = _events(nats_server.url)
+    assert r.returncode == 0, r.stderr
+    lines = [json.loads(x) for x in r.stdout.splitlines()]
+    assert [x["entity"] for x in lines] == ["b0", "\x1b[31mred"]  # valid, so shown, but as JSON text:
+    assert "\x1b" not in r.stdout and "\\u001b[31mred" in r.stdout
+    assert "skipped 2 messages that failed validation (node_mismatch: 1, not_json: 1)" in r.stderr
+    assert "\x1b" not in r.stderr
