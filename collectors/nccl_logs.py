@@ -9,6 +9,15 @@ errors, socket errors, PyTorch watchdog timeouts and other WARN lines are events
 Exactly once: before the events of a chunk are emitted the chunk is recorded as pending in the
 checkpoint with a timestamp; event ids are derived from it (agent.ids.derived_id), so a chunk
 re-read after a crash re-sends the same ids and the NATS duplicate window drops them.
+
+Whose lines: NCCL prefixes each line with its (short) hostname. A file that names this node's
+hostname and others (a launcher's aggregated log, a shared filesystem) is judged only for this
+node and the host in its own name (%h): other hosts' lines are counted as such and never raise
+this node's conditions, since each node's agent judges its own; processes already tracked from it
+for another host are withdrawn (ForeignHost). A file that never names this node is judged whole:
+its hosts cannot be told apart from this one (a pod's hostname is not the node's; a log copied
+here for `check`). Processes whose pid cannot be checked here (another host's name) expire when
+their log goes quiet or is deleted; the per-collector condition cap bounds what they can raise.
 """
 
 from __future__ import annotations
@@ -89,6 +98,9 @@ class NCCLLogsCollector:
         self.warn_windows: dict[tuple[str, str], list[Any]] = {}  # (proc, text) -> [first, count, sample]
         self.lines_matched = 0
         self.node_host = (host.read_text("/proc/sys/kernel/hostname") or "").strip().split(".")[0]
+        self.file_hosts: dict[str, set[str]] = {}  # tailed file key -> hosts its NCCL lines named
+        self.aggregated: set[str] = set()  # file keys that name this node and other hosts
+        self.foreign_lines = 0
 
     # -- node facts ---------------------------------------------------------------------
     def _active_rdma_ports(self) -> list[str]:
@@ -130,8 +142,20 @@ class NCCLLogsCollector:
         now = time.monotonic()
         touched: dict[str, ProcessState] = {}
         events: list[tuple[Match, ProcessState]] = []
+        newly_foreign = False
         for m in matches:
             line = m.line
+            if line.host and tf.key not in self.aggregated:
+                hosts = self.file_hosts.setdefault(tf.key, set())
+                if line.host not in hosts and (len(hosts) < 64 or line.host == self.node_host):
+                    hosts.add(line.host)
+                    if self.node_host in hosts and len(hosts) > 1:
+                        self.aggregated.add(tf.key)
+                        newly_foreign = True
+            if line.host and not self._local(line.host, tf):
+                self.foreign_lines += 1
+                self.emit.unparsed(f"{tf.path}: NCCL lines of other hosts (their agents judge them)", line.raw[:200])
+                continue
             host, pid = (line.host, line.pid) if line.host else self._from_name(tf.path)
             key = f"{host}:{pid}"
             st = self.procs.get(key)
@@ -144,6 +168,8 @@ class NCCLLogsCollector:
                 events.append((m, st))
             elif line.level == "WARN":  # a WARN a state rule also reads (no libibverbs): still shown as one
                 events.append((Match(WARNING_RULE, line, {}), st))
+        if newly_foreign and not await self._drop_foreign(tf):
+            return False
         if not events and not touched:
             return True
         if tf.pending is None or tf.pending.get("from") != base:
@@ -157,6 +183,25 @@ class NCCLLogsCollector:
             if not await self._evaluate(st):
                 return False
         return True
+
+    def _local(self, host: str, tf: TailedFile) -> bool:
+        return tf.key not in self.aggregated or host == self.node_host or host == self._from_name(tf.path)[0]
+
+    async def _drop_foreign(self, tf: TailedFile) -> bool:
+        """The file turned out to hold several hosts' lines: processes tracked from it for a host that
+        is not this node's stop being judged here."""
+        ok = True
+        for key, st in list(self.procs.items()):
+            if st.file != tf.path or self._local(st.host, tf):
+                continue
+            for type_, entity, severity in self.emit.active_conditions():
+                if entity == st.entity:
+                    ok &= await self.emit.condition(
+                        type_, firing=False, severity=severity, entity=entity,  # type: ignore[arg-type]
+                        reason="ForeignHost", message=f"{type_} for {st.key} withdrawn: {tf.path} holds several "
+                                                      f"hosts' lines and {st.host} is not this node.")
+            del self.procs[key]
+        return ok
 
     @staticmethod
     def _from_name(path: str) -> tuple[str, int]:
@@ -299,25 +344,35 @@ class NCCLLogsCollector:
             suggested_action=v.action)
 
     # -- lifecycle ------------------------------------------------------------------------
+    def _checkable(self, st: ProcessState) -> bool:
+        """Its pid means something in this host's /proc (not another host's, not a pod's we cannot see)."""
+        return bool(st.pid) and not (st.host and self.node_host and st.host != self.node_host)
+
     def _alive(self, st: ProcessState) -> bool:
-        if not st.pid or (st.host and self.node_host and st.host != self.node_host):
-            return True  # not ours to judge by pid: the quiet timeout decides
+        if not self._checkable(st):
+            return True  # not ours to judge by pid: the quiet timeout (or its log's deletion) decides
         return bool(self.host.path(f"/proc/{st.pid}").exists())
 
     async def collect(self) -> None:
-        """Housekeeping: a job's conditions resolve when it ends or its log goes quiet."""
+        """Housekeeping: a job's conditions resolve when it ends or its log goes quiet (or, for a process
+        this host cannot check by pid, its log is deleted)."""
         await self._flush_warnings()
+        if self.tailer.files:  # forget files the tailer let go (between two run()s it holds none)
+            self.file_hosts = {k: v for k, v in self.file_hosts.items() if k in self.tailer.files}
+            self.aggregated &= set(self.tailer.files)
         now = time.monotonic()
         for key, st in list(self.procs.items()):
             quiet = now - st.last_seen > self.config.quiet_resolve
-            if self._alive(st) and not quiet:
+            gone = not self._checkable(st) and bool(st.file) and not self.host.path(st.file).exists()
+            if self._alive(st) and not quiet and not gone:
                 continue
+            why = "log went quiet" if quiet else "log was deleted" if gone else "ended"
             for type_, entity, severity in self.emit.active_conditions():
                 if entity == st.entity:
                     await self.emit.condition(type_, firing=False, severity=severity,  # type: ignore[arg-type]
-                                              entity=entity, reason="LogQuiet" if quiet else "ProcessEnded",
-                                              message=f"{type_} for {st.key} cleared: the process "
-                                                      f"{'log went quiet' if quiet else 'ended'}.")
+                                              entity=entity,
+                                              reason="LogQuiet" if quiet else "LogGone" if gone else "ProcessEnded",
+                                              message=f"{type_} for {st.key} cleared: the process {why}.")
             del self.procs[key]
 
     async def run(self) -> None:
