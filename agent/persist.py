@@ -10,6 +10,7 @@ import signal
 from pathlib import Path
 
 from agent.spool import write_atomic
+from agent.statefile import is_str_list, read_state
 
 
 class BootScopedSet:
@@ -21,10 +22,10 @@ class BootScopedSet:
         self.boot_id = boot_id
         self.items: set[str] = set()
         if path is not None:
-            with contextlib.suppress(OSError, ValueError):
-                data = json.loads(path.read_text())
-                if isinstance(data, dict) and data.get("version") == 1 and data.get("boot_id") == boot_id:
-                    self.items = set(data.get("seen", []))
+            data = read_state(path, version=1, what="names seen this boot",
+                              valid=lambda d: isinstance(d.get("boot_id"), str) and is_str_list(d.get("seen")))
+            if data.get("boot_id") == boot_id:
+                self.items = set(data["seen"])
 
     def add_all(self, names: set[str]) -> None:
         if names <= self.items:

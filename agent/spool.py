@@ -23,7 +23,6 @@ import json
 import os
 import struct
 import threading
-import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,6 +32,7 @@ from typing import Any
 import structlog
 
 from agent.aio import wait_event
+from agent.statefile import read_state
 
 log = structlog.get_logger(__name__)
 
@@ -48,6 +48,8 @@ def _valid_state(raw: dict[str, Any]) -> bool:
 
     return count(raw.get("acked_seq", 0)) and triple(raw.get("dropped", [0, 0, 0])) and \
         triple(raw.get("announced", [0, 0, 0]))
+
+
 MAX_FRAME_PAYLOAD = 16 * 1024 * 1024
 SEVERITY_CODES = {"info": 0, "warning": 1, "critical": 2}
 SEVERITY_NAMES = {v: k for k, v in SEVERITY_CODES.items()}
@@ -227,23 +229,9 @@ class Spool:
         return seg
 
     def _load_state(self) -> dict[str, Any]:
-        path = self.dir / "state.json"
-        try:
-            raw = json.loads(path.read_text())
-        except FileNotFoundError:
-            return {}
-        except (OSError, ValueError):
-            raw = None
-        if isinstance(raw, dict) and raw.get("version") == STATE_VERSION and _valid_state(raw):
-            return raw
-        # A hand-edited or corrupted pointer must not crash every start: set it aside, say so, and
-        # start from 0 (re-sent records are duplicates the stream's Msg-Id window drops).
-        aside = path.with_name(f"state.json.bad-{int(time.time())}")
-        with contextlib.suppress(OSError):
-            os.replace(path, aside)
-        log.error("spool_state_invalid", path=str(path), set_aside=str(aside),
-                  hint="the acknowledged pointer restarts at 0; NATS drops the duplicates")
-        return {}
+        # re-sent records after a set-aside are duplicates the stream's Msg-Id window drops
+        return read_state(self.dir / "state.json", version=STATE_VERSION, valid=_valid_state, what="spool pointer",
+                          hint="the acknowledged pointer restarts at 0; NATS drops the duplicates")
 
     def _save_state(self) -> None:
         data = json.dumps({"version": STATE_VERSION, "acked_seq": self._acked,

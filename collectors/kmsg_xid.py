@@ -26,6 +26,7 @@ from agent.aio import wait_event
 from agent.config import CollectorSettings
 from agent.inotify import IN_MODIFY, Inotify
 from agent.spool import write_atomic
+from agent.statefile import is_int, read_state
 from agent.types import Emitter, HostPaths, Severity
 from collectors.kmsg_parse import (
     FellOffBus,
@@ -110,6 +111,15 @@ class Aggregator:
         return out
 
 
+def _valid_state(d: dict[str, Any]) -> bool:
+    fatal = d.get("fatal") or {}
+    return (isinstance(d.get("boot_id"), str) and (d.get("seq") is None or is_int(d.get("seq")))
+            and isinstance(fatal, dict)
+            and all(isinstance(k, str) and isinstance(v, dict) and isinstance(v.get("codes"), list)
+                    and all(is_int(c) for c in v["codes"]) and isinstance(v.get("last"), int | float)
+                    and not isinstance(v.get("last"), bool) for k, v in fatal.items()))
+
+
 class KmsgXidCollector:
     name: ClassVar[str] = "kmsg_xid"
     config_type: ClassVar[type[KmsgXidConfig]] = KmsgXidConfig
@@ -145,11 +155,8 @@ class KmsgXidCollector:
         path = self._state_file()
         if path is None:
             return {}
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
-            return {}
-        return data if isinstance(data, dict) and data.get("version") == STATE_VERSION else {}
+        return read_state(path, version=STATE_VERSION, valid=_valid_state, what="kernel log position",
+                          hint="reading this boot's kernel log from its start again (event ids are stable)")
 
     def _save_state(self) -> None:
         path = self._state_file()
