@@ -194,7 +194,7 @@ def cmd_budget(args: argparse.Namespace) -> int:
     ncfg = _nats_config(args)
 
     async def go() -> dict[str, Any]:
-        nc = await connect(servers, cfg=ncfg, name="gpu-node-agent-budget")
+        nc = await connect(servers, cfg=ncfg, name="gpu-node-agent-budget", inbox="admin")
         try:
             b = cfg.remediations.budget
             budget = FleetBudget(nc.jetstream(), bucket=b.bucket, nodes_bucket=cfg.nats.kv_bucket,

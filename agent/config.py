@@ -53,6 +53,10 @@ class NatsConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     user: str = ""
     password: str = ""
     token: str = ""
+    # replies (PubAcks, API answers, push-consumer deliveries) arrive on <inbox_prefix>.<random>;
+    # "": _INBOX_<node token> for an agent, _INBOX_<role> for central tools, so NATS permissions
+    # can let each user read only its own (docs/nats-security.md)
+    inbox_prefix: str = ""
     connect_timeout: float = 5.0
     stream: str = "GNA_EVENTS"
     stream_replicas: int = 1

@@ -32,7 +32,7 @@ from agent.registry import collector_classes
 from agent.sdnotify import Notifier
 from agent.shutdown import EX_SOFTWARE, ShutdownGuard
 from agent.spool import SEVERITY_NAMES, Spool
-from agent.subjects import action_subject
+from agent.subjects import action_subject, encode_token
 
 log = structlog.get_logger(__name__)
 
@@ -278,7 +278,8 @@ class Agent:
         if self.spool.corruption["segments"]:
             await self._announce_corruption()
         servers = self._nats_servers()  # in the main thread: PR_SET_PDEATHSIG follows the forking thread
-        self.link = NatsLink(self.cfg.nats, servers, self.metrics, name=f"gpu-node-agent/{self.node}")
+        self.link = NatsLink(self.cfg.nats, servers, self.metrics, name=f"gpu-node-agent/{self.node}",
+                             inbox=encode_token(self.node))
         self.forwarder = Forwarder(self.spool, self.link, self.metrics, window=self.cfg.nats.publish_window,
                                    timeout=self.cfg.nats.publish_timeout, announce=self._announce_drops)
         nodestate = NodeStatePublisher(self.node, self.link, self.tracker, self.spool,

@@ -35,10 +35,13 @@ def auth_method(cfg: NatsConfig) -> str:
     return "none"
 
 
-def connect_options(cfg: NatsConfig, servers: list[str], name: str) -> dict[str, Any]:
+def connect_options(cfg: NatsConfig, servers: list[str], name: str, inbox: str = "reader") -> dict[str, Any]:
+    """``inbox``: whose private reply inbox (``_INBOX_<inbox>``: a node's subject token or a central role),
+    so NATS permissions can let each user read only its own replies (docs/nats-security.md)."""
     opts: dict[str, Any] = {
         "servers": servers,
         "name": name,
+        "inbox_prefix": cfg.inbox_prefix or f"_INBOX_{inbox}",
         "allow_reconnect": True,
         "max_reconnect_attempts": -1,  # forever
         "reconnect_time_wait": 1,
@@ -64,8 +67,10 @@ def connect_options(cfg: NatsConfig, servers: list[str], name: str) -> dict[str,
 
 
 class NatsLink:
-    def __init__(self, cfg: NatsConfig, servers: list[str], metrics: AgentMetrics, *, name: str) -> None:
+    def __init__(self, cfg: NatsConfig, servers: list[str], metrics: AgentMetrics, *, name: str,
+                 inbox: str = "reader") -> None:
         self.cfg = cfg
+        self.inbox = inbox
         self.servers = servers
         self.metrics = metrics
         self.name = name
@@ -93,7 +98,7 @@ class NatsLink:
     async def connect(self) -> None:
         """Connect, retrying with backoff until it works (the agent starts before NATS does)."""
         delay = 0.5
-        opts = connect_options(self.cfg, self.servers, self.name)
+        opts = connect_options(self.cfg, self.servers, self.name, self.inbox)
         log.info("nats_connecting", servers=[redact(s) for s in self.servers], auth=auth_method(self.cfg),
                  tls="tls" in opts)
         while True:

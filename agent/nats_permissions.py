@@ -100,6 +100,11 @@ def check_layout(layout: Layout) -> None:
                              f"{EVENTS_PREFIX}.{CORDONER_TOKEN}.agent.critical")
 
 
+def inbox(who: str) -> str:
+    """The private reply inbox agent.nats_link.connect_options gives a node token or a central role."""
+    return f"_INBOX_{who}.>"
+
+
 def _kv_stream(bucket: str) -> str:
     return f"KV_{bucket}"
 
@@ -121,7 +126,7 @@ def node_permissions(node: str, layout: Layout) -> Permissions:
     ]
     if layout.node_budget:
         publish += [s for s in _budget_publish(layout) if s not in publish]
-    return Permissions(publish=publish, subscribe=["_INBOX.>"])
+    return Permissions(publish=publish, subscribe=[inbox(token)])
 
 
 def _budget_publish(layout: Layout) -> list[str]:
@@ -155,7 +160,7 @@ def cordoner_permissions(layout: Layout) -> Permissions:
         f"$JS.ACK.{n.stream}.{n.cordoner_durable}.>",  # ack/term only its own durable's deliveries
         *_budget_publish(layout),
     ]
-    return Permissions(publish=publish, subscribe=["_INBOX.>"])
+    return Permissions(publish=publish, subscribe=[inbox("cordoner")])
 
 
 def reader_permissions(layout: Layout) -> Permissions:
@@ -179,7 +184,7 @@ def reader_permissions(layout: Layout) -> Permissions:
     # reader could repoint the cordoner's durable consumer at itself.
     deny = [f"{JS_API}.CONSUMER.CREATE.{n.stream}.{n.cordoner_durable}",
             f"{JS_API}.CONSUMER.CREATE.{n.stream}.{n.cordoner_durable}.>"]
-    return Permissions(publish=publish, subscribe=[f"{HEARTBEAT_PREFIX}.>", "_INBOX.>"], publish_deny=deny)
+    return Permissions(publish=publish, subscribe=[f"{HEARTBEAT_PREFIX}.>", inbox("reader")], publish_deny=deny)
 
 
 def _q(s: str) -> str:

@@ -42,7 +42,7 @@ def describe(exc: BaseException) -> str:
 
 
 async def connect(servers: list[str], *, cfg: NatsConfig | None = None, name: str = "gpu-node-agent-cli",
-                  timeout: float | None = None) -> Client:
+                  timeout: float | None = None, inbox: str = "reader") -> Client:
     """Connected client, or NatsUnavailable after ``timeout`` (default: the config's connect_timeout)."""
     import nats  # here: `check` and `run` load the CLI without needing this module's NATS client
 
@@ -61,7 +61,7 @@ async def connect(servers: list[str], *, cfg: NatsConfig | None = None, name: st
         else:
             errors.append(describe(exc))
 
-    opts: dict[str, Any] = connect_options(cfg, servers, name)
+    opts: dict[str, Any] = connect_options(cfg, servers, name, inbox)
     opts["connect_timeout"] = max(0.1, min(float(opts["connect_timeout"]), bound))
     try:
         nc = await within(nats.connect(error_cb=on_error, **opts), bound)

@@ -43,7 +43,8 @@ class Cordoner:
         self.durable = durable
         self.queue = queue
         self.name = name
-        self.link = NatsLink(cfg.nats, servers, AgentMetrics(), name=f"gpu-node-agent-cordoner/{name}")
+        self.link = NatsLink(cfg.nats, servers, AgentMetrics(), name=f"gpu-node-agent-cordoner/{name}",
+                             inbox="cordoner")
         self.engine: Engine | None = None
         self.handled = 0
         self.rejections = Rejections(who="cordoner")  # terminated unhandled (never redelivered), with samples

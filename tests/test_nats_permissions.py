@@ -74,8 +74,10 @@ class Fleet:
         async def on_error(exc: Exception) -> None:
             self.errors.append(f"{who}: {exc}")
 
+        # the private reply inbox the agent and the central tools use (agent.nats_link.connect_options)
+        inbox = {"a": encode_token(NODE_A), "b": encode_token(NODE_B)}.get(who, who)
         return await nats.connect(self.url, nkeys_seed=str(self.seeds[who]), error_cb=on_error,
-                                  allow_reconnect=False)
+                                  allow_reconnect=False, inbox_prefix=f"_INBOX_{inbox}")
 
     def violations_of(self, who: str) -> list[str]:
         return [v for v in self.server.violations() if self.keys[who] in v]
@@ -210,6 +212,8 @@ async def test_node_a_cannot_speak_for_node_b(tmp_path: Path, fleet: Fleet, admi
     await _denied(js.publish(f"$KV.gna-nodes.{encode_token(NODE_B)}", body))
     await a.publish(heartbeat_subject(NODE_B), body)
     await a.subscribe("gna.events.>")  # a node reads nothing of the fleet
+    await a.subscribe(f"_INBOX_{encode_token(NODE_B)}.>")  # nor another node's replies
+    await a.subscribe("_INBOX_reader.>")  # nor the dashboard's stream deliveries
     await a.flush()
     await asyncio.sleep(0.3)
 
@@ -217,6 +221,8 @@ async def test_node_a_cannot_speak_for_node_b(tmp_path: Path, fleet: Fleet, admi
     for subject in (forged, heartbeat_subject(NODE_B), f"$kv.gna-nodes.{encode_token(NODE_B)}"):
         assert f'publish to "{subject.lower()}"' in errors, fleet.errors
     assert 'subscription to "gna.events.>"' in errors, fleet.errors
+    assert f'subscription to "_inbox_{encode_token(NODE_B).lower()}.>"' in errors, fleet.errors
+    assert 'subscription to "_inbox_reader.>"' in errors, fleet.errors
     assert await _stored(admin, f"gna.events.{encode_token(NODE_B)}.>") == 0
     assert await _stored(admin, "gna.actions.>") == 0
     assert heartbeat_subject(NODE_B) not in beats
@@ -313,7 +319,7 @@ def test_node_budget_adds_only_the_budget() -> None:
     off = node_permissions(NODE_A, Layout(nodes={NODE_A: key}))
     on = node_permissions(NODE_A, Layout(nodes={NODE_A: key}, node_budget=True))
     assert set(on.publish) - set(off.publish) >= {"$KV.gna-budget.cordons", "$JS.API.STREAM.INFO.KV_gna-budget"}
-    assert "gna.events.node-a=example=com.*.*" in off.publish and off.subscribe == ["_INBOX.>"]
+    assert "gna.events.node-a=example=com.*.*" in off.publish and off.subscribe == ["_INBOX_node-a=example=com.>"]
 
 
 def test_layout_errors_are_refused() -> None:
