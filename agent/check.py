@@ -19,7 +19,7 @@ from agent.framework import is_periodic
 from agent.hostroot import HostRoot
 from agent.message import Message, to_dict
 from agent.registry import collector_classes
-from agent.types import SEVERITY_RANK
+from gna_sdk import Checkable, phase_of, severity_rank
 
 EXIT_HEALTHY, EXIT_WARNING, EXIT_CRITICAL = 0, 1, 2
 
@@ -38,7 +38,7 @@ async def run_check(config: configmod.Config) -> dict[str, Any]:
     facts = FactStore()
     emitters: list[CollectorEmitter] = []
     # Evidence producers (kernel log) run before the collectors that attach their findings.
-    for name, cls in sorted(collector_classes().items(), key=lambda kv: (getattr(kv[1], "phase", 50), kv[0])):
+    for name, cls in sorted(collector_classes().items(), key=lambda kv: (phase_of(kv[1]), kv[0])):
         settings = config.collectors.get(name) or cls.config_type()
         if not settings.enabled:
             continue
@@ -46,7 +46,8 @@ async def run_check(config: configmod.Config) -> dict[str, Any]:
         emitters.append(emitter)
         try:
             collector = cls(settings, host, emitter)
-            one_pass = getattr(collector, "check", None) or (collector.collect if is_periodic(collector) else None)
+            one_pass = collector.check if isinstance(collector, Checkable) else (
+                collector.collect if is_periodic(collector) else None)
             if one_pass is None:
                 skipped.append({"collector": name, "reason": "long-running only"})
                 continue
@@ -60,8 +61,8 @@ async def run_check(config: configmod.Config) -> dict[str, Any]:
     firing = {(m.collector, m.type, m.entity): m for m in messages if m.kind == "condition"}
     conditions = [to_dict(m) for m in firing.values() if (m.collector, m.type, m.entity) in tracker.active]
     events = [to_dict(m) for m in messages if m.kind == "event"]
-    worst = max((SEVERITY_RANK[m["severity"]] for m in conditions + events), default=0)
-    status = {0: "healthy", 1: "degraded", 2: "unhealthy"}[worst]
+    worst = max((severity_rank(m["severity"]) for m in conditions + events), default=0)
+    status = {3: "unhealthy", 2: "degraded"}.get(worst, "healthy")
     not_seen = [{"collector": e.collector, "source": src, "reason": why}
                 for e in emitters for src, why in sorted(e.blind.items())]
     unparsed = [{"collector": e.collector, "source": src, "count": n, "sample": sample}

@@ -12,7 +12,7 @@ import socket
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 import msgspec
 
@@ -29,18 +29,6 @@ class ConfigError(Exception):
         self.file, self.line, self.key = file, line, key
         where = f"{file}:{line}: " if file and line else (f"{file}: " if file else "")
         super().__init__(where + message)
-
-
-class CollectorSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """Keys every collector section accepts; a collector's config_type subclasses this."""
-
-    enabled: bool = True
-    interval: float = 30.0
-    jitter: float = 0.1  # fraction of interval, randomised per run to de-synchronise a fleet
-    timeout: float = 10.0
-    restart_backoff_min: float = 1.0  # first delay after a failure; doubles up to the max
-    restart_backoff_max: float = 60.0
-    max_conditions: Annotated[int, msgspec.Meta(ge=1)] = 64  # beyond: folded into one aggregate per type
 
 
 class NatsConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -221,11 +209,22 @@ def parse(text: str, *, file: str = "<config>", collector_types: dict[str, type[
         raise ConfigError(f"not valid TOML: {exc}", file=file) from None
     agent: AgentConfig = _convert(data, AgentConfig, [], file, text)
     collectors: dict[str, Any] = {}
+    disabled_broken: set[str] = set()
     if collector_types is None:
-        from agent.registry import collector_classes
+        from agent.registry import broken_collectors, collector_classes
 
         collector_types = {name: cls.config_type for name, cls in collector_classes().items()}
+        for name, why in broken_collectors().items():
+            section = data.get("collectors", {}).get(name, {}) if isinstance(data.get("collectors"), dict) else {}
+            if isinstance(section, dict) and section.get("enabled") is False:
+                disabled_broken.add(name)  # disabled: the operator knows
+                continue
+            raise ConfigError(f"collector plugin {name!r} breaks the plugin contract ({why}); fix or uninstall it, "
+                              f"or disable it with [collectors.{name}] enabled = false",
+                              file=file, line=_find_line(text, ["collectors", name]), key=f"collectors.{name}")
     for name, section in agent.collectors.items():
+        if name in disabled_broken:
+            continue
         if name not in collector_types:
             raise ConfigError(f"unknown collector {name!r}{_suggest(name, list(collector_types))}",
                               file=file, line=_find_line(text, ["collectors", name]), key=f"collectors.{name}")
@@ -241,9 +240,16 @@ def parse(text: str, *, file: str = "<config>", collector_types: dict[str, type[
 
 
 def _check_plugin_sections(agent: AgentConfig, file: str, text: str) -> None:
-    from agent.registry import remediation_classes
+    from agent.registry import broken_remediations, remediation_classes
+    from remediations.policy import effective_rules
 
     classes = remediation_classes()
+    broken = broken_remediations()
+    used = {r.action for r in effective_rules(agent.remediations)} | set(agent.remediations.plugins)
+    for name in sorted(used & set(broken)):
+        raise ConfigError(f"remediation plugin {name!r} breaks the plugin contract ({broken[name]}); fix or "
+                          f"uninstall it, or stop using it", file=file,
+                          line=_find_line(text, ["remediations", "plugins", name]), key=f"remediations.plugins.{name}")
     for name, section in agent.remediations.plugins.items():
         cls = classes.get(name)
         path = ["remediations", "plugins", name]

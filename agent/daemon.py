@@ -33,6 +33,7 @@ from agent.sdnotify import Notifier
 from agent.shutdown import EX_SOFTWARE, ShutdownGuard
 from agent.spool import SEVERITY_NAMES, Spool
 from agent.subjects import action_subject, encode_token
+from gna_sdk import ExportsMetrics
 
 log = structlog.get_logger(__name__)
 
@@ -157,7 +158,7 @@ class Agent:
                 self.metrics.collector_errors.labels(name, "init").inc()
                 continue
             runner = CollectorRunner(collector, settings, emitter, self.metrics, agent_emitter)
-            if callable(getattr(collector, "prometheus_families", None)):
+            if isinstance(collector, ExportsMetrics):
                 self.metrics.plugins.sources[name] = collector.prometheus_families
             self.runners[name] = runner
             self._collector_tasks[name] = asyncio.get_running_loop().create_task(runner.run(), name=f"collector:{name}")

@@ -24,7 +24,7 @@ import structlog
 from agent.facts import FactStore
 from agent.message import Message, make_message
 from agent.spool import write_atomic
-from agent.types import Details, Severity, SuggestedAction
+from gna_sdk import Details, Severity, SuggestedAction, severity_rank
 
 log = structlog.get_logger(__name__)
 
@@ -116,7 +116,7 @@ class ConditionTracker:
     def needs_publish(self, collector: str, type: str, entity: str, firing: bool, severity: str) -> bool:
         cur = self.active.get((collector, type, entity))
         if firing:
-            return cur is None or _rank(severity) > _rank(cur.severity)
+            return cur is None or severity_rank(severity) > severity_rank(cur.severity)
         return cur is not None
 
     def record(self, msg: Message) -> None:
@@ -153,12 +153,8 @@ class ConditionTracker:
 _FIELDS = set(ActiveCondition.__dataclass_fields__)
 
 
-def _rank(sev: str) -> int:
-    return {"info": 0, "warning": 1, "critical": 2}.get(sev, 0)
-
-
 class CollectorEmitter:
-    """Implements agent.types.Emitter for one collector."""
+    """Implements gna_sdk.Emitter for one collector."""
 
     def __init__(self, node: str, collector: str, sink: Sink, tracker: ConditionTracker, *,
                  facts: FactStore | None = None, state_dir: Path | None = None,
@@ -210,8 +206,8 @@ class CollectorEmitter:
         folded = self.tracker.overflow.setdefault((self.collector, type), {})
         agg = overflow_entity(self.collector)
         if firing:
-            changed = entity not in folded or _rank(severity) > _rank(folded[entity])
-            folded[entity] = max(severity, folded.get(entity, severity), key=_rank)
+            changed = entity not in folded or severity_rank(severity) > severity_rank(folded[entity])
+            folded[entity] = max(severity, folded.get(entity, severity), key=severity_rank)
             self.asserted.add((type, agg))
         else:
             changed = folded.pop(entity, None) is not None

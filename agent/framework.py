@@ -19,7 +19,7 @@ import structlog
 from agent.aio import wait_event, within
 from agent.emitter import CollectorEmitter
 from agent.metrics import AgentMetrics
-from agent.types import Emitter
+from gna_sdk import Emitter, LongRunning, Periodic, auto_resolves
 
 log = structlog.get_logger(__name__)
 
@@ -28,11 +28,11 @@ HEALTHY_RUN_RESETS_BACKOFF = 60.0  # a run() that stays up this long after a (re
 
 
 def is_periodic(collector: Any) -> bool:
-    return callable(getattr(collector, "collect", None))
+    return isinstance(collector, Periodic)
 
 
 def is_long_running(collector: Any) -> bool:
-    return callable(getattr(collector, "run", None))
+    return isinstance(collector, LongRunning)
 
 
 class CollectorRunner:
@@ -116,7 +116,7 @@ class CollectorRunner:
             self.metrics.collector_duration.labels(self.name).observe(time.perf_counter() - start)
             self.metrics.collector_runs.labels(self.name).inc()
             self.passes += 1
-        if getattr(self.collector, "auto_resolve", True):
+        if auto_resolves(self.collector):
             await self.emitter.resolve_unasserted()
         await self._succeeded("collect")
         return True

@@ -9,7 +9,7 @@ from typing import Any
 import msgspec
 
 from agent.ids import new_id
-from agent.types import Kind, Severity, Status, SuggestedAction
+from gna_sdk import Kind, Severity, Status, SuggestedAction
 
 SCHEMA_VERSION = 1
 TYPE_NAME = re.compile(r"^[A-Z][A-Za-z0-9]*$")

@@ -22,12 +22,12 @@ from agent.message import rfc3339
 from agent.nats_link import NatsLink
 from agent.spool import Spool
 from agent.subjects import encode_token, heartbeat_subject
+from gna_sdk import severity_rank
 
 log = structlog.get_logger(__name__)
 
 HEARTBEAT_MAX_BYTES = 64 * 1024
 _MESSAGE_CAP = 300  # a condition's message in the heartbeat (the full one is in its event)
-_SEV = {"critical": 2, "warning": 1, "info": 0}
 
 
 def _dumps(doc: Any) -> bytes:
@@ -36,7 +36,7 @@ def _dumps(doc: Any) -> bytes:
 
 def bounded(doc: dict[str, Any], conditions: list[dict[str, Any]], max_bytes: int) -> bytes:
     """``doc`` with as many of ``conditions`` (worst and oldest first) as fit in ``max_bytes``."""
-    conds = sorted(conditions, key=lambda c: (-_SEV.get(str(c.get("severity")), 0), str(c.get("since"))))
+    conds = sorted(conditions, key=lambda c: (-severity_rank(c.get("severity")), str(c.get("since"))))
     for c in conds:
         if len(str(c.get("message", ""))) > _MESSAGE_CAP:
             c["message"] = str(c["message"])[:_MESSAGE_CAP] + "…"

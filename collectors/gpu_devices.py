@@ -17,12 +17,11 @@ from typing import Any, ClassVar
 
 import structlog
 
-from agent.config import CollectorSettings
 from agent.inotify import DIR_CHANGES, IN_ONLYDIR, Inotify, InotifyEvent
 from agent.persist import BootScopedSet
-from agent.types import Emitter, HostPaths
 from agent.udev import UdevMonitor, Uevent
 from collectors.nvml_lib import load_nvml, normalize_bus_id
+from gna_sdk import CollectorSettings, Emitter, HostPaths
 
 log = structlog.get_logger(__name__)
 

@@ -18,9 +18,7 @@ from typing import Any, ClassVar
 import msgspec
 import structlog
 
-from agent.config import CollectorSettings
 from agent.persist import BootScopedSet
-from agent.types import Emitter, HostPaths, Severity
 from agent.udev import UdevMonitor, Uevent
 from collectors.ib_sysfs import (
     COUNTER_BITS,
@@ -31,6 +29,7 @@ from collectors.ib_sysfs import (
     counter_delta,
     read_port,
 )
+from gna_sdk import CollectorSettings, Emitter, HostPaths, Severity
 
 log = structlog.get_logger(__name__)
 

@@ -17,8 +17,6 @@ from typing import Any, ClassVar, Literal
 
 import msgspec
 
-from agent.config import CollectorSettings
-from agent.types import Emitter, HostPaths, Severity
 from collectors.juicefs_parse import (
     GIB,
     MountEntry,
@@ -30,6 +28,7 @@ from collectors.juicefs_parse import (
     stat_value,
     summarize_settings,
 )
+from gna_sdk import CollectorSettings, Emitter, HostPaths, Severity
 
 EPHEMERAL_FS = {"tmpfs", "ramfs", "overlay", "overlayfs", "aufs"}
 EMPTYDIR = "/var/lib/kubelet/pods/*/volumes/kubernetes.io~empty-dir/*"

@@ -11,10 +11,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any, ClassVar, Literal
 
-from agent.config import CollectorSettings
-from agent.types import Emitter, HostPaths
 from agent.udev import UdevMonitor, Uevent
 from collectors.gpu_devices import scan
+from gna_sdk import CollectorSettings, Emitter, HostPaths
 
 GDR_FILES = ("/sys/kernel/mm/memory_peers/nv_mem/version", "/sys/kernel/mm/memory_peers/nv_mem_nc/version",
              "/sys/module/nvidia_peermem/version")

@@ -23,11 +23,9 @@ from typing import Any, ClassVar
 import structlog
 
 from agent.aio import wait_event
-from agent.config import CollectorSettings
 from agent.inotify import IN_MODIFY, Inotify
 from agent.spool import write_atomic
 from agent.statefile import is_int, read_state
-from agent.types import Emitter, HostPaths, Severity
 from collectors.kmsg_parse import (
     FellOffBus,
     KmsgRecord,
@@ -42,6 +40,7 @@ from collectors.kmsg_parse import (
 )
 from collectors.verdicts import verdict
 from collectors.xid_catalog import classify
+from gna_sdk import CollectorSettings, Emitter, HostPaths, Severity
 
 log = structlog.get_logger(__name__)
 

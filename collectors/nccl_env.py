@@ -12,10 +12,9 @@ import contextlib
 import os
 from typing import Any, ClassVar
 
-from agent.config import CollectorSettings
-from agent.types import Emitter, HostPaths, Severity
 from collectors.ib_sysfs import parse_enum
 from collectors.nccl_parse import exact_hca_value, natural_key
+from gna_sdk import CollectorSettings, Emitter, HostPaths, Severity
 
 GDR_LEVELS = ("LOC", "PIX", "PXB", "PHB", "SYS")
 IB_TIMEOUT_DEFAULT = 20  # NCCL >= 2.23 (18 before, 14 earlier)

@@ -31,11 +31,9 @@ from typing import Annotated, Any, ClassVar, Literal
 import msgspec
 import structlog
 
-from agent.config import CollectorSettings
 from agent.hostroot import HostRoot
 from agent.ids import derived_id
 from agent.tailer import TailedFile, Tailer
-from agent.types import Emitter, HostPaths, Severity, SuggestedAction
 from collectors.ib_sysfs import parse_enum
 from collectors.nccl_parse import (
     WARNING_RULE,
@@ -48,6 +46,7 @@ from collectors.nccl_parse import (
     parse_line,
 )
 from collectors.verdicts import verdict
+from gna_sdk import CollectorSettings, Emitter, HostPaths, Severity, SuggestedAction
 
 log = structlog.get_logger(__name__)
 

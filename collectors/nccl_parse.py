@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.types import Severity
+from gna_sdk import Severity
 
 # NCCL's own prefix, found anywhere in the line: whatever stands before it is a launcher's or a
 # collector's ("node-3: ", "[1,0]<stdout>:", kubectl --timestamps' RFC 3339 time, syslog, tqdm's

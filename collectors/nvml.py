@@ -13,11 +13,10 @@ from typing import Any, ClassVar, Literal
 
 import structlog
 
-from agent.config import CollectorSettings
-from agent.types import Emitter, HostPaths
 from collectors.kmsg_xid import Aggregator
 from collectors.nvml_lib import NVML_ERROR_GPU_IS_LOST, NVML_ERROR_TIMEOUT, error_code, load_nvml, normalize_bus_id
 from collectors.xid_catalog import classify
+from gna_sdk import CollectorSettings, Emitter, HostPaths
 
 log = structlog.get_logger(__name__)
 

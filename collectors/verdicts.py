@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agent.types import Severity, SuggestedAction
+from gna_sdk import Severity, SuggestedAction
 
 
 @dataclass(frozen=True)

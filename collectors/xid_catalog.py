@@ -9,8 +9,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from agent.types import Severity, SuggestedAction
 from collectors.verdicts import verdict
+from gna_sdk import Severity, SuggestedAction
 
 
 @dataclass(frozen=True)

@@ -1,1 +1,1 @@
-"""Remediation plugins, registered as ``gpu_node_agent.remediations`` entry points (see agent.types.Remediation)."""
+"""Remediation plugins, registered as ``gpu_node_agent.remediations`` entry points (see gna_sdk.Remediation)."""

@@ -74,7 +74,7 @@ class Cordoner:
         loaded = load_plugins(self.cfg.remediations, HostRoot("/"))
         # Only cluster-level actions (cordon/drain, which take a budget slot) run centrally: a node-local one
         # (modprobe, a cache warmup) would act on the cordoner's own host.
-        plugins = {n: p for n, p in loaded.available.items() if getattr(p, "needs_budget", False)}
+        plugins = {n: p for n, p in loaded.available.items() if p.needs_budget}
         for name in sorted(set(loaded.available) - set(plugins)):
             loaded.unavailable[name] = f"{name} acts on a node's own host: the node agent runs it, not the cordoner"
         self.engine = Engine(self.cfg.remediations, plugins, audit=audit, alert=alert, budget=lambda: budget,

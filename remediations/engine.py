@@ -18,7 +18,7 @@ import structlog
 
 from agent.ids import new_id
 from agent.message import rfc3339
-from remediations.base import Result
+from gna_sdk import Result, Uncordons
 from remediations.budget import BudgetUnavailable, FleetBudget
 from remediations.policy import RemediationsConfig, Rule, effective_rules
 
@@ -123,7 +123,7 @@ class Engine:
             att.last_done = now
             self._track(msg, name, plugin)
             return await self._audit(msg, rule, name, "dry_run", f"would {plan}", args=args)
-        if getattr(plugin, "needs_budget", False):
+        if plugin.needs_budget:
             verdict = await self._take_budget(msg, rule, name, args)
             if verdict is not None:
                 return verdict
@@ -139,7 +139,7 @@ class Engine:
             return await self._audit(msg, rule, name, "failed", f"{plan} failed", args=args, result=result,
                                      error=result.detail)
         att.last_done, att.failures = now, 0
-        self._track(msg, name, plugin, cordoned=result.outcome == "executed" and getattr(plugin, "needs_budget", False))
+        self._track(msg, name, plugin, cordoned=result.outcome == "executed" and plugin.needs_budget)
         decision = "executed" if result.outcome == "executed" else "skipped"
         reason = plan if result.outcome == "executed" else f"already done: {result.detail}"
         return await self._audit(msg, rule, name, decision, reason, args=args, result=result)
@@ -170,7 +170,7 @@ class Engine:
 
     # -- uncordon after every trigger resolved ------------------------------------------
     def _track(self, msg: dict[str, Any], name: str, plugin: Any, *, cordoned: bool = False) -> None:
-        if not getattr(plugin, "needs_budget", False):
+        if not plugin.needs_budget:
             return
         t = self.triggers.setdefault(f"{name}|{msg.get('node', '')}", NodeTriggers())
         t.active.add((msg.get("type", ""), msg.get("entity", "")))
@@ -200,6 +200,10 @@ class Engine:
                 await self._audit(msg, None, name, "dry_run" if self.dry_run(name) else "skipped",
                                   "would uncordon: every trigger resolved" if self.dry_run(name) else
                                   "not uncordoning: this agent did not cordon it", action="uncordon")
+                return
+            if not isinstance(plugin, Uncordons):
+                await self._audit(msg, None, name, "skipped", f"the {name} plugin cannot uncordon: undo it by hand",
+                                  action="uncordon")
                 return
             try:
                 result = await plugin.uncordon(msg)

@@ -13,7 +13,7 @@ import msgspec
 import structlog
 
 from agent.hostroot import HostRoot
-from remediations.base import Result
+from gna_sdk import Result
 
 log = structlog.get_logger(__name__)
 

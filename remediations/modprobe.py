@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 import msgspec
 
 from agent.hostroot import HostRoot
-from remediations.base import Result, resolve_executable, run_command
+from gna_sdk import Result, resolve_executable, run_command
 
 
 class ModprobeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

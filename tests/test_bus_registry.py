@@ -76,8 +76,12 @@ def _dist(site: Path, name: str, group: str, line: str, module: str, code: str) 
 def test_third_party_remediation_and_broken_plugins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     site = tmp_path / "site"
     _dist(site, "good_rem", registry.REMEDIATION_GROUP, "page_oncall = good_rem:PageOncall", "good_rem",
-          "class PageOncall:\n    name = 'page_oncall'\n"
-          "    async def execute(self, message, args, *, dry_run):\n        return 'paged'\n")
+          "import msgspec\nfrom gna_sdk import Result\n"
+          "class Conf(msgspec.Struct):\n    pass\n"
+          "class PageOncall:\n    name = 'page_oncall'\n    config_type = Conf\n    needs_budget = False\n"
+          "    def __init__(self, config, host): ...\n"
+          "    def plan(self, msg, args):\n        return 'page'\n"
+          "    async def execute(self, msg, args):\n        return Result('executed', 'paged')\n")
     _dist(site, "broken_col", registry.COLLECTOR_GROUP, "broken = broken_col:Nope", "broken_col",
           "raise ImportError('missing dependency of a third-party plugin')\n")
     _dist(site, "badname_col", registry.COLLECTOR_GROUP, "Bad.Name = good_rem:PageOncall", "unused", "")

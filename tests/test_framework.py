@@ -3,10 +3,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any, ClassVar
 
-from agent.config import CollectorSettings
 from agent.emitter import CollectorEmitter, ConditionTracker
 from agent.framework import CollectorRunner
 from agent.metrics import AgentMetrics
+from gna_sdk import CollectorSettings
 from tests.conftest import Sink
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agent.types import SEVERITIES, SUGGESTED_ACTIONS
 from collectors.verdicts import POLICY
+from gna_sdk import SEVERITIES, SUGGESTED_ACTIONS
 
 DOC = (Path(__file__).resolve().parent.parent / "docs" / "messages.md").read_text()
 

@@ -189,7 +189,7 @@ async def test_per_node_nkeys_and_subject_permissions(tmp_path: Path) -> None:
         tok = encode_token(node)
         users.append(f'{{nkey: "{pub}", permissions: {{publish: {{allow: ["gna.events.{tok}.>", '
                      f'"gna.actions.{tok}.>", "gna.heartbeat.{tok}", "$JS.API.>", "$KV.gna-nodes.{tok}", '
-                     f'"_INBOX.>"]}}, subscribe: {{allow: ["_INBOX.>"]}}}}}}')
+                     f'"_INBOX.>"]}}, subscribe: {{allow: ["_INBOX_{tok}.>"]}}}}}}')  # its private inbox
     admin_seed, admin_pub = _nkey()
     users.append(f'{{nkey: "{admin_pub}"}}')
     server = NatsServerProcess(tmp_path / "nats-auth", extra_config="authorization { users: [" + ", ".join(users) + "] }")

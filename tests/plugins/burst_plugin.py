@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any, ClassVar
 
-from agent.config import CollectorSettings
+from gna_sdk import CollectorSettings
 
 
 class BurstConfig(CollectorSettings, kw_only=True, forbid_unknown_fields=True):

@@ -1,0 +1,367 @@
+"""The plugin SDK of gpu-node-agent: the whole surface a collector or a remediation may use.
+
+A plugin (built in or from a third-party package through entry points) imports this package and
+its own modules, nothing else of the agent. Every capability the runtime looks for is declared
+here as a Protocol; :func:`collector_contract` and :func:`remediation_contract` say precisely what
+a class lacks, and the agent refuses such a plugin as a configuration error (exit 78) naming the
+plugin and the member.
+
+Collector (``gpu_node_agent.collectors`` entry point)::
+
+    name: ClassVar[str]                      # set from the entry point name
+    config_type: ClassVar[type[CollectorSettings]]
+    def __init__(self, config, host: HostPaths, emit: Emitter) -> None
+    async def collect(self) -> None          # Periodic: one pass, every `interval`
+    async def run(self) -> None              # LongRunning: until cancelled (a watcher); either or both
+
+  optional: ``check`` (Checkable: `gpu-node-agent check` calls it instead of collect),
+  ``phase`` (Phased: lower runs first in `check`), ``auto_resolve = False`` (ResolvesItself: the
+  collector resolves its own conditions), ``prometheus_families`` (ExportsMetrics), and
+  ``wakeup`` (Wakeable: an asyncio.Event the framework assigns before run(); setting it asks for a
+  periodic pass now).
+
+Remediation (``gpu_node_agent.remediations`` entry point)::
+
+    name: ClassVar[str]
+    config_type: ClassVar[type]              # a msgspec.Struct: its [remediations.plugins.<name>] section
+    needs_budget: ClassVar[bool]             # True: takes a fleet budget slot (cordon/drain); runs centrally
+    def __init__(self, config, host: HostPaths) -> None   # raise to say "cannot run here" (binary missing)
+    def plan(self, msg, args) -> str         # what it would do (audited in dry-run)
+    async def execute(self, msg, args) -> Result
+
+  optional: ``uncordon`` (Uncordons: async, undoes a cordon when its condition resolves).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Annotated, Any, ClassVar, Literal, Protocol, runtime_checkable
+
+import msgspec
+
+Severity = Literal["info", "warning", "critical"]
+Kind = Literal["event", "condition"]
+Status = Literal["firing", "resolved"]
+SuggestedAction = Literal[
+    "none", "cordon", "reload_module", "warmup", "reboot", "inspect_hardware", "fix_config"
+]
+Details = Mapping[str, Any]
+
+SEVERITIES: tuple[Severity, ...] = ("info", "warning", "critical")
+SUGGESTED_ACTIONS: tuple[SuggestedAction, ...] = (
+    "none", "cordon", "reload_module", "warmup", "reboot", "inspect_hardware", "fix_config",
+)
+
+
+def severity_rank(severity: Any) -> int:
+    """The one severity order: info 1 < warning 2 < critical 3; anything else (none, unknown) 0."""
+    try:
+        return SEVERITIES.index(severity) + 1
+    except ValueError:
+        return 0
+
+
+def worst(*severities: Any) -> Severity:
+    """The most severe of known severities (info when none is known)."""
+    best = max(severities, key=severity_rank, default="info")
+    return SEVERITIES[severity_rank(best) - 1] if severity_rank(best) else "info"
+
+
+class CollectorSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Keys every collector section accepts; a collector's ``config_type`` subclasses this."""
+
+    enabled: bool = True
+    interval: float = 30.0
+    jitter: float = 0.1  # fraction of interval, randomised per run to de-synchronise a fleet
+    timeout: float = 10.0
+    restart_backoff_min: float = 1.0  # first delay after a failure; doubles up to the max
+    restart_backoff_max: float = 60.0
+    max_conditions: Annotated[int, msgspec.Meta(ge=1)] = 64  # beyond: folded into one aggregate per type
+
+
+class HostPaths(Protocol):
+    """Resolves absolute host paths ("/sys/...") under the configured host root."""
+
+    @property
+    def root(self) -> Any: ...
+
+    def path(self, host_path: str) -> Any: ...
+
+    def read_text(self, host_path: str, limit: int = 65536) -> str | None: ...
+
+
+class Facts(Protocol):
+    def set(self, key: str, value: Any) -> None: ...
+
+    def get(self, key: str, default: Any = None, *, max_age: float | None = None) -> Any: ...
+
+
+class Emitter(Protocol):
+    """What a collector uses to report. Bound to one collector (its name is filled in).
+
+    ``facts`` is shared by all collectors of the agent; ``state_dir`` is the collector's own
+    directory for checkpoints (None in ``check``, where nothing persists).
+    """
+
+    @property
+    def facts(self) -> Facts: ...
+
+    @property
+    def state_dir(self) -> Any: ...
+
+    async def event(
+        self,
+        type: str,
+        *,
+        severity: Severity,
+        entity: str,
+        reason: str,
+        message: str,
+        details: Details | None = None,
+        suggested_action: SuggestedAction = "none",
+        msg_id: str | None = None,
+    ) -> bool:
+        """True once the message is accepted (durable); False if the spool policy refused it.
+        ``msg_id`` (a derived id) makes a re-sent event after a crash a duplicate."""
+        ...
+
+    async def condition(
+        self,
+        type: str,
+        *,
+        firing: bool,
+        severity: Severity,
+        entity: str,
+        reason: str,
+        message: str,
+        details: Details | None = None,
+        suggested_action: SuggestedAction = "none",
+    ) -> bool:
+        """Report a condition's current state; only transitions are published. False: refused."""
+        ...
+
+    def active_conditions(self) -> list[tuple[str, str, str]]:
+        """(type, entity, severity) of this collector's firing conditions (persisted across restarts)."""
+        ...
+
+    def unparsed(self, source: str, sample: str) -> None:
+        """Count one line/record of ``source`` that could not be parsed (kept: the first sample).
+        Shown by ``check`` (count and sample) and in ``/metrics``; never silently dropped."""
+        ...
+
+    def not_seen(self, source: str, reason: str) -> None:
+        """Say that this pass could not look at ``source`` (a missing path, a library that does not
+        load, no device of the kind on this node). ``check`` lists these, so "healthy" never stands
+        for "saw nothing"; the daemon logs each once."""
+        ...
+
+
+# -- collectors --------------------------------------------------------------------------------
+
+@runtime_checkable
+class Collector(Protocol):
+    name: ClassVar[str]
+    config_type: ClassVar[type[CollectorSettings]]
+
+    def __init__(self, config: Any, host: HostPaths, emit: Emitter) -> None: ...
+
+
+@runtime_checkable
+class Periodic(Protocol):
+    async def collect(self) -> None:
+        """One pass: the framework calls it every ``interval`` (with jitter, a timeout, backoff)."""
+
+
+@runtime_checkable
+class LongRunning(Protocol):
+    async def run(self) -> None:
+        """Until cancelled (netlink, inotify, a log tail); restarted with backoff when it fails."""
+
+
+@runtime_checkable
+class Checkable(Protocol):
+    async def check(self) -> None:
+        """`gpu-node-agent check`: one pass over everything (e.g. whole log files), nothing persisted."""
+
+
+@runtime_checkable
+class Phased(Protocol):
+    phase: ClassVar[int]  # evidence producers (kernel log: 10) run before the collectors that read it
+
+
+@runtime_checkable
+class ResolvesItself(Protocol):
+    auto_resolve: ClassVar[bool]  # False: conditions not re-reported in a pass are left to the collector
+
+
+@runtime_checkable
+class ExportsMetrics(Protocol):
+    def prometheus_families(self) -> list[Any]:
+        """prometheus_client metric families from the last pass, served on the agent's /metrics."""
+        ...
+
+
+@runtime_checkable
+class Wakeable(Protocol):
+    wakeup: Any  # asyncio.Event, assigned by the framework before run(); set it to get a pass now
+
+
+DEFAULT_PHASE = 50
+
+
+def phase_of(collector: Any) -> int:
+    return int(collector.phase) if isinstance(collector, Phased) else DEFAULT_PHASE
+
+
+def auto_resolves(collector: Any) -> bool:
+    return bool(collector.auto_resolve) if isinstance(collector, ResolvesItself) else True
+
+
+# -- remediations ------------------------------------------------------------------------------
+
+Outcome = Literal["executed", "already_done", "failed"]
+
+
+@dataclass
+class Result:
+    """The outcome of one remediation attempt (audited as is)."""
+
+    outcome: Outcome
+    detail: str = ""
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+# Commands are argv lists resolved once at start-up (config path, else PATH); nothing from a log line
+# or a message reaches a command line except values checked against an allowlist.
+class CommandError(Exception):
+    pass
+
+
+def resolve_executable(name: str, configured: str = "") -> str:
+    path = configured or shutil.which(name)
+    if not path:
+        raise CommandError(f"{name} not found (set its path in the remediation config)")
+    return path
+
+
+async def run_command(argv: list[str], *, timeout: float = 60.0) -> tuple[int, str, str]:
+    """Run a fixed argv (never a shell); returns (rc, stdout, stderr) with output capped."""
+    proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL,
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), timeout)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise CommandError(f"{argv[0]} timed out after {timeout:g}s") from None
+    return proc.returncode or 0, out.decode("utf-8", "replace")[:4000], err.decode("utf-8", "replace")[:4000]
+
+
+@runtime_checkable
+class Remediation(Protocol):
+    name: ClassVar[str]
+    config_type: ClassVar[type[Any]]
+    needs_budget: ClassVar[bool]
+
+    def __init__(self, config: Any, host: HostPaths) -> None: ...
+
+    def plan(self, msg: Mapping[str, Any], args: Mapping[str, Any]) -> str: ...
+
+    async def execute(self, msg: Mapping[str, Any], args: Mapping[str, Any]) -> Result: ...
+
+
+@runtime_checkable
+class Uncordons(Protocol):
+    async def uncordon(self, msg: Mapping[str, Any]) -> Result:
+        """Undo this plugin's cordon when the condition that caused it resolves."""
+        ...
+
+
+# -- contracts ---------------------------------------------------------------------------------
+
+def _positional(fn: Any) -> int | None:
+    """How many positional parameters (after self) ``fn`` accepts; None for *args."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())[1:]
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return None
+    return sum(1 for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
+
+
+def _method(cls: type, name: str, *, is_async: bool, args: int, optional: bool = False) -> list[str]:
+    fn = inspect.getattr_static(cls, name, None)
+    if fn is None:
+        return [] if optional else [f"missing {name}()"]
+    if isinstance(fn, staticmethod | classmethod) or not callable(fn):
+        return [f"{name} must be a method"]
+    if is_async != inspect.iscoroutinefunction(fn):
+        return [f"{name}() must be {'async def' if is_async else 'a plain def (not async)'}"]
+    n = _positional(fn)
+    if n is not None and n < args:
+        return [f"{name}() must accept {args} argument{'s' * (args != 1)} (takes {n})"]
+    try:
+        required_kw = [p.name for p in inspect.signature(fn).parameters.values()
+                       if p.kind is p.KEYWORD_ONLY and p.default is p.empty]
+    except (TypeError, ValueError):
+        required_kw = []
+    if required_kw:  # the runtime calls it with positional arguments only
+        return [f"{name}() has required keyword-only argument(s) {', '.join(required_kw)}"]
+    return []
+
+
+def _class_attr(cls: type, name: str, kind: type | tuple[type, ...], what: str) -> list[str]:
+    if not hasattr(cls, name):
+        return [f"missing class attribute {name} ({what})"]
+    value = getattr(cls, name)
+    if kind is type:
+        return [] if isinstance(value, type) else [f"{name} must be a class ({what})"]
+    return [] if isinstance(value, kind) and not (kind is int and isinstance(value, bool)) else \
+        [f"{name} must be {what}"]
+
+
+def collector_contract(cls: Any) -> list[str]:
+    """What ``cls`` lacks to be a collector ([] when it is one)."""
+    if not isinstance(cls, type):
+        return [f"entry point names {cls!r}, not a class"]
+    problems = _class_attr(cls, "config_type", type, "a CollectorSettings subclass")
+    if not problems and not issubclass(getattr(cls, "config_type"), CollectorSettings):  # noqa: B009
+        problems.append("config_type must subclass gna_sdk.CollectorSettings")
+    init_args = _positional(inspect.getattr_static(cls, "__init__"))
+    if init_args is not None and init_args < 3:
+        problems.append(f"__init__ must accept (config, host, emit) (takes {init_args})")
+    has_collect = inspect.getattr_static(cls, "collect", None) is not None
+    has_run = inspect.getattr_static(cls, "run", None) is not None
+    if not (has_collect or has_run):
+        problems.append("missing collect() or run(): a collector needs one (or both)")
+    problems += _method(cls, "collect", is_async=True, args=0, optional=True)
+    problems += _method(cls, "run", is_async=True, args=0, optional=True)
+    problems += _method(cls, "check", is_async=True, args=0, optional=True)
+    problems += _method(cls, "prometheus_families", is_async=False, args=0, optional=True)
+    if hasattr(cls, "phase"):
+        problems += _class_attr(cls, "phase", int, "an int")
+    if hasattr(cls, "auto_resolve"):
+        problems += _class_attr(cls, "auto_resolve", bool, "a bool")
+    return problems
+
+
+def remediation_contract(cls: Any) -> list[str]:
+    """What ``cls`` lacks to be a remediation ([] when it is one)."""
+    if not isinstance(cls, type):
+        return [f"entry point names {cls!r}, not a class"]
+    problems = _class_attr(cls, "config_type", type, "a msgspec.Struct for its config section")
+    if not problems and not issubclass(getattr(cls, "config_type"), msgspec.Struct):  # noqa: B009
+        problems.append("config_type must be a msgspec.Struct")
+    problems += _class_attr(cls, "needs_budget", bool, "a bool")
+    init_args = _positional(inspect.getattr_static(cls, "__init__"))
+    if init_args is not None and init_args < 2:
+        problems.append(f"__init__ must accept (config, host) (takes {init_args})")
+    problems += _method(cls, "plan", is_async=False, args=2)
+    problems += _method(cls, "execute", is_async=True, args=2)
+    problems += _method(cls, "uncordon", is_async=True, args=1, optional=True)
+    return problems
