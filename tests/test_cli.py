@@ -48,7 +48,7 @@ def test_check_warning_only_exits_1(tmp_path: Path) -> None:
     site = tmp_path / "site"
     site.mkdir()
     (site / "warn_plugin.py").write_text(
-        "from agent.config import CollectorSettings\n"
+        "from gna_sdk import CollectorSettings\n"
         "class W:\n"
         "    config_type = CollectorSettings\n"
         "    def __init__(self, config, host, emit):\n"
