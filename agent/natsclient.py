@@ -66,7 +66,10 @@ async def connect(servers: list[str], *, cfg: NatsConfig | None = None, name: st
     try:
         nc = await within(nats.connect(error_cb=on_error, **opts), bound)
     except Exception as exc:  # TimeoutError, OSError, nats errors, ssl errors: all mean "unreachable"
-        reason = errors[-1] if errors else describe(exc)
+        # the server's own -ERR ("nats: 'Authorization Violation'") says why; the socket error that
+        # follows it as the server hangs up ("Connection reset by peer") does not
+        said = [e for e in errors if e.startswith("nats: '")]
+        reason = (said or errors or [describe(exc)])[-1]
         where = ", ".join(redact(s) for s in servers)
         raise NatsUnavailable(f"cannot reach NATS at {where} within {bound:g} s: {reason}") from None
     connected = True

@@ -94,7 +94,8 @@ class NCCLLogsCollector:
                              max_open=config.max_open_files, idle_close=config.idle_close)
         self.engine = config.scanner  # "auto": resolved on the first chunk (nothing loads on an idle node)
         self.procs: dict[str, ProcessState] = {}
-        self.warn_windows: dict[tuple[str, str], list[Any]] = {}  # (proc, text) -> [first, count, sample]
+        # (proc, text) -> [first, count, sample, {file key: offset of the last line counted}]
+        self.warn_windows: dict[tuple[str, str], list[Any]] = {}
         self.lines_matched = 0
         self.node_host = (host.read_text("/proc/sys/kernel/hostname") or "").strip().split(".")[0]
         self.file_hosts: dict[str, set[str]] = {}  # tailed file key -> hosts its NCCL lines named
@@ -242,18 +243,22 @@ class NCCLLogsCollector:
         text = line.msg[:300]
         win = self.warn_windows.get((st.key, text))
         if win is not None and time.monotonic() - win[0] < self.config.warning_window:
+            counted: dict[str, int] = win[3]
+            if line.offset <= counted.get(tf.key, -1):
+                return True  # a chunk re-read after a refusal: this line was already sent or counted
+            counted[tf.key] = line.offset
             win[1] += 1
             return True
         accepted = await self.emit.event(
             "NCCLWarning", severity="warning", entity=st.entity, reason="NCCLWarn",
             message=f"NCCL WARN in {st.key}: {text[:200]}", details={**where, "count": 1}, msg_id=msg_id)
         if accepted:  # a refused first occurrence (spool full) is retried, never counted as a repeat of itself
-            self.warn_windows[(st.key, text)] = [time.monotonic(), 1, where]
+            self.warn_windows[(st.key, text)] = [time.monotonic(), 1, where, {tf.key: line.offset}]
         return accepted
 
     async def _flush_warnings(self, *, everything: bool = False) -> None:
         now = time.monotonic()
-        for key, (first, count, where) in list(self.warn_windows.items()):
+        for key, (first, count, where, _counted) in list(self.warn_windows.items()):
             if not everything and now - first < self.config.warning_window:
                 continue
             del self.warn_windows[key]
