@@ -17,7 +17,6 @@ import json
 import os
 import stat
 import time
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import structlog
@@ -39,8 +38,8 @@ from collectors.kmsg_parse import (
     parse_text_line,
 )
 from collectors.verdicts import verdict
-from collectors.xid_catalog import classify
-from gna_sdk import CollectorSettings, Emitter, HostPaths, Severity
+from collectors.xid_catalog import classify, emit_sxid, emit_xid
+from gna_sdk import Aggregator, CollectorSettings, Emitter, HostPaths
 
 log = structlog.get_logger(__name__)
 
@@ -67,47 +66,6 @@ class KmsgXidConfig(CollectorSettings, kw_only=True, forbid_unknown_fields=True)
     fatal_xid_clear_after: float = 0.0  # 0: GPUFatalXid stays until the node reboots
     poll_interval: float = 1.0  # fixture files only; the device is poll(2)-driven
     timeout: float = 60.0  # `check` may read a full ring buffer
-
-
-@dataclass
-class _Window:
-    first: float
-    count: int = 1
-    first_usec: int = 0  # kernel time (uptime) of the first and last record: the true span
-    last_usec: int = 0
-
-    def span(self) -> str:
-        """What a summary says about time: the records' own span when they carry one."""
-        seconds = (self.last_usec - self.first_usec) / 1e6
-        if seconds <= 0:
-            return "in one burst"
-        return f"over {seconds:.0f} s" if seconds < 120 else f"over {seconds / 60:.1f} min"
-
-
-class Aggregator:
-    """First occurrence per key now; later ones in the window are counted and summarised."""
-
-    def __init__(self, window: float) -> None:
-        self.window = window
-        self.open: dict[tuple[Any, ...], _Window] = {}
-
-    def add(self, key: tuple[Any, ...], now: float, usec: int = 0) -> bool:
-        w = self.open.get(key)
-        if w is None:
-            self.open[key] = _Window(first=now, first_usec=usec, last_usec=usec)
-            return True
-        w.count += 1
-        w.last_usec = max(w.last_usec, usec)
-        return False
-
-    def due(self, now: float, *, flush_all: bool = False) -> list[tuple[tuple[Any, ...], _Window]]:
-        out = []
-        for key, w in list(self.open.items()):
-            if flush_all or now - w.first >= self.window:
-                del self.open[key]
-                if w.count > 1:
-                    out.append((key, w))
-        return out
 
 
 def _valid_state(d: dict[str, Any]) -> bool:
@@ -207,15 +165,9 @@ class KmsgXidCollector:
                     details={"function": finding.function, "kind": finding.kind, "text": finding.text, "count": 1,
                              "harmless": harmless, **({"fixed_in": "R560"} if harmless else {})})
         elif isinstance(finding, SXid):
-            sev: Severity = "critical" if finding.fatal else "warning"
-            if self.agg.add(("sxid", finding.bus_id, finding.code), now, rec.usec):
-                ok = await self.emit.event(
-                    "NVSwitchSXidError", severity=sev, entity=f"nvswitch:{finding.bus_id}",
-                    reason=f"SXid{finding.code}",
-                    message=f"{finding.switch} reported SXid {finding.code}: {finding.text[:200]}",
-                    details={"sxid": finding.code, "fatal": finding.fatal, "switch": finding.switch,
-                             "text": finding.text, "count": 1},
-                    suggested_action="inspect_hardware" if finding.fatal else "none")
+            if self.agg.add(("sxid", finding.bus_id, finding.code, finding.fatal), now, rec.usec):
+                ok = await emit_sxid(self.emit, finding.bus_id, finding.code, fatal=finding.fatal,
+                                     switch=finding.switch, text=finding.text)
         elif isinstance(finding, ModuleError):
             errs = self.module_errors.setdefault(finding.module, [])
             errs.append({"kind": finding.kind, "symbol": finding.symbol, "text": finding.text, "seq": rec.seq})
@@ -233,15 +185,10 @@ class KmsgXidCollector:
     async def _xid(self, x: Xid, now: float, usec: int = 0) -> bool:
         info = classify(x.code, x.text)
         ok = True
-        if self.agg.add(("xid", x.bus_id, x.code, info.severity), now, usec):
-            ok = await self.emit.event(
-                "GPUXidError", severity=info.severity, entity=f"gpu:{x.bus_id}", reason=f"Xid{x.code}",
-                message=f"Xid {x.code} ({info.name}) on GPU {x.bus_id}"
-                        + (f", process {x.process} (pid {x.pid})" if x.process and x.pid else "") + ".",
-                details={"xid": x.code, "name": info.name, "pid": x.pid, "process": x.process or None,
-                         "mig": x.mig or None, "text": x.text, "nvidia_action": info.nvidia_action,
-                         "application_error": info.application, "count": 1},
-                suggested_action=info.action)
+        if self.agg.add(("xid", x.bus_id, info), now, usec):
+            ok = await emit_xid(self.emit, info, x.bus_id, source="kmsg", process=x.process, pid=x.pid,
+                                details={"pid": x.pid, "process": x.process or None, "mig": x.mig or None,
+                                         "text": x.text})
         if info.fatal:
             entry = self.fatal.setdefault(x.bus_id, {"codes": [], "last": now})
             entry["last"] = now
@@ -269,19 +216,11 @@ class KmsgXidCollector:
             extra = {"count": w.count, "window_s": self.config.aggregation_window, "aggregated": True,
                      "first_seen": w.first, "span_s": round((w.last_usec - w.first_usec) / 1e6, 3)}
             if kind == "xid":
-                _, bus, code, severity = key
-                info = classify(code)
-                await self.emit.event(
-                    "GPUXidError", severity=severity, entity=f"gpu:{bus}", reason=f"Xid{code}",
-                    message=f"Xid {code} ({info.name}) on GPU {bus} repeated {w.count} times {w.span()}.",
-                    details={"xid": code, "name": info.name, "nvidia_action": info.nvidia_action,
-                             "application_error": info.application, **extra},
-                    suggested_action=info.action)
+                _, bus, info = key
+                await emit_xid(self.emit, info, bus, source="kmsg", count=w.count, span=w.span(), details=extra)
             elif kind == "sxid":
-                _, bus, code = key
-                await self.emit.event("NVSwitchSXidError", severity="warning", entity=f"nvswitch:{bus}",
-                                      reason=f"SXid{code}", message=f"SXid {code} repeated {w.count} times {w.span()}.",
-                                      details={"sxid": code, **extra})
+                _, bus, code, fatal = key
+                await emit_sxid(self.emit, bus, code, fatal=fatal, count=w.count, span=w.span(), details=extra)
             elif kind == "peermem":
                 _, what, _ = key
                 await self.emit.event("NvidiaPeermemError",

@@ -13,10 +13,18 @@ from typing import Any, ClassVar, Literal
 
 import structlog
 
-from collectors.kmsg_xid import Aggregator
-from collectors.nvml_lib import NVML_ERROR_GPU_IS_LOST, NVML_ERROR_TIMEOUT, error_code, load_nvml, normalize_bus_id
-from collectors.xid_catalog import classify
-from gna_sdk import CollectorSettings, Emitter, HostPaths
+from collectors.nvml_lib import (
+    NVML_ERROR_FUNCTION_NOT_FOUND,
+    NVML_ERROR_GPU_IS_LOST,
+    NVML_ERROR_INVALID_ARGUMENT,
+    NVML_ERROR_NOT_SUPPORTED,
+    NVML_ERROR_TIMEOUT,
+    error_code,
+    load_nvml,
+    normalize_bus_id,
+)
+from collectors.xid_catalog import classify, emit_xid
+from gna_sdk import Aggregator, CollectorSettings, Emitter, HostPaths
 
 log = structlog.get_logger(__name__)
 
@@ -53,6 +61,7 @@ class NVMLCollector:
         self._said_unsupported = False
         self.agg = Aggregator(config.aggregation_window)
         self.timings: dict[str, float] = {}
+        self.call_errors: dict[str, int] = {}  # "call: error (code)" -> times a check was skipped
 
     def lib(self) -> Any:
         if self._injected is not None:
@@ -64,8 +73,12 @@ class NVMLCollector:
             self.emit.facts.set("nvml.available", False)
         return lib
 
-    def _call(self, name: str, *args: Any) -> Any:
-        """A pynvml call: None when NOT_SUPPORTED (or absent), GPULost on GPU_IS_LOST."""
+    def _call(self, name: str, *args: Any, absent: tuple[int, ...] = ()) -> Any:
+        """A pynvml call. None when the GPU or driver does not have it (NOT_SUPPORTED, FUNCTION_NOT_FOUND,
+        or the binding lacks it): nothing to check. GPULost on GPU_IS_LOST. Any other NVML error also
+        gives None, but the check it skipped is counted and reported (``check`` lists it under
+        not_seen, the daemon logs it): a skipped check never passes for a healthy one. ``absent``: codes
+        that mean "this one does not exist" for this call (INVALID_ARGUMENT for a link past the last)."""
         fn = getattr(self.lib(), name, None)
         if fn is None:
             return None
@@ -78,6 +91,11 @@ class NVMLCollector:
                 raise GPULost(name) from exc
             if code is None:
                 raise
+            if code not in (NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_FUNCTION_NOT_FOUND, *absent):
+                key = f"{name}: {type(exc).__name__} ({code})"
+                self.call_errors[key] = self.call_errors.get(key, 0) + 1
+                self.emit.not_seen(f"NVML {name}", f"{type(exc).__name__} (NVML error {code}): check skipped "
+                                                   f"({self.call_errors[key]} times)")
             return None
         finally:
             self.timings[name] = time.perf_counter() - t0
@@ -143,7 +161,8 @@ class NVMLCollector:
                            dev["remapped_rows"], "cordon")
         links_down, links = [], 0
         for link in range(NVLINK_MAX_LINKS):
-            state = self._call("nvmlDeviceGetNvLinkState", h, link)
+            # NVML answers INVALID_ARGUMENT for a link index past this GPU's last link
+            state = self._call("nvmlDeviceGetNvLinkState", h, link, absent=(NVML_ERROR_INVALID_ARGUMENT,))
             if state is None:
                 break
             links += 1
@@ -208,23 +227,14 @@ class NVMLCollector:
                 except Exception as exc:
                     if error_code(exc) == NVML_ERROR_TIMEOUT:
                         for key, w in self.agg.due(time.time()):
-                            await self._xid_event(key[1], key[2], count=w.count)
+                            await emit_xid(self.emit, classify(key[2]), key[1], source="nvml", count=w.count,
+                                           span=w.span())
                         continue
                     raise
                 bus = buses.get(data.device, "unknown")
                 if self._xids_wanted() and self.agg.add(("xid", bus, int(data.eventData)), time.time()):
-                    await self._xid_event(bus, int(data.eventData), count=1)
+                    await emit_xid(self.emit, classify(int(data.eventData)), bus, source="nvml")
         finally:
             free = getattr(lib, "nvmlEventSetFree", None)
             if free:
                 await asyncio.to_thread(free, event_set)
-
-    async def _xid_event(self, bus: str, code: int, *, count: int) -> None:
-        info = classify(code)
-        await self.emit.event(
-            "GPUXidError", severity=info.severity, entity=f"gpu:{bus}", reason=f"Xid{code}",
-            message=f"Xid {code} ({info.name}) on GPU {bus} (NVML event)" + (f", {count} times" if count > 1 else "")
-                    + ".",
-            details={"xid": code, "name": info.name, "nvidia_action": info.nvidia_action, "source": "nvml",
-                     "application_error": info.application, "count": count},
-            suggested_action=info.action)

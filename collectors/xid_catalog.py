@@ -7,10 +7,12 @@ many nodes at once — so they are warnings and never a reason to cordon on thei
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from collectors.verdicts import verdict
-from gna_sdk import Severity, SuggestedAction
+from gna_sdk import Emitter, Severity, SuggestedAction
 
 
 @dataclass(frozen=True)
@@ -75,3 +77,31 @@ def classify(code: int, text: str = "") -> XidInfo:
     if code in CONTACT_SUPPORT:
         return XidInfo(code, name, "critical", "inspect_hardware", "CONTACT_SUPPORT", fatal=False)
     return XidInfo(code, name, "warning", "inspect_hardware", "UNKNOWN", fatal=False)
+
+
+async def emit_xid(emit: Emitter, info: XidInfo, bus: str, *, source: str, count: int = 1, span: str = "",
+                   details: Mapping[str, Any] | None = None, process: str = "", pid: int | None = None) -> bool:
+    """The one GPUXidError: the first occurrence (count 1) and its summaries (count > 1, ``span`` the
+    records' own span) carry the same severity and action, from whichever source saw it."""
+    who = f", process {process} (pid {pid})" if process and pid else ""
+    times = f" repeated {count} times {span}".rstrip() if count > 1 else ""
+    return await emit.event(
+        "GPUXidError", severity=info.severity, entity=f"gpu:{bus}", reason=f"Xid{info.code}",
+        message=f"Xid {info.code} ({info.name}) on GPU {bus}{who}{times}" + (" (NVML event)" if source == "nvml"
+                                                                            else "") + ".",
+        details={"xid": info.code, "name": info.name, "nvidia_action": info.nvidia_action,
+                 "application_error": info.application, "count": count, "source": source, **(details or {})},
+        suggested_action=info.action)
+
+
+async def emit_sxid(emit: Emitter, bus: str, code: int, *, fatal: bool, count: int = 1, span: str = "",
+                    switch: str = "", text: str = "", details: Mapping[str, Any] | None = None) -> bool:
+    """The one NVSwitchSXidError: a fatal SXid is critical with inspect_hardware, its summary too."""
+    severity: Severity = "critical" if fatal else "warning"
+    what = f"{switch} reported SXid {code}: {text[:200]}" if count == 1 else \
+        f"SXid {code}{' (fatal)' if fatal else ''} on NVSwitch {bus} repeated {count} times {span}".rstrip() + "."
+    return await emit.event(
+        "NVSwitchSXidError", severity=severity, entity=f"nvswitch:{bus}", reason=f"SXid{code}", message=what,
+        details={"sxid": code, "fatal": fatal, "switch": switch or None, "text": text or None, "count": count,
+                 **(details or {})},
+        suggested_action="inspect_hardware" if fatal else "none")

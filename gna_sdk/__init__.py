@@ -160,6 +160,50 @@ class Emitter(Protocol):
         ...
 
 
+# -- shared helpers ----------------------------------------------------------------------------
+
+@dataclass
+class Window:
+    first: float
+    count: int = 1
+    first_usec: int = 0  # kernel time (uptime) of the first and last record: the true span
+    last_usec: int = 0
+
+    def span(self) -> str:
+        """What a summary says about time: the records' own span when they carry one."""
+        seconds = (self.last_usec - self.first_usec) / 1e6
+        if seconds <= 0:
+            return "in one burst"
+        return f"over {seconds:.0f} s" if seconds < 120 else f"over {seconds / 60:.1f} min"
+
+
+class Aggregator:
+    """First occurrence per key now; later ones in the window are counted and summarised (``due``):
+    a storm of identical kernel messages is one event at once and one summary per window."""
+
+    def __init__(self, window: float) -> None:
+        self.window = window
+        self.open: dict[tuple[Any, ...], Window] = {}
+
+    def add(self, key: tuple[Any, ...], now: float, usec: int = 0) -> bool:
+        w = self.open.get(key)
+        if w is None:
+            self.open[key] = Window(first=now, first_usec=usec, last_usec=usec)
+            return True
+        w.count += 1
+        w.last_usec = max(w.last_usec, usec)
+        return False
+
+    def due(self, now: float, *, flush_all: bool = False) -> list[tuple[tuple[Any, ...], Window]]:
+        out = []
+        for key, w in list(self.open.items()):
+            if flush_all or now - w.first >= self.window:
+                del self.open[key]
+                if w.count > 1:
+                    out.append((key, w))
+        return out
+
+
 # -- collectors --------------------------------------------------------------------------------
 
 @runtime_checkable

@@ -32,6 +32,7 @@ class FakeGPU:
     pcie: tuple[int, int, int, int] = (5, 16, 5, 16)  # cur gen, cur width, max gen, max width
     clock_reasons: int = 0
     mig: tuple[int, int] | None = (0, 0)
+    ecc_error: int | None = None  # an NVML error code nvmlDeviceGetTotalEccErrors raises (a sick driver)
 
 
 @dataclass
@@ -73,6 +74,8 @@ class FakeNVML:
 
     def nvmlDeviceGetTotalEccErrors(self, h: int, etype: int, counter: int) -> int:
         assert (etype, counter) == (1, 0), "uncorrected, volatile"
+        if self._gpu(h).ecc_error is not None:
+            raise NVMLError(self._gpu(h).ecc_error)
         return self._gpu(h).dbe_volatile
 
     def nvmlDeviceGetRemappedRows(self, h: int) -> tuple[int, int, int, int]:

@@ -363,6 +363,24 @@ async def test_a_storm_summary_states_its_true_span(tmp_path: Path) -> None:
     assert "over 6.0 min" in summary[0].message and summary[0].details["span_s"] == 360.0
 
 
+async def test_an_sxid_summary_keeps_the_severity_of_its_first(tmp_path: Path) -> None:
+    """#14: the aggregated SXid summary was always warning while the first fatal SXid was critical."""
+    host = SimHost.gpu_node(tmp_path / "h", gpus=1)
+    for i in range(5):
+        host.kmsg("nvidia-nvswitch1: SXid (PCI:0000:06:00.0): 20034, Fatal, Link 30 LTSSM Fault Up",
+                  usec=1_000_000_000 + i * 1_000_000)
+        host.kmsg("nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 12028, Non-fatal, Link 32 egress non-posted PRIV error",
+                  usec=1_000_000_000 + i * 1_000_000)
+    sink = Sink()
+    await _collector(host, sink, None).check()
+    by = {(m.entity, bool(m.details.get("aggregated"))): m for m in sink.of("NVSwitchSXidError")}
+    for agg in (False, True):
+        fatal, nonfatal = by[("nvswitch:0000:06:00.0", agg)], by[("nvswitch:0000:05:00.0", agg)]
+        assert (fatal.severity, fatal.suggested_action) == ("critical", "inspect_hardware")
+        assert (nonfatal.severity, nonfatal.suggested_action) == ("warning", "none")
+    assert by[("nvswitch:0000:06:00.0", True)].details["count"] == 5
+
+
 @pytest.mark.parametrize(("line", "kind"), [
     # 515-545: "nvidia-peermem %s:%d " FMT (open-gpu-kernel-modules kernel-open/nvidia-peermem/nvidia-peermem.c)
     ("nvidia-peermem nv_get_p2p_free_callback:101 nv_get_p2p_free_callback -- invalid nv_mem_context",

@@ -120,3 +120,18 @@ def test_real_nvml_absent_here_reports_why(tmp_path: Path) -> None:
     if lib is not None:
         pytest.skip("a real NVML is present on this machine")
     assert why
+
+
+async def test_an_unexpected_nvml_error_is_a_reported_skip_not_a_silent_pass() -> None:
+    """#14: _call returned None for every NVML error: an ECC check that failed with NVML_ERROR_UNKNOWN
+    looked like a healthy GPU. NOT_SUPPORTED and a link index past the last stay silent."""
+    sink = Sink()
+    gpus = _gpus(2)
+    gpus[1].ecc_error = 999  # NVML_ERROR_UNKNOWN
+    gpus[0].nvlinks = [1] * 12  # an A100: links 12..17 answer INVALID_ARGUMENT
+    c = _collector(FakeNVML(gpus), sink)
+    await c.collect()
+    await c.collect()
+    assert sink.messages == []
+    assert c.emit.blind == {"NVML nvmlDeviceGetTotalEccErrors": "NVMLError (NVML error 999): check skipped (2 times)"}
+    assert c.call_errors == {"nvmlDeviceGetTotalEccErrors: NVMLError (999)": 2}
