@@ -64,6 +64,7 @@ class Agent:
         self._tasks: list[asyncio.Task[Any]] = []
         self._stop = asyncio.Event()
         self._reload = asyncio.Event()
+        self.restart_needed: dict[str, str] = {}  # config sections changed on disk that need a restart
         self.started = time.monotonic()
         self.metrics_server: MetricsServer | None = None
         self.facts = FactStore()
@@ -181,6 +182,8 @@ class Agent:
         if self.forwarder and self.link and not self.link.connected.is_set():
             problems.append("nats disconnected (spooling)")
         failing = [n for n, r in self.runners.items() if r.failing]
+        if self.restart_needed:
+            problems.append(f"config changed on disk, restart needed for {', '.join(sorted(self.restart_needed))}")
         text = "ok" if not problems and not failing else "; ".join(problems + [f"failing: {failing}"] * bool(failing))
         # 503 only while writes fail now: a cumulative count would have the liveness probe restart a
         # recovered agent in a loop after one transient disk-full.
@@ -242,6 +245,17 @@ class Agent:
     def request_reload(self) -> None:
         self._reload.set()
 
+    # What SIGHUP can change in place, and why the rest needs a restart (said, never silently kept).
+    RESTART_ONLY = {
+        "node": "the node's identity: its subjects, KV key and spool are bound to it",
+        "state_dir": "the spool, checkpoints and condition state live there",
+        "nats": "the NATS connection and its credentials are set up once",
+        "embedded_nats": "the embedded nats-server is started once",
+        "spool": "the spool is open with its limits and policy",
+        "bus": "the local bus and its subscribers are built once",
+        "metrics": "the /metrics listener is bound once",
+    }
+
     async def _reload_config(self) -> None:
         self.notifier.reloading()
         try:
@@ -252,15 +266,40 @@ class Agent:
             return
         for key, value in self.overrides.items():
             setattr(new.agent, key, value)
-        if (new.agent.nats != self.cfg.nats or new.agent.spool != self.cfg.spool
-                or new.agent.state_dir != self.cfg.state_dir):
-            log.warning("config_reload_needs_restart", sections="nats/spool/state_dir keep their old values")
+        old = self.cfg
+        kept = {k: why for k, why in self.RESTART_ONLY.items() if getattr(new.agent, k) != getattr(old, k)}
+        for k in kept:  # the running value stays, visibly (log, sd_notify status, /healthz)
+            setattr(new.agent, k, getattr(old, k))
+        applied = [k for k in ("host_root", "shutdown_timeout", "log", "remediations") if getattr(new.agent, k)
+                   != getattr(old, k)]
         await self._stop_collectors()
-        self.config = configmod.Config(agent=self.cfg, collectors=new.collectors, source=new.source)
+        self.cfg = new.agent
+        self.config = configmod.Config(agent=new.agent, collectors=new.collectors, source=new.source)
         self.host = HostRoot(new.agent.host_root)
+        if new.agent.log != old.log:
+            from agent.logsetup import configure
+
+            configure(new.agent.log.level, new.agent.log.format)
+        if new.agent.remediations != old.remediations:
+            self._restart_remediation()
         self._start_collectors()
-        log.info("config_reloaded", source=new.source)
-        self.notifier.ready("reloaded")
+        self.restart_needed = kept
+        if kept:
+            log.warning("config_reload_needs_restart", sections=sorted(kept), reasons=kept, applied=applied,
+                        hint="these keep their running values until gpu-node-agent restarts")
+            self.notifier.ready(f"reloaded; restart needed for {', '.join(sorted(kept))}")
+        else:
+            self.notifier.ready("reloaded")
+        log.info("config_reloaded", source=new.source, applied=[*applied, "collectors"])
+
+    def _restart_remediation(self) -> None:
+        """New rules and plugins; the cooldowns, attempts and cordons already made carry over, so a
+        reload never lets an action repeat early or forget a cordon it must undo."""
+        old = self.engine
+        self._start_remediation()
+        if old is not None and self.engine is not None:
+            self.engine.attempts = old.attempts
+            self.engine.triggers = old.triggers
 
     async def run(self, duration: float | None = None) -> int:
         loop = asyncio.get_running_loop()
@@ -399,7 +438,8 @@ class Agent:
             await self.engine.handle(to_dict(msg))
 
         assert self.bus is not None
-        self.bus.subscribe("remediation", on_message)
+        if not any(sub.name == "remediation" for sub in self.bus.subscriptions):  # a reload swaps the engine only
+            self.bus.subscribe("remediation", on_message)
         log.info("remediation_ready", plugins=sorted(plugins), unavailable=loaded.unavailable, enforce=rcfg.enforce,
                  rules=[r.name for r in self.engine.rules])
 

@@ -115,6 +115,16 @@ def test_sighup_reloads_and_rejects_a_bad_config(tmp_path: Path, nats_server: Na
         proc.send_signal(signal.SIGHUP)
         wait_for("collector_disabled")
         wait_for("config_reloaded")
+        # #14: every section is applied or named with the reason it needs a restart, never kept silently
+        cfg.write_text(good.replace('format = "json"', 'format = "json"\nlevel = "debug"')
+                       .replace(f'servers = ["{nats_server.url}"]', 'servers = ["nats://127.0.0.1:1"]')
+                       + '[spool]\nmax_bytes = 8388608\n[remediations]\nenforce = true\n')
+        proc.send_signal(signal.SIGHUP)
+        assert wait_for("remediation_ready")["enforce"] is True  # rebuilt before the reload is summed up
+        rec = wait_for("config_reload_needs_restart")
+        assert rec["sections"] == ["nats", "spool"] and "connection" in str(rec["reasons"])
+        assert set(rec["applied"]) == {"log", "remediations"}  # type: ignore[arg-type]
+        assert wait_for("config_reloaded")["applied"] == ["log", "remediations", "collectors"]
         assert proc.poll() is None
         proc.send_signal(signal.SIGTERM)
         rc = proc.wait(20)
