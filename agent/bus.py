@@ -13,10 +13,10 @@ from collections.abc import Awaitable, Callable
 import structlog
 
 from agent import message as msgmod
-from agent.aio import cancel_and_wait, within
 from agent.message import Message
 from agent.spool import Spool, SpoolError
 from agent.subjects import event_subject
+from gna_sdk.aio import cancel_and_wait, within
 
 log = structlog.get_logger(__name__)
 

@@ -16,10 +16,10 @@ from agent import config as configmod
 from agent.emitter import CollectorEmitter, ConditionTracker
 from agent.facts import FactStore
 from agent.framework import is_periodic
-from agent.hostroot import HostRoot
 from agent.message import Message, to_dict
 from agent.registry import collector_classes
 from gna_sdk import Checkable, phase_of, severity_rank
+from gna_sdk.hostroot import HostRoot
 
 EXIT_HEALTHY, EXIT_WARNING, EXIT_CRITICAL = 0, 1, 2
 

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from remediations.policy import RemediationsConfig
+from agent.remediation.policy import RemediationsConfig
 
 DEFAULT_CONFIG_PATH = Path("/etc/gpu-node-agent/config.toml")
 
@@ -103,7 +103,7 @@ class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         if self.node:
             return self.node
         if Path(self.host_root) != Path("/"):
-            from agent.hostroot import HostRoot
+            from gna_sdk.hostroot import HostRoot
 
             text = HostRoot(self.host_root).read_text("/etc/hostname", limit=512) or ""
             first = text.strip().split("\n", 1)[0].strip()
@@ -241,7 +241,7 @@ def parse(text: str, *, file: str = "<config>", collector_types: dict[str, type[
 
 def _check_plugin_sections(agent: AgentConfig, file: str, text: str) -> None:
     from agent.registry import broken_remediations, remediation_classes
-    from remediations.policy import effective_rules
+    from agent.remediation.policy import effective_rules
 
     classes = remediation_classes()
     broken = broken_remediations()

@@ -15,13 +15,11 @@ import structlog
 
 from agent import __version__
 from agent import config as configmod
-from agent.aio import cancel_and_wait, within
 from agent.bus import LocalBus
 from agent.emitter import DEFAULT_MAX_CONDITIONS, CollectorEmitter, ConditionTracker
 from agent.facts import FactStore
 from agent.forwarder import Forwarder
 from agent.framework import CollectorRunner
-from agent.hostroot import HostRoot
 from agent.message import Message, make_message, to_dict
 from agent.metrics import AgentMetrics, MetricsServer
 from agent.nats_link import NatsLink
@@ -34,6 +32,8 @@ from agent.shutdown import EX_SOFTWARE, ShutdownGuard
 from agent.spool import SEVERITY_NAMES, Spool
 from agent.subjects import action_subject, encode_token
 from gna_sdk import ExportsMetrics
+from gna_sdk.aio import cancel_and_wait, within
+from gna_sdk.hostroot import HostRoot
 
 log = structlog.get_logger(__name__)
 
@@ -402,9 +402,9 @@ class Agent:
 
     # -- remediation --------------------------------------------------------------------
     def _start_remediation(self) -> None:
-        from remediations.budget import FleetBudget
-        from remediations.engine import Engine
-        from remediations.loader import load_plugins
+        from agent.remediation.budget import FleetBudget
+        from agent.remediation.engine import Engine
+        from agent.remediation.loader import load_plugins
 
         rcfg = self.cfg.remediations
         loaded = load_plugins(rcfg, self.host)
@@ -415,10 +415,7 @@ class Agent:
             if self.link is None or self.link.js is None or not self.link.connected.is_set():
                 return None  # no NATS: no slot, no cordon (fail safe)
             if not budget_obj:
-                b = rcfg.budget
-                budget_obj.append(FleetBudget(self.link.js, bucket=b.bucket, nodes_bucket=self.cfg.nats.kv_bucket,
-                                              max_nodes=b.max_nodes, max_percent=b.max_percent, window=b.window,
-                                              replicas=self.cfg.nats.stream_replicas))
+                budget_obj.append(FleetBudget.for_agent(self.link.js, self.cfg))
             return budget_obj[0]
 
         async def audit(record: dict[str, Any]) -> None:

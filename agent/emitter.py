@@ -23,8 +23,8 @@ import structlog
 
 from agent.facts import FactStore
 from agent.message import Message, make_message
-from agent.spool import write_atomic
 from gna_sdk import Details, Severity, SuggestedAction, severity_rank
+from gna_sdk.statefile import write_state
 
 log = structlog.get_logger(__name__)
 
@@ -107,9 +107,9 @@ class ConditionTracker:
     def _save(self) -> None:
         self._last_save, self._dirty = time.monotonic(), False
         if self.state_file is not None:
-            data = {"version": STATE_VERSION, "active": [vars(c) for c in self.active.values()],
-                    "overflow": [[c, t, ents] for (c, t), ents in self.overflow.items() if ents]}
-            write_atomic(self.state_file, json.dumps(data).encode(), fsync=False)
+            write_state(self.state_file, {"active": [vars(c) for c in self.active.values()],
+                                          "overflow": [[c, t, ents] for (c, t), ents in self.overflow.items() if ents]},
+                        version=STATE_VERSION)
         if self.on_change:
             self.on_change()
 

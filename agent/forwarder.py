@@ -14,12 +14,12 @@ from collections.abc import Awaitable, Callable
 
 import structlog
 
-from agent.aio import raise_if_cancelling
 from agent.bus import split_record
-from agent.ids import id_time_ms
 from agent.metrics import AgentMetrics
 from agent.nats_link import NatsLink
 from agent.spool import SEVERITY_NAMES, Spool
+from gna_sdk.aio import raise_if_cancelling
+from gna_sdk.ids import id_time_ms
 
 log = structlog.get_logger(__name__)
 

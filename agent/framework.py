@@ -16,10 +16,10 @@ from typing import Any
 
 import structlog
 
-from agent.aio import wait_event, within
 from agent.emitter import CollectorEmitter
 from agent.metrics import AgentMetrics
 from gna_sdk import Emitter, LongRunning, Periodic, auto_resolves
+from gna_sdk.aio import wait_event, within
 
 log = structlog.get_logger(__name__)
 

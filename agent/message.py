@@ -8,8 +8,8 @@ from typing import Any
 
 import msgspec
 
-from agent.ids import new_id
 from gna_sdk import Kind, Severity, Status, SuggestedAction
+from gna_sdk.ids import new_id
 
 SCHEMA_VERSION = 1
 TYPE_NAME = re.compile(r"^[A-Z][A-Za-z0-9]*$")

@@ -12,8 +12,8 @@ import sys
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
-from agent.aio import within
 from agent.config import NatsConfig
+from gna_sdk.aio import within
 
 if TYPE_CHECKING:
     from nats.aio.client import Client

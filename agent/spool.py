@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import json
 import os
 import struct
 import threading
@@ -31,8 +30,8 @@ from typing import Any
 
 import structlog
 
-from agent.aio import wait_event
-from agent.statefile import read_state
+from gna_sdk.aio import wait_event
+from gna_sdk.statefile import read_state, write_atomic, write_state
 
 log = structlog.get_logger(__name__)
 
@@ -125,15 +124,6 @@ def _fsync_dir(path: Path) -> None:
     finally:
         os.close(fd)
 
-
-def write_atomic(path: Path, data: bytes, *, fsync: bool = True) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        if fsync:
-            fh.flush()
-            os.fsync(fh.fileno())
-    os.replace(tmp, path)
 
 
 class Spool:
@@ -234,11 +224,10 @@ class Spool:
                           hint="the acknowledged pointer restarts at 0; NATS drops the duplicates")
 
     def _save_state(self) -> None:
-        data = json.dumps({"version": STATE_VERSION, "acked_seq": self._acked,
-                           "dropped": self.dropped, "announced": self.announced}).encode()
         # The pointer may lag by a batch after a crash: re-sent records are dropped by the
         # stream's Msg-Id duplicate window, so no fsync is needed here.
-        write_atomic(self.dir / "state.json", data, fsync=False)
+        write_state(self.dir / "state.json", {"acked_seq": self._acked, "dropped": self.dropped,
+                                              "announced": self.announced}, version=STATE_VERSION)
 
     def _open_active(self) -> None:
         if not self._segments or self._segments[-1].size >= self.segment_bytes:

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import nats
 
 from agent.nats_server import NatsServerProcess
-from agent.simhost import SimHost
+from sim.host import SimHost
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 

@@ -23,10 +23,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import nats
 
-from agent.ids import new_id
 from agent.message import rfc3339
 from agent.nats_server import NatsServerProcess, free_port
 from agent.subjects import encode_token, event_subject
+from gna_sdk.ids import new_id
 
 TYPES = ["GPUDevicesMissing", "IBPortDown", "NCCLSocketFallback", "JuiceFSCacheHitRatioLow", "GPUFatalXid"]
 

@@ -32,10 +32,10 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from agent.emitter import CollectorEmitter, ConditionTracker
 from agent.facts import FactStore
-from agent.hostroot import HostRoot
 from agent.nats_server import NatsServerProcess, free_port
-from agent.simhost import SimHost
 from collectors.infiniband import InfinibandCollector, InfinibandConfig
+from gna_sdk.hostroot import HostRoot
+from sim.host import SimHost
 
 NODE_EXPORTER = "prometheus-node-exporter"
 

@@ -102,7 +102,7 @@ from pathlib import Path
 sys.path.insert(0, sys.argv[3])
 from agent.emitter import CollectorEmitter, ConditionTracker
 from agent.facts import FactStore
-from agent.hostroot import HostRoot
+from gna_sdk.hostroot import HostRoot
 from collectors.nccl_logs import NCCLLogsCollector, NCCLLogsConfig
 
 async def sink(msg):

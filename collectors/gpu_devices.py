@@ -17,11 +17,11 @@ from typing import Any, ClassVar
 
 import structlog
 
-from agent.inotify import DIR_CHANGES, IN_ONLYDIR, Inotify, InotifyEvent
-from agent.persist import BootScopedSet
-from agent.udev import UdevMonitor, Uevent
 from collectors.nvml_lib import load_nvml, normalize_bus_id
 from gna_sdk import CollectorSettings, Emitter, HostPaths
+from gna_sdk.inotify import DIR_CHANGES, IN_ONLYDIR, Inotify, InotifyEvent
+from gna_sdk.persist import BootScopedSet
+from gna_sdk.udev import UdevMonitor, Uevent
 
 log = structlog.get_logger(__name__)
 

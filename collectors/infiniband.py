@@ -18,8 +18,6 @@ from typing import Any, ClassVar
 import msgspec
 import structlog
 
-from agent.persist import BootScopedSet
-from agent.udev import UdevMonitor, Uevent
 from collectors.ib_sysfs import (
     COUNTER_BITS,
     HW_COUNTERS,
@@ -30,6 +28,8 @@ from collectors.ib_sysfs import (
     read_port,
 )
 from gna_sdk import CollectorSettings, Emitter, HostPaths, Severity
+from gna_sdk.persist import BootScopedSet
+from gna_sdk.udev import UdevMonitor, Uevent
 
 log = structlog.get_logger(__name__)
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any, ClassVar, Literal
 
-from agent.udev import UdevMonitor, Uevent
 from collectors.gpu_devices import scan
 from gna_sdk import CollectorSettings, Emitter, HostPaths
+from gna_sdk.udev import UdevMonitor, Uevent
 
 GDR_FILES = ("/sys/kernel/mm/memory_peers/nv_mem/version", "/sys/kernel/mm/memory_peers/nv_mem_nc/version",
              "/sys/module/nvidia_peermem/version")

@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import dataclasses
 import errno
-import json
 import os
 import stat
 import time
@@ -21,10 +20,6 @@ from typing import Any, ClassVar
 
 import structlog
 
-from agent.aio import wait_event
-from agent.inotify import IN_MODIFY, Inotify
-from agent.spool import write_atomic
-from agent.statefile import is_int, read_state
 from collectors.kmsg_parse import (
     FellOffBus,
     KmsgRecord,
@@ -40,6 +35,9 @@ from collectors.kmsg_parse import (
 from collectors.verdicts import verdict
 from collectors.xid_catalog import classify, emit_sxid, emit_xid
 from gna_sdk import Aggregator, CollectorSettings, Emitter, HostPaths
+from gna_sdk.aio import wait_event
+from gna_sdk.inotify import IN_MODIFY, Inotify
+from gna_sdk.statefile import is_int, read_state, write_state
 
 log = structlog.get_logger(__name__)
 
@@ -119,9 +117,7 @@ class KmsgXidCollector:
         path = self._state_file()
         if path is None:
             return
-        path.parent.mkdir(parents=True, exist_ok=True)
-        data = {"version": STATE_VERSION, "boot_id": self.boot_id, "seq": self.checkpoint, "fatal": self.fatal}
-        write_atomic(path, json.dumps(data).encode(), fsync=False)
+        write_state(path, {"boot_id": self.boot_id, "seq": self.checkpoint, "fatal": self.fatal}, version=STATE_VERSION)
 
     async def _start_of_boot(self) -> None:
         state = self._load_state()

@@ -7,7 +7,7 @@ and raises NCCLSocketFallback, NCCLNoGDRDMA, NCCLP2PViaHost and NCCLHCASelection
 errors, socket errors, PyTorch watchdog timeouts and other WARN lines are events.
 
 Exactly once: before the events of a chunk are emitted the chunk is recorded as pending in the
-checkpoint with a timestamp; event ids are derived from it (agent.ids.derived_id), so a chunk
+checkpoint with a timestamp; event ids are derived from it (gna_sdk.ids.derived_id), so a chunk
 re-read after a crash re-sends the same ids and the NATS duplicate window drops them.
 
 Whose lines: NCCL prefixes each line with its (short) hostname. A file that names this node's
@@ -31,9 +31,6 @@ from typing import Annotated, Any, ClassVar, Literal
 import msgspec
 import structlog
 
-from agent.hostroot import HostRoot
-from agent.ids import derived_id
-from agent.tailer import TailedFile, Tailer
 from collectors.ib_sysfs import parse_enum
 from collectors.nccl_parse import (
     WARNING_RULE,
@@ -47,6 +44,9 @@ from collectors.nccl_parse import (
 )
 from collectors.verdicts import verdict
 from gna_sdk import CollectorSettings, Emitter, HostPaths, Severity, SuggestedAction
+from gna_sdk.hostroot import HostRoot
+from gna_sdk.ids import derived_id
+from gna_sdk.tailer import TailedFile, Tailer
 
 log = structlog.get_logger(__name__)
 

@@ -12,8 +12,8 @@ from typing import Any, ClassVar
 import msgspec
 import structlog
 
-from agent.hostroot import HostRoot
 from gna_sdk import Result
+from gna_sdk.hostroot import HostRoot
 
 log = structlog.get_logger(__name__)
 

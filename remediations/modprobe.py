@@ -7,8 +7,8 @@ from typing import Any, ClassVar
 
 import msgspec
 
-from agent.hostroot import HostRoot
 from gna_sdk import Result, resolve_executable, run_command
+from gna_sdk.hostroot import HostRoot
 
 
 class ModprobeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -7,8 +7,8 @@ from typing import Any, ClassVar
 
 import msgspec
 
-from agent.hostroot import HostRoot
 from gna_sdk import Result, resolve_executable, run_command
+from gna_sdk.hostroot import HostRoot
 
 REASON_PREFIX = "gpu-node-agent:"
 _NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")

@@ -18,7 +18,7 @@ import pytest
 from agent import config as configmod
 from agent.daemon import Agent
 from agent.nats_server import NatsServerProcess
-from agent.simhost import SimHost
+from sim.host import SimHost
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = json.loads((ROOT / "agent" / "schema" / "message.schema.json").read_text())

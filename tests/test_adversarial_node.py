@@ -29,8 +29,8 @@ import nats
 import pytest
 
 from agent.nats_server import NatsServerProcess, free_port
-from agent.simhost import SimHost
 from agent.subjects import encode_token
+from sim.host import SimHost
 from tests.conftest import AGENT_CMD, agent_config, running_agent, validate_message
 
 COLLECTORS = ("gpu_devices", "infiniband", "juicefs", "kernel_modules", "kmsg_xid", "nccl_env", "nccl_logs", "nvml")

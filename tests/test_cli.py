@@ -6,7 +6,7 @@ import socket
 import subprocess
 from pathlib import Path
 
-from agent.simhost import SimHost
+from sim.host import SimHost
 from tests.conftest import AGENT_CMD, validate_message
 
 

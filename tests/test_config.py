@@ -30,7 +30,7 @@ def test_shipped_configs_exist() -> None:
 
 
 def test_demo_config_is_valid() -> None:
-    from agent.demo import NODE_CONFIG
+    from sim.demo import NODE_CONFIG
 
     cfg = configmod.parse(NODE_CONFIG.format(node="gpu-01", root="/h", state="/s", url="nats://127.0.0.1:1",
                                              modprobe="/h/usr/sbin/modprobe"))

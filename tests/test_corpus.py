@@ -17,8 +17,8 @@ import pytest
 
 from agent import config as configmod
 from agent.check import run_check
-from agent.simhost import SimHost
 from collectors.juicefs_parse import parse_stats
+from sim.host import SimHost
 
 CORPUS = Path(__file__).parent / "corpus"
 CASES = sorted(p for p in CORPUS.glob("*/*") if (p / "expect.json").is_file())

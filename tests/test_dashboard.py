@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from agent import timeline
-from agent.dashboard import make_app
-from agent.fleet import FleetFeed, FleetState, collapse_actions, family
 from agent.message import make_message, rfc3339, to_dict
 from agent.nats_server import NatsServerProcess
-from agent.simhost import SimHost
+from fleet import timeline
+from fleet.dashboard import make_app
+from fleet.state import FleetFeed, FleetState, collapse_actions, family
+from sim.host import SimHost
 from tests.conftest import agent_config, running_agent
 
 CHROMIUM = "/usr/bin/chromium"

@@ -21,7 +21,7 @@ from celpy.celtypes import MapType, StringType
 from celpy.evaluation import CELEvalError
 
 from agent.cli import build_parser
-from agent.hostroot import HostRoot
+from gna_sdk.hostroot import HostRoot
 from remediations import kubernetes as kube_plugin
 from remediations.kubernetes import KubernetesConfig, KubernetesRemediation
 from tests.fake_kube import FakeKube

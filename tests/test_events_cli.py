@@ -13,7 +13,7 @@ import nats
 import pytest
 
 from agent.nats_server import NatsServerProcess
-from agent.simhost import SimHost
+from sim.host import SimHost
 from tests.conftest import AGENT_CMD, agent_config, running_agent, validate_message
 
 

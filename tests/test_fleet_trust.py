@@ -8,9 +8,9 @@ import time
 
 import nats
 
-from agent.fleet import FleetFeed, FleetState
 from agent.message import rfc3339
 from agent.nats_server import NatsServerProcess
+from fleet.state import FleetFeed, FleetState
 
 
 def _cond(sev: str) -> dict[str, object]:
@@ -63,7 +63,7 @@ async def test_the_feed_takes_identity_from_the_subject(nats_server: NatsServerP
 def test_pages_carry_a_strict_csp_that_allows_only_their_own_blocks() -> None:
     """#13 D3: injected markup cannot run even if a page ever put data into innerHTML unescaped; the
     real-browser tests in tests/test_dashboard.py prove the pages' own scripts still run under it."""
-    from agent.dashboard import _page, csp
+    from fleet.dashboard import _page, csp
 
     for name in ("dashboard.html", "node.html"):
         policy = csp(_page(name))

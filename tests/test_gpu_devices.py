@@ -11,12 +11,12 @@ import pytest
 
 from agent.emitter import CollectorEmitter, ConditionTracker
 from agent.facts import FactStore
-from agent.hostroot import HostRoot
 from agent.nats_server import NatsServerProcess
-from agent.simhost import SimHost
-from agent.udev import UdevMonitor
 from collectors import gpu_devices as gd
 from collectors import nvml_lib
+from gna_sdk.hostroot import HostRoot
+from gna_sdk.udev import UdevMonitor
+from sim.host import SimHost
 from tests.conftest import AGENT_CMD, Sink, agent_config, running_agent, stream_messages
 from tests.fake_nvml import FakeGPU, FakeNVML
 

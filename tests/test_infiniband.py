@@ -8,8 +8,6 @@ from hypothesis import strategies as st
 
 from agent.emitter import CollectorEmitter, ConditionTracker
 from agent.facts import FactStore
-from agent.hostroot import HostRoot
-from agent.simhost import SimHost
 from collectors import infiniband as ibmod
 from collectors.ib_sysfs import (
     PHYS_STATES,
@@ -21,6 +19,8 @@ from collectors.ib_sysfs import (
     parse_rate,
     saturated,
 )
+from gna_sdk.hostroot import HostRoot
+from sim.host import SimHost
 from tests.conftest import Sink
 from tests.ttar import extract
 

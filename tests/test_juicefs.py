@@ -12,8 +12,6 @@ from hypothesis import strategies as st
 
 from agent.emitter import CollectorEmitter, ConditionTracker
 from agent.facts import FactStore
-from agent.hostroot import HostRoot
-from agent.simhost import SimHost
 from collectors import juicefs as jmod
 from collectors.juicefs_parse import (
     GIB,
@@ -26,6 +24,8 @@ from collectors.juicefs_parse import (
     redact_meta_url,
     stat_value,
 )
+from gna_sdk.hostroot import HostRoot
+from sim.host import SimHost
 from tests.conftest import Sink
 
 EMPTYDIR = "/var/lib/kubelet/pods/3f1c2b4a-aaaa-bbbb-cccc-1234567890ab/volumes/kubernetes.io~empty-dir/jfs-cache"

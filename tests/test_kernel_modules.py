@@ -7,8 +7,8 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.simhost import SimHost
 from collectors.kernel_modules import parse_proc_modules
+from sim.host import SimHost
 from tests.conftest import AGENT_CMD
 
 

@@ -11,8 +11,6 @@ from hypothesis import strategies as st
 
 from agent.emitter import CollectorEmitter, ConditionTracker
 from agent.facts import FactStore
-from agent.hostroot import HostRoot
-from agent.simhost import SimHost
 from collectors.kmsg_parse import (
     FellOffBus,
     ModuleError,
@@ -27,6 +25,8 @@ from collectors.kmsg_parse import (
 )
 from collectors.kmsg_xid import KmsgXidCollector, KmsgXidConfig
 from collectors.xid_catalog import classify
+from gna_sdk.hostroot import HostRoot
+from sim.host import SimHost
 from tests.conftest import Sink
 
 

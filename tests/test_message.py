@@ -5,7 +5,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agent import message as msgmod
-from agent.ids import id_time_ms, new_id
 from agent.subjects import (
     check_plugin_name,
     decode_token,
@@ -13,6 +12,7 @@ from agent.subjects import (
     event_subject,
     is_valid_token,
 )
+from gna_sdk.ids import id_time_ms, new_id
 from tests.conftest import validate_message
 
 

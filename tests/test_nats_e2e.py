@@ -13,8 +13,8 @@ from pathlib import Path
 import nats
 
 from agent.nats_server import NatsServerProcess
-from agent.simhost import SimHost
 from agent.subjects import encode_token
+from sim.host import SimHost
 from tests.conftest import (
     AGENT_CMD,
     agent_config,

@@ -1,4 +1,4 @@
-"""#13: the account/permission layout of agent/nats_permissions.py, enforced by a real nats-server
+"""#13: the account/permission layout of fleet/nats_permissions.py, enforced by a real nats-server
 started with the rendered config and nkeys generated here. Every role runs its real code path
 (the agent, FleetFeed, `events`, the cordoner, the budget) and the server must log no violation for
 it; every forbidden action must be refused and leave the stream untouched."""
@@ -20,7 +20,9 @@ from nats.aio.client import Client
 from nats.js.api import StreamConfig
 
 from agent.config import NatsConfig
-from agent.nats_permissions import (
+from agent.nats_server import NatsServerProcess, find_nats_server, free_port
+from agent.subjects import encode_token, event_subject, heartbeat_subject
+from fleet.nats_permissions import (
     Layout,
     Roles,
     ServerSettings,
@@ -29,8 +31,6 @@ from agent.nats_permissions import (
     node_permissions,
     render_config,
 )
-from agent.nats_server import NatsServerProcess, find_nats_server, free_port
-from agent.subjects import encode_token, event_subject, heartbeat_subject
 from tests.conftest import ROOT, agent_config, running_agent
 
 NODE_A, NODE_B = "node-a.example.com", "node-b.example.com"
@@ -147,8 +147,8 @@ async def test_agent_as_node_a_publishes_and_readers_read(tmp_path: Path, fleet:
                                                           capfd: pytest.CaptureFixture[str]) -> None:
     """(a) The real agent with node A's seed creates the stream and bucket, publishes events, heartbeats and
     its KV state with no violation; the dashboard's feed and `events` read all of it as a reader."""
-    from agent.events import EventsQuery, run_events
-    from agent.fleet import FleetFeed, FleetState
+    from fleet.events import EventsQuery, run_events
+    from fleet.state import FleetFeed, FleetState
 
     reader = await fleet.connect("reader")
     beats: list[str] = []
@@ -265,8 +265,8 @@ async def test_cordoner_uses_the_budget_and_node_cannot_harm_the_stream(tmp_path
     """(d) The real cordoner starts (stream, durable queue consumer, acks) and takes budget slots with no
     violation; node A cannot delete, purge or reshape the stream, nor touch the budget."""
     from agent import config as configmod
-    from remediations.budget import BudgetUnavailable, FleetBudget
-    from remediations.cordoner import Cordoner
+    from agent.remediation.budget import BudgetUnavailable, FleetBudget
+    from fleet.cordoner import Cordoner
 
     await _emit_as_node_a(tmp_path, fleet, "before-cordoner", admin)
     cfg = configmod.parse("", file="<test>").agent
@@ -339,9 +339,9 @@ def test_shipped_config_is_rendered_and_accepted() -> None:
     shipped = ROOT / "deploy" / "nats" / "nats-server.conf"
     rendered = render_config(load_layout(ROOT / layout_path), source=layout_path)
     assert shipped.read_text() == rendered, (
-        f"re-render it: .venv/bin/python -m agent.nats_permissions render {layout_path} > {shipped.relative_to(ROOT)}")
+        f"re-render it: .venv/bin/python -m fleet.nats_permissions render {layout_path} > {shipped.relative_to(ROOT)}")
     r = subprocess.run([find_nats_server(), "-t", "-c", str(shipped)], capture_output=True, text=True, timeout=30)
     assert r.returncode == 0, r.stdout + r.stderr
-    cli = subprocess.run([sys.executable, "-m", "agent.nats_permissions", "render",
+    cli = subprocess.run([sys.executable, "-m", "fleet.nats_permissions", "render",
                           layout_path], capture_output=True, text=True, cwd=ROOT, timeout=30)
     assert cli.returncode == 0 and cli.stdout == rendered, cli.stderr

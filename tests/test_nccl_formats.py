@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.simhost import SimHost
 from collectors.nccl_parse import ProcessState, candidate_lines, match_line, parse_line
+from sim.host import SimHost
 from tests.conftest import AGENT_CMD
 
 P = "node-a:1234:1300 [0] NCCL INFO "

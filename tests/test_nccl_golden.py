@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.simhost import SimHost
 from collectors.nccl_parse import RULES, candidate_lines, match_line, parse_line
+from sim.host import SimHost
 from tests.conftest import AGENT_CMD, validate_message
 
 GOLDEN = Path(__file__).parent / "golden" / "nccl"

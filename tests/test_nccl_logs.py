@@ -13,7 +13,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agent.nats_server import NatsServerProcess
-from agent.simhost import SimHost
 from collectors.nccl_env import hca_prefix_overmatch, ifname_matches, lint, parse_environ
 from collectors.nccl_parse import (
     candidate_lines,
@@ -23,6 +22,7 @@ from collectors.nccl_parse import (
     parse_ib_devices,
     parse_line,
 )
+from sim.host import SimHost
 from tests.conftest import AGENT_CMD, agent_config, running_agent, stream_messages
 
 # -- line parser properties ------------------------------------------------------------
@@ -212,8 +212,8 @@ async def test_a_refused_warning_is_retried_not_counted_as_its_own_repeat(tmp_pa
     """#13 D9: with the spool full, the first NCCL WARN was counted before the bus took it."""
     from agent.emitter import CollectorEmitter, ConditionTracker
     from agent.facts import FactStore
-    from agent.hostroot import HostRoot
     from collectors.nccl_logs import NCCLLogsCollector, NCCLLogsConfig
+    from gna_sdk.hostroot import HostRoot
     from tests.conftest import Sink
 
     host = SimHost.gpu_node(tmp_path / "h", gpus=1)
@@ -242,8 +242,8 @@ async def test_lines_of_other_hosts_are_attributed_not_judged_here(tmp_path: Pat
     host that turns out foreign is withdrawn; a process this host cannot check expires with its log."""
     from agent.emitter import CollectorEmitter, ConditionTracker, overflow_entity
     from agent.facts import FactStore
-    from agent.hostroot import HostRoot
     from collectors.nccl_logs import NCCLLogsCollector, NCCLLogsConfig
+    from gna_sdk.hostroot import HostRoot
     from tests.conftest import Sink
 
     host = SimHost.gpu_node(tmp_path / "h", gpus=8, hcas=8)

@@ -7,9 +7,9 @@ import pytest
 
 from agent.emitter import CollectorEmitter, ConditionTracker
 from agent.facts import FactStore
-from agent.hostroot import HostRoot
 from collectors import nvml_lib
 from collectors.nvml import NVMLCollector, NVMLConfig
+from gna_sdk.hostroot import HostRoot
 from tests.conftest import Sink, validate_message
 from tests.fake_nvml import FakeGPU, FakeNVML
 

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from agent.nats_server import NatsServerProcess
-from agent.simhost import SimHost
 from gna_sdk import CollectorSettings, collector_contract, remediation_contract
+from sim.host import SimHost
 from tests.conftest import AGENT_CMD, ROOT, python_env, stream_messages
 
 DOC = (ROOT / "docs" / "plugins.md").read_text()

@@ -13,15 +13,15 @@ from typing import Any
 import nats
 import pytest
 
-from agent.hostroot import HostRoot
 from agent.message import make_message, to_dict
 from agent.nats_server import NatsServerProcess
-from agent.simhost import SimHost
-from remediations.budget import FleetBudget
-from remediations.engine import Engine
+from agent.remediation.budget import FleetBudget
+from agent.remediation.engine import Engine
+from agent.remediation.loader import load_plugins
+from agent.remediation.policy import Match, RemediationsConfig, Rule
+from gna_sdk.hostroot import HostRoot
 from remediations.kubernetes import KubernetesConfig, KubernetesRemediation
-from remediations.loader import load_plugins
-from remediations.policy import Match, RemediationsConfig, Rule
+from sim.host import SimHost
 from tests.fake_kube import FakeKube
 
 FAKE_TOOL = r"""#!/usr/bin/env python3
@@ -163,7 +163,7 @@ async def _until(pred: Any, timeout: float = 15.0) -> None:
 
 class _AlwaysBudget:
     async def take(self, node: str, reason: str) -> Any:
-        from remediations.budget import SlotDecision
+        from agent.remediation.budget import SlotDecision
 
         return SlotDecision(True, "granted", 1, 5, False)
 
@@ -324,7 +324,7 @@ async def test_nats_down_means_no_cordon(tools: Path, tmp_path: Path) -> None:
 async def _cordoners(url: str, n: int) -> tuple[list[Any], Any, list[dict[str, Any]]]:
     """``n`` started central cordoners (Slurm), a NATS connection, and the audits they publish."""
     from agent import config as configmod
-    from remediations.cordoner import Cordoner
+    from fleet.cordoner import Cordoner
 
     agent_cfg = configmod.parse('[remediations]\ncordon_with = "slurm"\n').agent
     cords = [Cordoner(agent_cfg, [url], name=f"c{i}") for i in range(n)]

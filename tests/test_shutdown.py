@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.aio import cancel_and_wait, raise_if_cancelling, wait_event
 from agent.nats_server import NatsServerProcess
 from agent.shutdown import EX_SOFTWARE, STOP_GRACE_S
+from gna_sdk.aio import cancel_and_wait, raise_if_cancelling, wait_event
 from tests.conftest import AGENT_CMD, install_plugin_dist, python_env
 
 SHUTDOWN_TIMEOUT = 2.0

@@ -10,9 +10,9 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent import statefile
-from agent.persist import BootScopedSet
-from agent.statefile import read_state
+from gna_sdk import statefile
+from gna_sdk.persist import BootScopedSet
+from gna_sdk.statefile import read_state
 
 JSONISH = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
                        lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=6), c, max_size=3),

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.hostroot import HostRoot
-from agent.tailer import TailedFile, Tailer
+from gna_sdk.hostroot import HostRoot
+from gna_sdk.tailer import TailedFile, Tailer
 
 
 class Recorder:

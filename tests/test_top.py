@@ -12,10 +12,10 @@ import time
 import nats
 from rich.console import Console
 
-from agent.fleet import FleetState
 from agent.message import rfc3339
 from agent.nats_server import NatsServerProcess
-from agent.top import PIPE_WIDTH, header, render
+from fleet.state import FleetState
+from fleet.top import PIPE_WIDTH, header, render
 from tests.conftest import AGENT_CMD
 
 LONG_TYPES = ["GPUDevicesMissing", "IBPortDown", "IBPortFlapping", "KernelModuleNotLoaded", "NCCLSocketFallback",

@@ -8,9 +8,9 @@ from typing import Any
 import msgspec
 import structlog
 
-from agent.hostroot import HostRoot
 from agent.registry import remediation_classes
-from remediations.policy import RemediationsConfig, effective_rules
+from agent.remediation.policy import RemediationsConfig, effective_rules
+from gna_sdk.hostroot import HostRoot
 
 log = structlog.get_logger(__name__)
 

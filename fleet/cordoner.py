@@ -16,18 +16,18 @@ import structlog
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from agent import config as configmod
-from agent.aio import within
-from agent.hostroot import HostRoot
 from agent.message import encode, make_message
 from agent.metrics import AgentMetrics
 from agent.nats_link import NatsLink
 from agent.natsclient import NatsUnavailable, redact
-from agent.persist import until_stopped
+from agent.remediation.budget import FleetBudget
+from agent.remediation.engine import Engine
+from agent.remediation.loader import load_plugins
 from agent.subjects import EVENTS_PREFIX, action_subject, event_subject
-from agent.wire import Rejected, Rejections, decode_event
-from remediations.budget import FleetBudget
-from remediations.engine import Engine
-from remediations.loader import load_plugins
+from fleet.wire import Rejected, Rejections, decode_event
+from gna_sdk.aio import within
+from gna_sdk.hostroot import HostRoot
+from gna_sdk.persist import until_stopped
 
 log = structlog.get_logger(__name__)
 
@@ -56,9 +56,7 @@ class Cordoner:
         await self.link.ensure_stream()
         js = self.link.js
         assert js is not None
-        b = self.cfg.remediations.budget
-        budget = FleetBudget(js, bucket=b.bucket, nodes_bucket=self.cfg.nats.kv_bucket, max_nodes=b.max_nodes,
-                             max_percent=b.max_percent, window=b.window, replicas=self.cfg.nats.stream_replicas)
+        budget = FleetBudget.for_agent(js, self.cfg)
 
         async def audit(record: dict[str, Any]) -> None:
             await js.publish(action_subject(record["node"] or "unknown", record["remediation"]),

@@ -16,11 +16,11 @@ from typing import Any
 
 import structlog
 
-from agent.ids import new_id
 from agent.message import rfc3339
+from agent.remediation.budget import BudgetUnavailable, FleetBudget
+from agent.remediation.policy import RemediationsConfig, Rule, effective_rules
 from gna_sdk import Result, Uncordons
-from remediations.budget import BudgetUnavailable, FleetBudget
-from remediations.policy import RemediationsConfig, Rule, effective_rules
+from gna_sdk.ids import new_id
 
 log = structlog.get_logger(__name__)
 

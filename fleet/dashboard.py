@@ -22,8 +22,8 @@ import structlog
 from aiohttp import web
 
 from agent.config import NatsConfig
-from agent.fleet import FleetFeed, FleetState
-from agent.persist import until_stopped
+from fleet.state import FleetFeed, FleetState
+from gna_sdk.persist import until_stopped
 
 log = structlog.get_logger(__name__)
 
@@ -32,7 +32,7 @@ EX_OSERR = 71  # sysexits: cannot listen on the requested address
 
 
 def _page(name: str) -> str:
-    return (files("agent") / "static" / name).read_text(encoding="utf-8")
+    return (files("fleet") / "static" / name).read_text(encoding="utf-8")
 
 
 def csp(page: str) -> str:

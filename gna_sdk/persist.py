@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import signal
 from pathlib import Path
 
-from agent.spool import write_atomic
-from agent.statefile import is_str_list, read_state
+from gna_sdk.statefile import is_str_list, read_state, write_state
 
 
 class BootScopedSet:
@@ -32,9 +30,7 @@ class BootScopedSet:
             return
         self.items |= names
         if self.path is not None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            write_atomic(self.path, json.dumps({"version": 1, "boot_id": self.boot_id,
-                                                "seen": sorted(self.items)}).encode(), fsync=False)
+            write_state(self.path, {"boot_id": self.boot_id, "seen": sorted(self.items)}, version=1)
 
 
 async def until_stopped(duration: float | None) -> None:

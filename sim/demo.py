@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from agent.nats_server import NatsServerProcess, free_port
-from agent.simhost import SimHost
+from sim.host import SimHost
 
 EMPTYDIR = "/var/lib/kubelet/pods/7d4f-demo/volumes/kubernetes.io~empty-dir/jfs-cache"
 

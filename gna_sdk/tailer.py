@@ -34,9 +34,9 @@ from typing import Any
 
 import structlog
 
-from agent.aio import wait_event
-from agent.hostroot import HostRoot
-from agent.inotify import (
+from gna_sdk.aio import wait_event
+from gna_sdk.hostroot import HostRoot
+from gna_sdk.inotify import (
     IN_CLOSE_WRITE,
     IN_CREATE,
     IN_DELETE,
@@ -48,7 +48,7 @@ from agent.inotify import (
     Inotify,
     InotifyEvent,
 )
-from agent.spool import write_atomic
+from gna_sdk.statefile import write_state
 
 log = structlog.get_logger(__name__)
 
@@ -155,9 +155,7 @@ class Tailer:
     def save(self) -> None:
         if self.state_file is None:
             return
-        self.state_file.parent.mkdir(parents=True, exist_ok=True)
-        data = {"version": CHECKPOINT_VERSION, "files": [f.to_json() for f in self.files.values()]}
-        write_atomic(self.state_file, json.dumps(data, separators=(",", ":")).encode(), fsync=False)
+        write_state(self.state_file, {"files": [f.to_json() for f in self.files.values()]}, version=CHECKPOINT_VERSION)
 
     # -- discovery --------------------------------------------------------------------
     def _roots(self) -> list[str]:

@@ -28,7 +28,7 @@ from nats.js.errors import NotFoundError
 from agent.config import NatsConfig
 from agent.natsclient import connect
 from agent.subjects import events_filter
-from agent.wire import Rejected, Rejections, decode_event
+from fleet.wire import Rejected, Rejections, decode_event
 
 FETCH_WAIT_S = 0.5  # how long one fetch waits for new messages: the follower's reaction time
 

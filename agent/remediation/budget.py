@@ -14,9 +14,12 @@ import math
 import random
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
+
+if TYPE_CHECKING:
+    from agent.config import AgentConfig
 
 KEY = "cordons"
 
@@ -53,6 +56,14 @@ class FleetBudget:
         self.replicas = replicas
         self._kv: Any = None
         self._fleet: tuple[float, int] = (0.0, 0)
+
+    @classmethod
+    def for_agent(cls, js: Any, cfg: AgentConfig) -> FleetBudget:
+        """The budget as a configuration describes it: one place, so the node agents, the cordoner and
+        `budget status` always agree on the buckets, limits and replicas."""
+        b = cfg.remediations.budget
+        return cls(js, bucket=b.bucket, nodes_bucket=cfg.nats.kv_bucket, max_nodes=b.max_nodes,
+                   max_percent=b.max_percent, window=b.window, replicas=cfg.nats.stream_replicas)
 
     async def kv(self) -> Any:
         if self._kv is None:

@@ -19,11 +19,12 @@ from typing import Any
 
 import structlog
 
-from agent import natsclient, timeline
+from agent import natsclient
 from agent.config import NatsConfig
 from agent.message import rfc3339
 from agent.subjects import ACTIONS_PREFIX, EVENTS_PREFIX, HEARTBEAT_PREFIX, decode_token
-from agent.wire import Rejected, Rejections, decode_action, decode_event, decode_state
+from fleet import timeline
+from fleet.wire import Rejected, Rejections, decode_action, decode_event, decode_state
 
 log = structlog.get_logger(__name__)
 

@@ -16,9 +16,9 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from agent.aio import within
 from agent.config import NatsConfig
-from agent.fleet import FAMILIES, SEV_RANK, FleetFeed, FleetState
+from fleet.state import FAMILIES, SEV_RANK, FleetFeed, FleetState
+from gna_sdk.aio import within
 
 STYLE = {"critical": "bold white on red", "warning": "black on yellow", "info": "black on cyan", "": "green"}
 SETTLE_S = 1.5  # --once: how long the KV watch and the stream history get to arrive

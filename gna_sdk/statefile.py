@@ -1,4 +1,5 @@
-"""Reading the agent's own state files: validated, and a bad one set aside with a message.
+"""The agent's own state files: written atomically with a version, read back validated, and a bad
+one set aside with a message.
 
 A state file is written by this agent (atomically), but a disk error, a hand edit or an older or
 newer version can leave anything in it. A file that is not the expected version and shape is
@@ -21,6 +22,24 @@ import structlog
 log = structlog.get_logger(__name__)
 
 set_aside_count = 0  # files set aside by this process (tests and self-metrics read it)
+
+
+def write_atomic(path: Path, data: bytes, *, fsync: bool = True) -> None:
+    """Readers see the old file or the new one, never a torn one (rename over it)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        if fsync:
+            fh.flush()
+            os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def write_state(path: Path, doc: dict[str, Any], *, version: int, fsync: bool = False) -> None:
+    """``doc`` stamped with ``version``, as :func:`read_state` expects it. No fsync by default: every
+    state file here may lag a crash by one save (the caller's design makes a re-done step harmless)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, json.dumps({"version": version, **doc}, separators=(",", ":")).encode(), fsync=fsync)
 
 
 def read_state(path: Path, *, version: int, valid: Callable[[dict[str, Any]], bool], what: str,

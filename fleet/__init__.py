@@ -1,0 +1,1 @@
+"""Everything central: fleet state, dashboard, top, events reader, cordoner, NATS permission layout."""

@@ -1,0 +1,168 @@
+"""The central commands: events, top, dashboard, cordoner, budget.
+
+Added to ``gpu-node-agent`` through the ``gpu_node_agent.commands`` entry point; this module imports
+nothing heavy, so listing the commands costs a node agent nothing. Each command imports its
+implementation (aiohttp, rich: the ``[fleet]`` extra) only when it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from typing import Any
+
+from agent import config as configmod
+from agent.cliargs import (
+    EX_UNAVAILABLE,
+    EX_USAGE,
+    Parser,
+    add_nats,
+    nats_config,
+    nats_servers,
+    positive_float,
+    positive_int,
+)
+
+
+def add_commands(sub: argparse._SubParsersAction[Parser]) -> None:
+    ev = sub.add_parser("events", help="print fleet messages as JSON lines (history, or follow)",
+                        description="Print the fleet's messages from the event stream, one JSON object a line. "
+                        "Default: every stored message that matches, oldest first, then exit. --follow: then keep "
+                        "printing new ones. --new: only new ones. Exit 0; 69 NATS unreachable; 78 config error.")
+    add_nats(ev)
+    ev.add_argument("--node", help="only messages from this node")
+    ev.add_argument("--collector", help="only messages from this collector (e.g. infiniband)")
+    ev.add_argument("--severity", choices=["info", "warning", "critical"], help="only messages of this severity")
+    mode = ev.add_mutually_exclusive_group()
+    mode.add_argument("-f", "--follow", action="store_true", help="after the history, print new messages as they "
+                      "arrive (until --count, --duration, a signal, or stdout's reader exits)")
+    mode.add_argument("--new", action="store_true", help="skip the history: only messages from now on (follows)")
+    mode.add_argument("--all", action="store_true", help="the whole history, then exit (the default; kept for "
+                      "scripts)")
+    ev.add_argument("--count", type=positive_int, help="exit after exactly this many messages")
+    ev.add_argument("--duration", type=positive_float, help="exit after this many seconds, whatever happened")
+    ev.set_defaults(handler=cmd_events)
+
+    budget = sub.add_parser("budget", help="the fleet-wide cordon budget")
+    budget_sub = budget.add_subparsers(dest="budget_command", required=True, parser_class=Parser)
+    for verb, text in (("status", "print the budget (JSON): slots used, limit, window"),
+                       ("reset", "free every slot, then print the budget")):
+        b = budget_sub.add_parser(verb, help=text)
+        add_nats(b)
+    budget.set_defaults(handler=cmd_budget)
+
+    cord = sub.add_parser("cordoner", help="central cordoner: fleet messages -> remediation with cluster credentials")
+    add_nats(cord, state_dir=False)
+    cord.add_argument("--enforce", action="store_true", help="act (default: dry-run, every decision audited)")
+    cord.add_argument("--duration", type=positive_float, help="stop by itself after this many seconds")
+    cord.set_defaults(handler=cmd_cordoner)
+
+    dash = sub.add_parser("dashboard", help="central fleet dashboard (web, live over SSE)")
+    add_nats(dash)
+    dash.add_argument("--listen", default="127.0.0.1:8080", help="HOST:PORT to serve on (port 0: any free port)")
+    dash.add_argument("--history-hours", type=positive_float, default=6.0,
+                      help="how much of the stream's history to load at start (default 6)")
+    dash.add_argument("--duration", type=positive_float, help="stop by itself after this many seconds")
+    dash.add_argument("--ready-file", help="write the URL here once listening")
+    dash.set_defaults(handler=cmd_dashboard)
+
+    top = sub.add_parser("top", help="the fleet overview in the terminal")
+    add_nats(top)
+    top.add_argument("--once", action="store_true", help="print one snapshot and exit (for scripts and pipes)")
+    top.add_argument("--duration", type=positive_float, help="stop by itself after this many seconds")
+    top.add_argument("--search", default="", help="only nodes whose name contains this text")
+    top.add_argument("--width", type=positive_int, help="columns to render (default: the terminal's width; "
+                     "piped: as wide as the content, nothing cut)")
+    top.add_argument("--limit", type=positive_int, default=40, help="rows to show, worst first (default 40)")
+    top.set_defaults(handler=cmd_top)
+
+
+def cmd_budget(args: argparse.Namespace) -> int:
+    from agent.natsclient import connect
+    from agent.remediation.budget import BudgetUnavailable, FleetBudget
+
+    servers = nats_servers(args)
+    cfg = configmod.load(args.config).agent
+    ncfg = nats_config(args)
+
+    async def go() -> dict[str, Any]:
+        nc = await connect(servers, cfg=ncfg, name="gpu-node-agent-budget", inbox="admin")
+        try:
+            budget = FleetBudget.for_agent(nc.jetstream(), cfg)
+            if args.budget_command == "reset":
+                await budget.reset()
+            return await budget.status()
+        finally:
+            await nc.close()
+
+    try:
+        print(json.dumps(asyncio.run(go()), indent=2))
+    except BudgetUnavailable as exc:
+        print(f"gpu-node-agent: the budget is unavailable: {exc}", file=sys.stderr)
+        return EX_UNAVAILABLE
+    return 0
+
+
+def cmd_cordoner(args: argparse.Namespace) -> int:
+    from agent.logsetup import configure
+    from fleet.cordoner import run_cordoner
+
+    cfg = configmod.load(args.config).agent
+    if args.enforce:
+        cfg.remediations.enforce = True
+    configure(cfg.log.level, cfg.log.format)
+    if args.connect_timeout:
+        cfg.nats.connect_timeout = args.connect_timeout
+    servers = list(args.nats or cfg.nats.servers)
+    if not servers:
+        raise configmod.ConfigError("the cordoner needs --nats or nats.servers")
+    return asyncio.run(run_cordoner(cfg, servers, args.duration))
+
+
+def cmd_events(args: argparse.Namespace) -> int:
+    import signal
+
+    from agent.logsetup import configure
+    from fleet.events import EventsQuery, quiet_broken_pipe, run_events
+
+    configure("error", "auto")  # stdout is the messages only; the skip summary goes to stderr
+
+    def interrupted(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    servers = nats_servers(args)
+    q = EventsQuery(node=args.node, collector=args.collector, severity=args.severity, follow=args.follow,
+                    new_only=args.new, count=args.count, duration=args.duration)
+    signal.signal(signal.SIGTERM, interrupted)  # a pipeline's SIGTERM ends it like Ctrl-C: exit 0
+    try:
+        return asyncio.run(run_events(servers, q, nats_config(args)))
+    except KeyboardInterrupt:
+        return 0
+    except BrokenPipeError:
+        quiet_broken_pipe()
+        return 0
+
+
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    from agent.logsetup import configure
+    from fleet.dashboard import serve
+
+    configure("info", "auto")
+    host, _, port = args.listen.rpartition(":")
+    if not port.isdigit():
+        print(f"gpu-node-agent: --listen wants HOST:PORT, got {args.listen!r}", file=sys.stderr)
+        return EX_USAGE
+    return asyncio.run(serve(nats_servers(args), host or "127.0.0.1", int(port), duration=args.duration,
+                             ready_file=args.ready_file, history_s=args.history_hours * 3600,
+                             nats_cfg=nats_config(args)))
+
+
+def cmd_top(args: argparse.Namespace) -> int:
+    from agent.logsetup import configure
+    from fleet.top import run_top
+
+    configure("error", "auto")
+    return asyncio.run(run_top(nats_servers(args), once=args.once, duration=args.duration, q=args.search,
+                               width=args.width, limit=args.limit, nats_cfg=nats_config(args)))
