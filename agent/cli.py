@@ -158,10 +158,13 @@ def cmd_check(args: argparse.Namespace) -> int:
         return rc
     if args.expected_gpus:
         gpu = cfg.collectors.get("gpu_devices")
-        if gpu is None:
-            from collectors.gpu_devices import GPUDevicesCollector
+        if gpu is None:  # disabled in the config: --expected-gpus asks for it anyway
+            from agent.registry import collector_classes
 
-            gpu = cfg.collectors["gpu_devices"] = GPUDevicesCollector.config_type()
+            cls = collector_classes().get("gpu_devices")
+            if cls is None:
+                raise configmod.ConfigError("--expected-gpus needs the gpu_devices collector, which is not installed")
+            gpu = cfg.collectors["gpu_devices"] = cls.config_type()
         gpu.expected_count = args.expected_gpus
     configure("error", cfg.agent.log.format)
     report = asyncio.run(run_check(cfg))

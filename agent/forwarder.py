@@ -20,6 +20,7 @@ from agent.nats_link import NatsLink
 from agent.spool import SEVERITY_NAMES, Spool
 from gna_sdk.aio import raise_if_cancelling
 from gna_sdk.ids import id_time_ms
+from gna_sdk.retry import Backoff
 
 log = structlog.get_logger(__name__)
 
@@ -40,7 +41,7 @@ class Forwarder:
         self.idle = asyncio.Event()  # set whenever the spool is fully drained
 
     async def run(self) -> None:
-        backoff = 0.2
+        backoff = Backoff(0.2, 5.0)
         while True:
             raise_if_cancelling()  # nats-py's requests can swallow a cancellation (3.11 wait_for)
             await self.link.connected.wait()
@@ -53,11 +54,11 @@ class Forwarder:
                 self.metrics.publish_errors.inc()
                 self.spool.rewind()
                 self.link.stream_ready = False
-                log.warning("publish_failed", error=repr(exc), depth=self.spool.depth, retry_in=backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+                delay = backoff.next()
+                log.warning("publish_failed", error=repr(exc), depth=self.spool.depth, retry_in=delay)
+                await asyncio.sleep(delay)
                 continue
-            backoff = 0.2
+            backoff.reset()
 
     async def _announce_drops(self) -> None:
         pending = self.spool.unannounced_drops()

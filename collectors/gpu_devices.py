@@ -17,17 +17,16 @@ from typing import Any, ClassVar
 
 import structlog
 
+from collectors.gpu_inventory import scan
 from collectors.nvml_lib import load_nvml, normalize_bus_id
 from gna_sdk import CollectorSettings, Emitter, HostPaths
-from gna_sdk.inotify import DIR_CHANGES, IN_ONLYDIR, Inotify, InotifyEvent
-from gna_sdk.persist import BootScopedSet
-from gna_sdk.udev import UdevMonitor, Uevent
+from gna_sdk.inotify import DIR_CHANGES, IN_ONLYDIR, InotifyEvent
+from gna_sdk.persist import BootScopedSet, boot_id
+from gna_sdk.udev import Uevent
+from gna_sdk.watch import Watches
 
 log = structlog.get_logger(__name__)
 
-GPU_CLASSES = ("0x0300", "0x0302")
-_DEV_NODE = re.compile(r"^nvidia(\d+)$")
-_MINOR = re.compile(r"^Device Minor:\s*(\d+)\s*$", re.MULTILINE)
 _WATCHED_DEV = re.compile(r"^nvidia(\d+|ctl|-uvm|-uvm-tools|-modeset)$")
 
 
@@ -38,44 +37,6 @@ class GPUDevicesConfig(CollectorSettings, kw_only=True, forbid_unknown_fields=Tr
     udev: bool = True
     inotify: bool = True
     nvml: bool = True
-
-
-@dataclass(frozen=True)
-class Inventory:
-    pci: dict[str, int | None]  # bus id -> minor (from /proc/driver/nvidia) or None
-    dev_minors: frozenset[int]
-    control: dict[str, bool]
-
-
-def _read(path: object) -> str | None:
-    try:
-        with open(path, "rb") as fh:  # type: ignore[call-overload]
-            return str(fh.read(4096).decode("ascii", "replace").strip())
-    except OSError:
-        return None
-
-
-def scan(host: HostPaths) -> Inventory:
-    pci: dict[str, int | None] = {}
-    try:
-        entries = sorted(host.path("/sys/bus/pci/devices").iterdir())
-    except OSError:
-        entries = []
-    for dev in entries:
-        if _read(dev / "vendor") != "0x10de" or not (_read(dev / "class") or "").startswith(GPU_CLASSES):
-            continue
-        info = _read(host.path(f"/proc/driver/nvidia/gpus/{dev.name}/information")) or ""
-        m = _MINOR.search(info)
-        pci[dev.name] = int(m.group(1)) if m else None
-    minors: set[int] = set()
-    try:
-        for node in host.path("/dev").iterdir():
-            if m := _DEV_NODE.match(node.name):
-                minors.add(int(m.group(1)))
-    except OSError:
-        pass
-    control = {name: host.path(f"/dev/{name}").exists() for name in ("nvidiactl", "nvidia-uvm")}
-    return Inventory(pci=pci, dev_minors=frozenset(minors), control=control)
 
 
 @dataclass(frozen=True)
@@ -124,9 +85,8 @@ class GPUDevicesCollector:
         self.emit = emit
         self.aer: dict[str, tuple[str, dict[str, Any]]] = {}  # bus -> (severity, details)
         self.udev_status = "off"
-        boot_id = (host.read_text("/proc/sys/kernel/random/boot_id") or "").strip()
         # a GPU that fell off the bus while the agent was down is still expected
-        self.seen = BootScopedSet(emit.state_dir / "seen_pci.json" if emit.state_dir else None, boot_id)
+        self.seen = BootScopedSet(emit.state_dir / "seen_pci.json" if emit.state_dir else None, boot_id(host))
 
     # -- fast paths -------------------------------------------------------------------
     def _wake(self) -> None:
@@ -151,36 +111,14 @@ class GPUDevicesCollector:
             self._wake()
 
     async def run(self) -> None:
-        watcher: Inotify | None = None
-        udev: UdevMonitor | None = None
-        try:
+        async with Watches("gpu_devices") as w:
             if self.config.inotify:
-                dev = self.host.path("/dev")
-                try:
-                    watcher = Inotify(self._on_dev_events)
-                    watcher.add_watch(str(dev), DIR_CHANGES | IN_ONLYDIR)
-                    watcher.start()
-                except OSError as exc:
-                    log.warning("gpu_devices_inotify_unavailable", path=str(dev), error=str(exc))
-                    if watcher:
-                        watcher.close()
-                    watcher = None
+                w.inotify(self.host.path("/dev"), DIR_CHANGES | IN_ONLYDIR, self._on_dev_events,
+                          fallback="udev and periodic reconciliation")
             if self.config.udev:
-                udev = UdevMonitor(self._on_uevent, subsystems=("pci", "module", "nvidia-caps", "misc"),
-                                   name="gpu_devices")
-                if udev.start():
-                    self.udev_status = "on"
-                else:
-                    self.udev_status = f"unavailable: {udev.error}"
-                    log.warning("gpu_devices_udev_unavailable", error=udev.error,
-                                fallback="inotify and periodic reconciliation")
-                    udev = None
-            await asyncio.Event().wait()
-        finally:
-            if watcher:
-                watcher.close()
-            if udev:
-                udev.close()
+                self.udev_status = w.udev(self._on_uevent, ("pci", "module", "nvidia-caps", "misc"),
+                                          fallback="inotify and periodic reconciliation")
+            await w.hold()
 
     # -- the reconciliation pass ------------------------------------------------------
     def _nvml_bus_ids(self) -> set[str] | None:

@@ -28,8 +28,9 @@ from collectors.ib_sysfs import (
     read_port,
 )
 from gna_sdk import CollectorSettings, Emitter, HostPaths, Severity
-from gna_sdk.persist import BootScopedSet
-from gna_sdk.udev import UdevMonitor, Uevent
+from gna_sdk.persist import BootScopedSet, boot_id
+from gna_sdk.udev import Uevent
+from gna_sdk.watch import Watches
 
 log = structlog.get_logger(__name__)
 
@@ -115,8 +116,7 @@ class InfinibandCollector:
         self._names: dict[str, list[str]] = {}
         self._layout: list[tuple[str, int]] | None = None
         self._info: dict[str, tuple[str, ...]] = {}
-        boot_id = (host.read_text("/proc/sys/kernel/random/boot_id") or "").strip()
-        self.seen = BootScopedSet(emit.state_dir / "seen_hcas.json" if emit.state_dir else None, boot_id)
+        self.seen = BootScopedSet(emit.state_dir / "seen_hcas.json" if emit.state_dir else None, boot_id(host))
 
     # -- discovery --------------------------------------------------------------------
     def _excluded(self, hca: str) -> bool:
@@ -146,16 +146,10 @@ class InfinibandCollector:
             self.wakeup.set()
 
     async def run(self) -> None:
-        mon = UdevMonitor(self._on_uevent, subsystems=("infiniband", "infiniband_verbs", "net"),
-                          name="infiniband") if self.config.udev else None
-        if mon and not mon.start():
-            log.info("infiniband_udev_unavailable", error=mon.error, fallback="periodic rescan")
-            mon = None
-        try:
-            await asyncio.Event().wait()
-        finally:
-            if mon:
-                mon.close()
+        async with Watches("infiniband") as w:
+            if self.config.udev:
+                w.udev(self._on_uevent, ("infiniband", "infiniband_verbs", "net"), fallback="periodic rescan")
+            await w.hold()
 
     # -- the pass ---------------------------------------------------------------------
     def _read_all(self) -> list[PortSnapshot]:

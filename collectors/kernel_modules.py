@@ -11,9 +11,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any, ClassVar, Literal
 
-from collectors.gpu_devices import scan
+from collectors.gpu_inventory import scan
 from gna_sdk import CollectorSettings, Emitter, HostPaths
-from gna_sdk.udev import UdevMonitor, Uevent
+from gna_sdk.udev import Uevent
+from gna_sdk.watch import Watches
 
 GDR_FILES = ("/sys/kernel/mm/memory_peers/nv_mem/version", "/sys/kernel/mm/memory_peers/nv_mem_nc/version",
              "/sys/module/nvidia_peermem/version")
@@ -66,15 +67,10 @@ class KernelModulesCollector:
             self.wakeup.set()
 
     async def run(self) -> None:
-        if not self.config.udev:
-            await asyncio.Event().wait()
-            return
-        mon = UdevMonitor(self._on_uevent, subsystems=("module",), name="kernel_modules")
-        mon.start()  # without udev the periodic pass still decides; gpu_devices already logs why
-        try:
-            await asyncio.Event().wait()
-        finally:
-            mon.close()
+        async with Watches("kernel_modules") as w:
+            if self.config.udev:
+                w.udev(self._on_uevent, ("module",), fallback="the periodic pass")
+            await w.hold()
 
     def _evidence(self, module: str) -> dict[str, Any]:
         errors = (self.emit.facts.get("kernel.module_errors") or {}).get(module) or []

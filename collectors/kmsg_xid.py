@@ -37,6 +37,7 @@ from collectors.xid_catalog import classify, emit_sxid, emit_xid
 from gna_sdk import Aggregator, CollectorSettings, Emitter, HostPaths
 from gna_sdk.aio import wait_event
 from gna_sdk.inotify import IN_MODIFY, Inotify
+from gna_sdk.persist import boot_id
 from gna_sdk.statefile import is_int, read_state, write_state
 
 log = structlog.get_logger(__name__)
@@ -87,7 +88,7 @@ class KmsgXidCollector:
         self.emit = emit
         self.parser = NvidiaLineParser()
         self.agg = Aggregator(config.aggregation_window)
-        self.boot_id = (host.read_text("/proc/sys/kernel/random/boot_id") or "").strip()
+        self.boot_id = boot_id(host)
         self.last_seq: int | None = None  # highest seq handled in this process
         self.checkpoint: int | None = None  # highest seq whose findings were all accepted
         self._blocked = False

@@ -25,10 +25,10 @@ from agent.message import rfc3339
 from agent.subjects import ACTIONS_PREFIX, EVENTS_PREFIX, HEARTBEAT_PREFIX, decode_token
 from fleet import timeline
 from fleet.wire import Rejected, Rejections, decode_action, decode_event, decode_state
+from gna_sdk import severity_rank
 
 log = structlog.get_logger(__name__)
 
-SEV_RANK = {"": 0, "info": 1, "warning": 2, "critical": 3}
 FAMILIES = ("GPU", "IB", "NCCL", "JuiceFS", "Agent")
 _DIGITS = re.compile(r"\d+(?:\.\d+)?")
 
@@ -73,7 +73,7 @@ class NodeView:
         out = dict.fromkeys(FAMILIES, "")
         for c in self.conditions.values():
             fam = family(c["type"])
-            if SEV_RANK.get(c["severity"], 0) > SEV_RANK[out[fam]]:
+            if severity_rank(c["severity"]) > severity_rank(out[fam]):
                 out[fam] = c["severity"]
         return out
 
@@ -82,7 +82,7 @@ class NodeView:
         what just changed is what the reader has not seen yet."""
         if not self.conditions:
             return None
-        c = max(self.conditions.values(), key=lambda c: (SEV_RANK.get(c.get("severity") or "", 0),
+        c = max(self.conditions.values(), key=lambda c: (severity_rank(c.get("severity") or ""),
                                                           _epoch(c.get("since")), str(c.get("type"))))
         return {k: c.get(k) for k in ("severity", "type", "entity", "reason", "message", "since")}
 
@@ -123,7 +123,7 @@ class FleetState:
         return name
 
     def _severity(self, value: Any) -> str:
-        if value in SEV_RANK:
+        if value == "" or severity_rank(value):  # "": no severity (yet)
             return str(value)
         self.rejected["unknown_severity"] = self.rejected.get("unknown_severity", 0) + 1
         return ""
@@ -226,14 +226,14 @@ class FleetState:
             if q and q.lower() not in nv.name.lower():
                 continue
             conds = list(nv.conditions.values())
-            if severity and not any(SEV_RANK.get(c["severity"], 0) >= SEV_RANK.get(severity, 0) for c in conds):
+            if severity and not any(severity_rank(c["severity"]) >= severity_rank(severity) for c in conds):
                 continue
             if collector and not any(c.get("collector") == collector for c in conds):
                 continue
             if type_ and not any(c["type"] == type_ for c in conds):
                 continue
             rows.append(self.row(nv, now))
-        rows.sort(key=lambda r: (-max(SEV_RANK[s] for s in r["worst"].values()), r["node"]))
+        rows.sort(key=lambda r: (-max(severity_rank(s) for s in r["worst"].values()), r["node"]))
         return rows
 
     def take_dirty(self) -> list[dict[str, Any]]:
@@ -248,7 +248,7 @@ class FleetState:
             return None
         return {"node": name, **self.row(nv, time.time()), "agent_version": nv.agent_version,
                 "conditions": sorted(nv.conditions.values(),
-                                     key=lambda c: (-SEV_RANK.get(c["severity"], 0), c["type"])),
+                                     key=lambda c: (-severity_rank(c["severity"]), c["type"])),
                 "events": list(nv.events)[:100], "actions": collapse_actions(nv.actions)[:100]}
 
     def timeline_svg(self, name: str, *, hours: float = 6.0, width: int = 900, now: float | None = None) -> str:

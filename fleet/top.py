@@ -17,7 +17,8 @@ from rich.live import Live
 from rich.table import Table
 
 from agent.config import NatsConfig
-from fleet.state import FAMILIES, SEV_RANK, FleetFeed, FleetState
+from fleet.state import FAMILIES, FleetFeed, FleetState
+from gna_sdk import severity_rank
 from gna_sdk.aio import within
 
 STYLE = {"critical": "bold white on red", "warning": "black on yellow", "info": "black on cyan", "": "green"}
@@ -26,7 +27,7 @@ PIPE_WIDTH = 1000  # piped without --width: wider than any row, so rich cuts not
 
 
 def _worst(row: dict[str, Any]) -> int:
-    return max(SEV_RANK[s] for s in row["worst"].values())
+    return max(severity_rank(s) for s in row["worst"].values())
 
 
 def header(rows: list[dict[str, Any]], total: int, q: str) -> str:

@@ -82,6 +82,15 @@ class CollectorSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     restart_backoff_max: float = 60.0
     max_conditions: Annotated[int, msgspec.Meta(ge=1)] = 64  # beyond: folded into one aggregate per type
 
+    def __post_init__(self) -> None:
+        # here, not as field constraints: a collector's config_type redeclares interval with its own default
+        if not self.interval > 0 or not self.timeout > 0:
+            raise ValueError("interval and timeout must be > 0")
+        if not 0 <= self.jitter <= 1:
+            raise ValueError("jitter is a fraction of the interval: 0 to 1")
+        if not (self.restart_backoff_min > 0 and self.restart_backoff_max > 0):
+            raise ValueError("restart_backoff_min and restart_backoff_max must be > 0")  # 0: a restart loop
+
 
 class HostPaths(Protocol):
     """Resolves absolute host paths ("/sys/...") under the configured host root."""

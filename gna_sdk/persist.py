@@ -8,7 +8,14 @@ import contextlib
 import signal
 from pathlib import Path
 
+from gna_sdk import HostPaths
 from gna_sdk.statefile import is_str_list, read_state, write_state
+
+
+def boot_id(host: HostPaths) -> str:
+    """This boot's id (the kernel's random boot_id under the host root); "" when unreadable, which
+    makes boot-scoped state start fresh rather than be carried into another boot."""
+    return (host.read_text("/proc/sys/kernel/random/boot_id") or "").strip()
 
 
 class BootScopedSet:

@@ -7,6 +7,7 @@ Writes carry the resourceVersion they were computed from; a 409 re-reads and ret
 from __future__ import annotations
 
 import datetime as dt
+import importlib.util
 from typing import Any, ClassVar
 
 import msgspec
@@ -44,6 +45,9 @@ class KubernetesRemediation:
     def __init__(self, config: KubernetesConfig, host: HostRoot, *, client: Any = None) -> None:
         self.config = config
         self._client = client
+        if client is None and importlib.util.find_spec("lightkube") is None:
+            # said once at load (the plugin is listed as unavailable, with this), not at the first cordon
+            raise RuntimeError("needs the lightkube library: pip install 'gpu-node-agent[kubernetes]'")
 
     def client(self) -> Any:
         if self._client is None:

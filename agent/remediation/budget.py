@@ -11,12 +11,13 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import random
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
+
+from gna_sdk.retry import Backoff
 
 if TYPE_CHECKING:
     from agent.config import AgentConfig
@@ -112,7 +113,8 @@ class FleetBudget:
         """Compare-and-set loop: concurrent agents can never overshoot the limit."""
         try:
             limit = await self.limit()
-            for attempt in range(attempts):
+            backoff = Backoff(0.002, 0.05, jitter=True)  # contention clears in milliseconds
+            for _attempt in range(attempts):
                 now = time.time()
                 state, rev = await self._read()
                 self._prune(state, now)
@@ -138,7 +140,7 @@ class FleetBudget:
                         await kv.update(KEY, body, last=rev)
                 except Exception as exc:
                     if _cas_conflict(exc):  # another agent wrote first: read again, backing off with jitter
-                        await asyncio.sleep(random.uniform(0.001, min(0.05, 0.002 * 2 ** min(attempt, 5))))
+                        await asyncio.sleep(backoff.next())
                         continue
                     raise
                 return SlotDecision(granted, "granted" if granted else "budget exhausted",

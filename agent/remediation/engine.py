@@ -21,6 +21,7 @@ from agent.remediation.budget import BudgetUnavailable, FleetBudget
 from agent.remediation.policy import RemediationsConfig, Rule, effective_rules
 from gna_sdk import Result, Uncordons
 from gna_sdk.ids import new_id
+from gna_sdk.retry import delay_after
 
 log = structlog.get_logger(__name__)
 
@@ -113,7 +114,7 @@ class Engine:
         if att.failures >= rule.max_attempts:
             return await self._audit(msg, rule, name, "skipped", f"max attempts ({rule.max_attempts}) reached",
                                      args=args)
-        if att.failures and now - att.last_failure < rule.backoff * 2 ** (att.failures - 1):
+        if att.failures and now - att.last_failure < delay_after(att.failures, rule.backoff):
             return await self._audit(msg, rule, name, "skipped", "backing off after a failure", args=args)
         try:
             plan = plugin.plan(msg, args)
