@@ -41,6 +41,7 @@ from collectors.nccl_parse import (
     hca_prefix_surprises,
     match_line,
     parse_line,
+    pci_from_nccl_bus_id,
 )
 from collectors.verdicts import verdict
 from gna_sdk import CollectorSettings, Emitter, HostPaths, Severity, SuggestedAction
@@ -162,9 +163,11 @@ class NCCLLogsCollector:
             if st is None:
                 st = self.procs[key] = ProcessState(host, pid, tf.path)
             st.last_seen = now
+            known = len(st.comms)
             st.apply(m)
             touched[key] = st
-            if m.rule.name in ("ib_completion", "socket_error", "watchdog", "warn"):
+            joined = m.rule.name == "init" and len(st.comms) > known  # a communicator this process joined
+            if joined or m.rule.name in ("ib_completion", "socket_error", "watchdog", "warn"):
                 events.append((m, st))
             elif line.level == "WARN":  # a WARN a state rule also reads (no libibverbs): still shown as one
                 events.append((Match(WARNING_RULE, line, {}), st))
@@ -232,8 +235,18 @@ class NCCLLogsCollector:
             return await self.emit.event(
                 "NCCLSocketError", severity="warning", entity=st.entity, reason="SocketError",
                 message=f"NCCL on {st.key}: {f['what']}.", details={**where, "error": f["what"]}, msg_id=msg_id)
+        if m.rule.name == "init":
+            # membership, for the fleet correlator: which job, rank, GPU and NICs this process is
+            comm = f.get("commid") or f["comm"]
+            return await self.emit.event(
+                "NCCLJobMember", severity="info", entity=st.entity, reason="CommInit",
+                message=f"{st.key} joined communicator {comm} as rank {f['rank']} of {f['nranks']}"
+                        + (f" on GPU {where['pci']}" if where.get("pci") else "") + ".",
+                details={**where, "comm_id": comm, "rank": int(f["rank"]), "size": int(f["nranks"]),
+                         "cuda_dev": int(f["cuda"]), "pci": pci_from_nccl_bus_id(f.get("bus"))}, msg_id=msg_id)
         if m.rule.name == "watchdog":
             details = {**where, "seq_num": int(f["seq"]), "op_type": f["op"],
+                       "rank": int(f["rank"]) if f.get("rank") else None,
                        "timeout_ms": int(f["timeout"]) if "timeout" in f else None, "ran_for_ms": int(f["ran"])}
             return await self.emit.event(
                 "NCCLCollectiveTimeout", severity="critical", entity=st.entity, reason="WatchdogTimeout",

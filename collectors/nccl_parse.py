@@ -68,7 +68,7 @@ RULES: tuple[Rule, ...] = (
          ("ch", "src", "dst", "mode")),
     Rule("init", _r(r"comm (?P<comm>0x[0-9a-f]+) rank (?P<rank>\d+) nranks (?P<nranks>\d+) cudaDev (?P<cuda>\d+)"
                     r"(?: nvmlDev (?P<nvml>\d+))?(?: busId (?P<bus>[0-9a-f]+))?(?: commId (?P<commid>0x[0-9a-f]+))?"
-                    r".*Init COMPLETE"), "", "info", ("comm", "rank", "nranks", "bus", "commid")),
+                    r".*Init COMPLETE"), "NCCLJobMember", "info", ("comm", "rank", "nranks", "bus", "commid")),
     # net_ib.cc, 2.7.3+: INFO(NCCL_NET|NCCL_ENV, "NCCL_IB_HCA set to %s") — shown by default from 2.17
     Rule("env_hca", _r(r"\bNCCL_IB_HCA set to (?P<value>\S+)"), "NCCLHCASelection", "warning", ("value",)),
     # param.h/param.cc: "%s set by environment to %lu." (integer NCCL_PARAMs such as NCCL_IB_DISABLE);
@@ -83,9 +83,10 @@ RULES: tuple[Rule, ...] = (
     Rule("socket_error", _r(r"(?P<what>Connection closed by remote peer|Connection reset by peer|Call to recv from "
                             r"\S+ failed|Connect to \S+ failed|connect to \S+ failed|exceeded retries)"),
          "NCCLSocketError", "warning", ("what",), warn_only=True),
-    Rule("watchdog", _r(r"Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=(?P<seq>\d+), "
+    Rule("watchdog", _r(r"(?:\bRank (?P<rank>\d+)\] )?Watchdog caught collective operation timeout: "
+                        r"WorkNCCL\(SeqNum=(?P<seq>\d+), "
                         r"OpType=(?P<op>\w+)(?:.*?Timeout\(ms\)=(?P<timeout>\d+))?.*?\) ran for (?P<ran>\d+) "
-                        r"milliseconds"), "NCCLCollectiveTimeout", "critical", ("seq", "op", "timeout", "ran")),
+                        r"milliseconds"), "NCCLCollectiveTimeout", "critical", ("rank", "seq", "op", "timeout", "ran")),
 )
 RULES_BY_NAME = {r.name: r for r in RULES}
 
@@ -272,6 +273,18 @@ def exact_hca_value(value: str, present: list[str]) -> str:
     return "=" + ",".join(out)
 
 
+MAX_COMMS = 32  # communicators remembered per process (world, its splits; more are counted, not kept)
+
+
+def pci_from_nccl_bus_id(value: str | None) -> str | None:
+    """NCCL prints a GPU's PCI address as one hex number of its digits ("%lx" of "0000:18:00.0"
+    read as hex: ``18000``); back to the domain:bus:device.function form the kernel and sysfs use."""
+    if not value or not all(c in "0123456789abcdefABCDEF" for c in value) or len(value) > 16:
+        return None
+    s = value.lower().zfill(9)
+    return f"{s[:-5].zfill(4)}:{s[-5:-3]}:{s[-3:-1]}.{s[-1]}"
+
+
 @dataclass
 class ProcessState:
     host: str
@@ -282,6 +295,7 @@ class ProcessState:
     ib_no_device: bool = False
     no_verbs: bool = False
     ib_devices: list[dict[str, Any]] = field(default_factory=list)
+    oob: str = ""  # NCCL's bootstrap interface and address ("ib0:10.0.0.5<0>")
     socket_ifs: str = ""
     gdr_disabled: set[str] = field(default_factory=set)
     non_gdr_channels: int = 0
@@ -325,6 +339,7 @@ class ProcessState:
             self.ib_no_device = self.no_verbs = True
         elif name == "ib_using":
             self.ib_devices = parse_ib_devices(f["devs"])
+            self.oob = f.get("oob") or ""
         elif name == "socket_using":
             self.socket_ifs = f["ifs"]
         elif name == "gdr" and f["state"].lower() == "disabled":
@@ -338,8 +353,10 @@ class ProcessState:
         elif name == "channel_shm":
             self.shm_channels += 1
         elif name == "init":
-            self.comms[f.get("commid") or f["comm"]] = {"rank": int(f["rank"]), "nranks": int(f["nranks"]),
-                                                        "bus_id": f["bus"], "comm": f["comm"]}
+            key = f.get("commid") or f["comm"]
+            if key in self.comms or len(self.comms) < MAX_COMMS:  # bounded: a job that splits without end
+                self.comms[key] = {"rank": int(f["rank"]), "nranks": int(f["nranks"]), "bus_id": f["bus"],
+                                   "comm": f["comm"]}
         elif name == "env_hca":
             self.env_hca = f["value"]
         elif name == "env_param":
@@ -347,6 +364,11 @@ class ProcessState:
 
     def summary(self) -> dict[str, Any]:
         first = next(iter(self.comms.values()), {})
+        world: tuple[str | None, dict[str, Any]] = max(self.comms.items(), key=lambda kv: kv[1]["nranks"],
+                                                       default=(None, {}))
         return {"host": self.host, "pid": self.pid, "file": self.file, "ranks": self.ranks(),
                 "nranks": first.get("nranks"), "bus_id": first.get("bus_id"),
-                "comm_ids": sorted(self.comms)[:8]}
+                "pci": pci_from_nccl_bus_id(first.get("bus_id")),
+                "comm_ids": sorted(self.comms)[:8], "job": world[0], "world_rank": world[1].get("rank"),
+                "world_size": world[1].get("nranks"), "transport": self.transport(),
+                "hcas": sorted({f"{d['name']}/{d['port']}" for d in self.ib_devices})[:16], "oob": self.oob or None}

@@ -68,6 +68,16 @@ def add_commands(sub: argparse._SubParsersAction[Parser]) -> None:
     dash.add_argument("--ready-file", help="write the URL here once listening")
     dash.set_defaults(handler=cmd_dashboard)
 
+    diag = sub.add_parser("diagnose", help="correlate several nodes' snapshots: which job, which culprit",
+                          description="Run each host root's one-shot checks (the node named by its etc/hostname) and "
+                          "the fleet correlator over all of them: for post-mortems from collected node snapshots. "
+                          "Exit 0 no incident, 2 incidents (printed), 64 two roots with one name, 66 a root missing.")
+    diag.add_argument("--host-root", action="append", required=True, help="a node's snapshot (repeatable)")
+    diag.add_argument("--config", help=f"TOML config applied to every node (default {configmod.DEFAULT_CONFIG_PATH} "
+                      "when it exists)")
+    diag.add_argument("--format", choices=["text", "json"], default="text", help="output format (default text)")
+    diag.set_defaults(handler=cmd_diagnose)
+
     top = sub.add_parser("top", help="the fleet overview in the terminal")
     add_nats(top)
     top.add_argument("--once", action="store_true", help="print one snapshot and exit (for scripts and pipes)")
@@ -77,6 +87,57 @@ def add_commands(sub: argparse._SubParsersAction[Parser]) -> None:
                      "piped: as wide as the content, nothing cut)")
     top.add_argument("--limit", type=positive_int, default=40, help="rows to show, worst first (default 40)")
     top.set_defaults(handler=cmd_top)
+
+
+def cmd_diagnose(args: argparse.Namespace) -> int:
+    """Offline: each host root's one-shot checks, then the fleet correlator over all of them."""
+    import copy
+    from pathlib import Path
+
+    from agent.check import run_check
+    from agent.cliargs import EX_NOINPUT
+    from agent.logsetup import configure
+    from fleet.correlator import correlate
+
+    configure("error", "auto")
+    base = configmod.load(args.config)
+    roots = [Path(r) for r in args.host_root]
+    missing = [str(r) for r in roots if not r.is_dir()]
+    if missing:
+        print(f"gpu-node-agent: host root(s) missing or not directories: {', '.join(missing)}", file=sys.stderr)
+        return EX_NOINPUT
+
+    async def checks() -> list[dict[str, Any]]:
+        reports = []
+        for root in roots:
+            cfg = copy.deepcopy(base)
+            cfg.agent.host_root = str(root)
+            cfg.agent.node = ""  # each root names itself (its etc/hostname)
+            reports.append(await run_check(cfg))
+        return reports
+
+    reports = asyncio.run(checks())
+    names = [r["node"] for r in reports]
+    if len(set(names)) != len(names):
+        dup = sorted({n for n in names if names.count(n) > 1})
+        print(f"gpu-node-agent: several host roots name themselves {dup} (etc/hostname): their evidence would "
+              "be mixed", file=sys.stderr)
+        return EX_USAGE
+    messages = [m for r in reports for m in r["conditions"] + r["events"]]
+    incidents = [i.to_dict() for i in correlate(messages)]
+    if args.format == "json":
+        print(json.dumps({"nodes": names, "incidents": incidents}, indent=1))
+    else:
+        print(f"{len(names)} nodes, {len(incidents)} incident(s)")
+        for inc in incidents:
+            c = inc["culprit"]
+            who = f"{c['node']} {c['entity']} ({c['kind']})" if c else "no single culprit"
+            print(f"job {inc['job']}: culprit {who}, confidence {inc['confidence']}: {inc['reason']}")
+            print(f"  victims ({len(inc['victims'])}): {', '.join(inc['victims'][:16])}"
+                  + (" ..." if len(inc["victims"]) > 16 else ""))
+            for e in inc["evidence"][:8]:
+                print(f"  {e['time']} {e['node']} {e['type']} {e['entity']}")
+    return 2 if incidents else 0
 
 
 def cmd_budget(args: argparse.Namespace) -> int:

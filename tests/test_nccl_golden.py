@@ -76,6 +76,12 @@ def test_golden_file(name: str, tmp_path: Path) -> None:
            if m["collector"] == "nccl_logs"]
     for m in got:
         validate_message(m)
+    # membership (#15): one info event per communicator a process joined, for the fleet correlator
+    members = [m for m in got if m["type"] == "NCCLJobMember"]
+    inits = (GOLDEN / name).read_text().count("Init COMPLETE")
+    assert len(members) == inits, (len(members), inits)
+    assert all(m["severity"] == "info" and m["details"]["comm_id"] and m["details"]["size"] >= 1 for m in members)
+    got = [m for m in got if m["type"] != "NCCLJobMember"]
     proj = sorted((m["type"], m["status"] or "event", m["severity"]) for m in got)
     assert proj == sorted((t, s, sev) for t, s, sev, _ in expected), json.dumps(got, indent=1)[:3000]
     for type_, status, _sev, details in expected:

@@ -1,0 +1,245 @@
+"""From many nodes' symptoms to the one that stalled the ring: jobs, culprits, victims.
+
+Ring AllReduce is synchronous: when one rank stalls, every rank of the job times out and every
+node reports its own timeout. The correlator groups what the nodes said by job and names the
+culprit among the resources the job *used* — its ranks, the GPUs they ran on, the NICs NCCL chose
+on each node — so a fault on a GPU or HCA no rank of the job used never becomes its culprit, and
+two jobs are never mixed up.
+
+Input: messages as the nodes published them (events and conditions, with the node taken from the
+authenticated subject). What it reads:
+
+* ``NCCLJobMember`` (and the process summary every NCCL message carries): job (the world
+  communicator's commId), world rank and size, the GPU's PCI address, the NICs NCCL listed
+  (``NET/IB : Using ...``), the transport, the bootstrap (OOB) address;
+* symptoms: ``NCCLCollectiveTimeout`` (with the rank PyTorch's watchdog names),
+  ``NCCLIBCompletionError`` (with the peer address), ``NCCLSocketFallback``;
+* hardware: critical findings on ``gpu:<pci>`` (Xid, fell off the bus, lost, ECC, ...) and on
+  ``ib:<hca>/<port>`` (port down, flapping, error counters).
+
+Verdicts, strongest first: a critical hardware finding on a GPU or NIC port the job used (named
+as soon as it arrives, before any watchdog fires); a node whose ranks run NCCL over sockets while
+the job's others use IB; the rank that did not time out while every other rank did (a hung rank
+with no hardware signal); the node every IB completion error points at. Anything that does not
+single out one node leaves the culprit empty, with the evidence: never a guess that would cordon a
+victim.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+EVIDENCE_MAX = 24  # evidence items kept per incident (the rest counted)
+
+_OOB_IP = re.compile(r"(\d{1,3}(?:\.\d{1,3}){3}|[0-9a-fA-F:]*:[0-9a-fA-F:]+)")
+
+
+@dataclass
+class Member:
+    node: str
+    process: str  # host:pid
+    job: str
+    rank: int | None
+    size: int | None
+    pci: str | None
+    hcas: set[str] = field(default_factory=set)  # "mlx5_0/1"
+    transport: str | None = None
+    oob_ip: str | None = None
+
+
+@dataclass
+class Incident:
+    job: str
+    culprit: dict[str, str] | None
+    confidence: float
+    evidence: list[dict[str, Any]]
+    victims: list[str]
+    nodes: list[str]
+    reason: str
+    first_evidence: str | None = None
+    evidence_total: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"job": self.job, "culprit": self.culprit, "confidence": round(self.confidence, 2),
+                "reason": self.reason, "evidence": self.evidence, "evidence_total": self.evidence_total,
+                "victims": self.victims, "nodes": self.nodes, "first_evidence": self.first_evidence}
+
+
+def _details(m: dict[str, Any]) -> dict[str, Any]:
+    d = m.get("details")
+    return d if isinstance(d, dict) else {}
+
+
+def _int(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def _oob_ip(oob: Any) -> str | None:
+    if not isinstance(oob, str):
+        return None
+    # "ib0:10.0.0.5<0>" -> 10.0.0.5
+    m = _OOB_IP.search(oob.split(":", 1)[1] if ":" in oob and "." in oob else oob)
+    return m.group(1) if m else None
+
+
+def _brief(m: dict[str, Any]) -> dict[str, Any]:
+    d = _details(m)
+    out = {"node": m.get("node"), "type": m.get("type"), "entity": m.get("entity"), "severity": m.get("severity"),
+           "time": m.get("time"), "message": str(m.get("message", ""))[:300]}
+    for k in ("rank", "seq_num", "op_type", "peer", "pci"):
+        if d.get(k) is not None:
+            out[k] = d[k]
+    return out
+
+
+def _is_hardware(m: dict[str, Any]) -> bool:
+    entity = str(m.get("entity", ""))
+    if m.get("severity") != "critical" or m.get("status") == "resolved":
+        return False
+    return entity.startswith(("gpu:", "ib:")) and m.get("collector") != "nccl_logs"
+
+
+def members_of(messages: list[dict[str, Any]]) -> dict[str, dict[tuple[str, str], Member]]:
+    """job -> (node, process) -> Member, from every NCCL message's process summary."""
+    jobs: dict[str, dict[tuple[str, str], Member]] = defaultdict(dict)
+    for m in messages:
+        if m.get("collector") != "nccl_logs":
+            continue
+        d = _details(m)
+        job = d.get("job")
+        node = m.get("node")
+        if not isinstance(job, str) or not job or not isinstance(node, str):
+            continue
+        proc = f"{d.get('host')}:{d.get('pid')}"
+        mem = jobs[job].get((node, proc))
+        if mem is None:
+            mem = jobs[job][(node, proc)] = Member(node, proc, job, _int(d.get("world_rank")),
+                                                   _int(d.get("world_size")), None)
+        if mem.rank is None:
+            mem.rank = _int(d.get("world_rank"))
+        if mem.size is None:
+            mem.size = _int(d.get("world_size"))
+        if isinstance(d.get("pci"), str) and mem.pci is None:
+            mem.pci = d["pci"]
+        if isinstance(d.get("hcas"), list):
+            mem.hcas |= {h for h in d["hcas"] if isinstance(h, str)}
+        if isinstance(d.get("transport"), str):
+            mem.transport = d["transport"]
+        mem.oob_ip = mem.oob_ip or _oob_ip(d.get("oob"))
+    return jobs
+
+
+def correlate(messages: list[dict[str, Any]]) -> list[Incident]:
+    """Incidents for every job with a symptom, or with a hardware fault on a resource it used."""
+    messages = sorted(messages, key=lambda m: str(m.get("time") or ""))
+    jobs = members_of(messages)
+    hardware: dict[str, list[dict[str, Any]]] = defaultdict(list)  # node -> critical findings
+    for m in messages:
+        if _is_hardware(m) and isinstance(m.get("node"), str):
+            hardware[m["node"]].append(m)
+    symptoms: dict[str, list[dict[str, Any]]] = defaultdict(list)  # job -> its NCCL symptoms
+    for m in messages:
+        if m.get("collector") == "nccl_logs" and m.get("type") in (
+                "NCCLCollectiveTimeout", "NCCLIBCompletionError", "NCCLSocketFallback") \
+                and m.get("status") != "resolved":
+            job = _details(m).get("job")
+            if isinstance(job, str) and job in jobs:
+                symptoms[job].append(m)
+    incidents = [inc for job, members in sorted(jobs.items())
+                 if (inc := _judge(job, members, symptoms.get(job, []), hardware)) is not None]
+    return incidents
+
+
+def _judge(job: str, members: dict[tuple[str, str], Member], symptoms: list[dict[str, Any]],
+           hardware: dict[str, list[dict[str, Any]]]) -> Incident | None:
+    nodes = sorted({mem.node for mem in members.values()})
+    # 1. a critical finding on a GPU or NIC port one of the job's ranks used
+    used: list[tuple[dict[str, Any], Member, str]] = []
+    for mem in members.values():
+        for f in hardware.get(mem.node, []):
+            entity = str(f.get("entity"))
+            if mem.pci and entity == f"gpu:{mem.pci}":
+                used.append((f, mem, "gpu"))
+            elif entity.startswith("ib:") and (entity[3:] in mem.hcas or
+                                               (entity.count("/") == 0 and any(h.startswith(entity[3:] + "/")
+                                                                               for h in mem.hcas))):
+                used.append((f, mem, "hca_port"))
+    timeouts = [s for s in symptoms if s.get("type") == "NCCLCollectiveTimeout"]
+    if used:
+        culprit_nodes = {mem.node for _f, mem, _k in used}
+        f, mem, kind = used[0]  # the earliest (messages are in time order)
+        if len(culprit_nodes) == 1:
+            confidence = 0.97 if symptoms else 0.9  # before any watchdog fired: the fault is there, the job not yet hit
+            culprit = {"node": mem.node, "entity": str(f.get("entity")), "kind": kind}
+            if mem.rank is not None:
+                culprit["rank"] = str(mem.rank)
+            return _incident(job, culprit, confidence, [f for f, _m, _k in used] + symptoms, nodes,
+                             f"{f.get('type')} on a {'GPU' if kind == 'gpu' else 'NIC port'} rank {mem.rank} used")
+        return _incident(job, None, 0.0, [f for f, _m, _k in used] + symptoms, nodes,
+                         f"hardware faults on resources of the job on {len(culprit_nodes)} nodes: "
+                         f"{', '.join(sorted(culprit_nodes))}")
+    # 2. one node on sockets while the job's other nodes use IB
+    by_node: dict[str, set[str]] = defaultdict(set)
+    for mem in members.values():
+        if mem.transport:
+            by_node[mem.node].add(mem.transport)
+    socket_nodes = sorted(n for n, t in by_node.items() if t == {"Socket"})
+    ib_nodes = [n for n, t in by_node.items() if any(x != "Socket" for x in t)]
+    if socket_nodes and ib_nodes and len(socket_nodes) <= len(ib_nodes):  # the fabric is IB: sockets are the odd one
+        if len(socket_nodes) == 1:
+            node = socket_nodes[0]
+            return _incident(job, {"node": node, "entity": "nccl:transport", "kind": "transport"}, 0.9,
+                             [s for s in symptoms if s.get("node") == node] + symptoms, nodes,
+                             "NCCL on this node uses sockets while the job's other nodes use IB")
+        return _incident(job, None, 0.0, symptoms, nodes, f"NCCL over sockets on {len(socket_nodes)} nodes")
+    if not symptoms:
+        return None
+    # 3. a hung rank: every other rank of the job timed out, this one said nothing
+    if timeouts:
+        ranks = {mem.rank: mem for mem in members.values() if mem.rank is not None}
+        size = max((mem.size or 0 for mem in members.values()), default=0)
+        timed_out = {_int(_details(s).get("rank")) for s in timeouts} | {
+            mem.rank for mem in members.values() for s in timeouts
+            if s.get("node") == mem.node and str(s.get("entity", "")) == f"nccl:{mem.process}"}
+        silent = sorted(r for r in ranks if r not in timed_out)
+        if size and len(ranks) == size and silent:
+            silent_nodes = {ranks[r].node for r in silent}
+            if len(silent_nodes) == 1 and len(silent) <= max(1, size // 8):
+                mem = ranks[silent[0]]
+                entity = f"rank:{silent[0]}" if len(silent) == 1 else "ranks:" + ",".join(map(str, silent))
+                return _incident(job, {"node": mem.node, "entity": entity, "kind": "rank", "rank": str(silent[0])},
+                                 0.85, timeouts, nodes,
+                                 f"{len(timed_out & set(ranks))} of {size} ranks timed out; rank(s) {silent} on "
+                                 f"{mem.node} did not: stuck before the collective")
+        elif size and len(ranks) < size:
+            return _incident(job, None, 0.0, symptoms, nodes,
+                             f"only {len(ranks)} of {size} ranks are known (a node's agent is missing): no verdict")
+    # 4. every IB completion error points at one peer
+    ip_node = {mem.oob_ip: mem.node for mem in members.values() if mem.oob_ip}
+    peers = {ip_node.get(str(_details(s).get("peer", "")).split("<")[0])
+             for s in symptoms if s.get("type") == "NCCLIBCompletionError" and _details(s).get("peer")}
+    if len(peers) == 1 and None not in peers:
+        peer_node = next(iter(peers))
+        assert peer_node is not None
+        return _incident(job, {"node": peer_node, "entity": "node", "kind": "link"}, 0.7, symptoms, nodes,
+                         "every IB completion error names this node as the peer")
+    return _incident(job, None, 0.0, symptoms, nodes, "symptoms, but no resource of the job stands out")
+
+
+def _incident(job: str, culprit: dict[str, str] | None, confidence: float, evidence: list[dict[str, Any]],
+              nodes: list[str], reason: str) -> Incident:
+    seen: set[tuple[Any, ...]] = set()
+    items: list[dict[str, Any]] = []
+    for m in evidence:
+        key = (m.get("node"), m.get("type"), m.get("entity"), m.get("time"))
+        if key not in seen:
+            seen.add(key)
+            items.append(m)
+    items.sort(key=lambda m: str(m.get("time") or ""))
+    victims = [n for n in nodes if culprit is None or n != culprit["node"]]
+    return Incident(job=job, culprit=culprit, confidence=confidence, evidence=[_brief(m) for m in items[:EVIDENCE_MAX]],
+                    victims=victims, nodes=nodes, reason=reason,
+                    first_evidence=str(items[0].get("time")) if items else None, evidence_total=len(items))

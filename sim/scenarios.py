@@ -1,0 +1,198 @@
+"""Randomized fleets with training jobs and one injected fault, for the correlator's tests and bench.
+
+Every node is a host-root tree (sim.host.SimHost: sysfs, /dev, /proc, a kernel log) and every rank
+writes its own log, ``/var/log/nccl/<host>.<pid>.log`` (NCCL_DEBUG_FILE=%h.%p.log with the
+trainer's stderr next to it), in the formats NCCL and PyTorch print (docs/formats.md: the
+``NET/IB : Using`` line of net_ib.cc, ``Init COMPLETE`` of init.cc at 2.18 and 2.21+, PyTorch's
+watchdog message with and without glog's prefix, net_ib.cc's completion error). Nothing here
+knows how the agent parses them: the ground truth is what was injected.
+
+Fault kinds (the culprit an expert names):
+
+* ``ib_port_down``: one HCA port a rank of the job uses goes DOWN; every rank times out, peers log
+  completion errors naming the culprit's address -> (node, ``ib:mlx5_k/1``, hca_port);
+* ``ib_port_down_early``: the same before any watchdog fired -> named anyway;
+* ``gpu_fell_off``: Xid 79 on one GPU of the job; its rank dies silently, the others time out
+  -> (node, ``gpu:<pci>``, gpu);
+* ``hung_rank``: one rank stops entering collectives with no hardware signal; every other rank
+  times out -> (node, ``rank:<r>``, rank);
+* ``socket_node``: one node's ranks run NCCL over sockets while the job's others use IB
+  -> (node, ``nccl:transport``, transport);
+* ``healthy``: nothing -> no incident.
+
+Noise on any node: Xid 13 (a warning) on a GPU, a DOWN port on the storage NIC no job uses, an
+Xid 79 on an idle node no job runs on. A second job with no fault may share the fleet.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sim.host import SimHost
+
+FAULTS = ("ib_port_down", "ib_port_down_early", "gpu_fell_off", "hung_rank", "socket_node", "healthy")
+GPUS = 8
+BUSES = ["18", "2a", "3a", "5d", "9a", "ab", "ba", "db"]  # SimHost.gpu_node's GPU buses, in minor order
+INIT_FORMATS = {
+    # src/init.cc, v2.18.6-1 L1375
+    "2.18": "comm {ptr} rank {r} nranks {n} cudaDev {g} nvmlDev {g} busId {bus} commId {cid} - Init COMPLETE",
+    # src/init.cc, v2.21.5-1 L1573 (the same through v2.30.7-1, "%s" = job->funcName)
+    "2.21": "ncclCommInitRank comm {ptr} rank {r} nranks {n} cudaDev {g} nvmlDev {g} busId {bus} commId {cid} "
+            "- Init COMPLETE",
+}
+TRAINER_LINES = ("Epoch {e} step {s} loss {l:.4f} lr 3.0e-04 grad_norm 1.02", "[train] step {s}/100000 {l:.3f} it/s",
+                 "Saving checkpoint to /ckpt/step_{s}.pt", "  0%|          | {s}/100000 [00:{e:02d}<?, ?it/s]")
+
+
+@dataclass
+class Job:
+    comm_id: str  # the world communicator's commId as NCCL prints it (0x%llx: no leading zeros)
+    nodes: list[str]
+    size: int  # ranks: GPUS per node
+
+    def rank_of(self, node: str, gpu: int) -> int:
+        return self.nodes.index(node) * GPUS + gpu
+
+
+@dataclass
+class Scenario:
+    seed: int
+    fault: str
+    roots: dict[str, Path]  # node -> its host root
+    jobs: list[Job]
+    expected: dict[str, dict[str, str] | None]  # job -> the culprit an expert names (None: no incident)
+    noise: list[str] = field(default_factory=list)
+
+    def score(self, incidents: list[dict[str, Any]]) -> dict[str, int]:
+        """tp: the expected culprit named; fp: a culprit named that is not the expected one (a victim
+        or an innocent blamed, or one for a healthy job); fn: an expected culprit not named."""
+        named = {(i["job"], i["culprit"]["node"], i["culprit"]["entity"], i["culprit"]["kind"])
+                 for i in incidents if i.get("culprit")}
+        want = {(job, c["node"], c["entity"], c["kind"]) for job, c in self.expected.items() if c}
+        return {"tp": len(named & want), "fp": len(named - want), "fn": len(want - named)}
+
+
+def _ip(node_index: int) -> str:
+    return f"10.{node_index // 250}.{node_index % 250}.{10 + node_index % 200}"
+
+
+def generate(workdir: Path, seed: int, *, nodes: int = 8, fault: str | None = None, job_nodes: int | None = None,
+             second_job: bool | None = None, noise: bool = True) -> Scenario:
+    rng = random.Random(seed)
+    fault = fault or rng.choice(FAULTS)
+    names = [f"gpu-{seed % 1000:03d}-{i:03d}" for i in range(nodes)]
+    roots: dict[str, Path] = {}
+    hosts: dict[str, SimHost] = {}
+    for name in names:
+        h = SimHost.gpu_node(workdir / name, gpus=GPUS, hcas=GPUS, storage_nic=True)
+        h.write("/etc/hostname", f"{name}\n")
+        h.write("/proc/sys/kernel/hostname", f"{name}\n")
+        roots[name], hosts[name] = h.root, h
+    order = names[:]
+    rng.shuffle(order)
+    k = job_nodes or rng.randint(1, max(1, nodes - 1 if nodes > 1 else 1))
+    k = max(2, min(k, nodes)) if fault in ("socket_node",) and nodes >= 2 else min(k, nodes)
+    jobs = [Job(f"0x{rng.getrandbits(64):x}", order[:k], k * GPUS)]
+    rest = order[k:]
+    if (second_job if second_job is not None else rng.random() < 0.5) and len(rest) >= 1:
+        m = rng.randint(1, len(rest))
+        jobs.append(Job(f"0x{rng.getrandbits(64):x}", rest[:m], m * GPUS))
+        rest = rest[m:]
+    idle = rest
+    faulty = jobs[0]
+    version = rng.choice(sorted(INIT_FORMATS))
+    # what each rank will have written
+    timed_out: set[tuple[str, int]] = set()  # (node, gpu) ranks whose watchdog fired
+    silent: set[tuple[str, int]] = set()
+    socket_node: str | None = None
+    completion_to: str | None = None
+    expected: dict[str, dict[str, str] | None] = {j.comm_id: None for j in jobs}
+    culprit = rng.choice(faulty.nodes)
+    g = rng.randrange(GPUS)
+    all_ranks = [(n, x) for n in faulty.nodes for x in range(GPUS)]
+    if fault in ("ib_port_down", "ib_port_down_early"):
+        hosts[culprit].set_port(f"mlx5_{g}", 1, state="1: DOWN", phys_state="3: Disabled")
+        expected[faulty.comm_id] = {"node": culprit, "entity": f"ib:mlx5_{g}/1", "kind": "hca_port"}
+        if fault == "ib_port_down":
+            timed_out = set(all_ranks)
+            completion_to = culprit
+    elif fault == "gpu_fell_off":
+        pci = f"0000:{BUSES[g]}:00"
+        hosts[culprit].kmsg(f"NVRM: Xid (PCI:{pci}): 79, pid={40000 + g}, name=python, GPU has fallen off the bus.",
+                            prio=3)
+        uuid = f"GPU-{rng.getrandbits(32):08x}-0000-0000-0000-000000000000"
+        hosts[culprit].kmsg(f"NVRM: GPU at PCI:{pci}: {uuid}", prio=3)
+        hosts[culprit].kmsg("NVRM: GPU Board Serial Number: 1652823054321", prio=3)
+        silent = {(culprit, g)}
+        timed_out = set(all_ranks) - silent
+        expected[faulty.comm_id] = {"node": culprit, "entity": f"gpu:{pci}.0", "kind": "gpu"}
+    elif fault == "hung_rank":
+        silent = {(culprit, g)}
+        timed_out = set(all_ranks) - silent
+        r = faulty.rank_of(culprit, g)
+        expected[faulty.comm_id] = {"node": culprit, "entity": f"rank:{r}", "kind": "rank"}
+    elif fault == "socket_node" and len(faulty.nodes) >= 2:
+        socket_node = culprit
+        expected[faulty.comm_id] = {"node": culprit, "entity": "nccl:transport", "kind": "transport"}
+    else:
+        fault = "healthy"
+    noise_done: list[str] = []
+    if noise:
+        for n in rng.sample(names, k=min(len(names), 2)):
+            x = rng.randrange(GPUS)
+            hosts[n].kmsg(f"NVRM: Xid (PCI:0000:{BUSES[x]}:00): 13, pid=1234, name=python, Graphics SM Warp "
+                          "Exception on (GPC 0, TPC 0, SM 0): Out Of Range Address", prio=4)
+            noise_done.append(f"xid13:{n}")
+        n = rng.choice(names)
+        hosts[n].set_port(f"mlx5_{GPUS}", 1, state="1: DOWN", phys_state="3: Disabled")  # storage NIC, no job's
+        noise_done.append(f"storage-nic-down:{n}")
+        if idle:
+            n = rng.choice(idle)
+            hosts[n].kmsg("NVRM: Xid (PCI:0000:18:00): 79, pid=1, name=python, GPU has fallen off the bus.", prio=3)
+            noise_done.append(f"xid79-idle:{n}")
+    ip_of = {n: _ip(i) for i, n in enumerate(names)}
+    glog = rng.random() < 0.5
+    for job in jobs:
+        for n in job.nodes:
+            for x in range(GPUS):
+                _write_rank(hosts[n], rng, job, n, x, version, ip_of,
+                            socket=(n == socket_node and job is faulty),
+                            timeout=(n, x) in timed_out and job is faulty,
+                            completion_peer=ip_of[completion_to] if completion_to and job is faulty
+                            and n != completion_to and rng.random() < 0.5 else None,
+                            glog=glog)
+    return Scenario(seed, fault, roots, jobs, expected, noise_done)
+
+
+def _write_rank(h: SimHost, rng: random.Random, job: Job, node: str, gpu: int, version: str, ip_of: dict[str, str],
+                *, socket: bool, timeout: bool, completion_peer: str | None, glog: bool) -> None:
+    pid = 40000 + gpu
+    tid = pid + 17
+    rank = job.rank_of(node, gpu)
+    pre = f"{node}:{pid}:{tid} [{gpu}] NCCL INFO "
+    lines = [TRAINER_LINES[0].format(e=0, s=0, l=rng.uniform(2, 9))]
+    if socket:
+        lines += [pre + f"NET/Socket : Using [0]eth0:{ip_of[node]}<0>", pre + "Using network Socket"]
+    else:
+        devs = " ".join(f"[{i}]mlx5_{i}:1/IB" for i in range(GPUS))
+        lines += [pre + f"NET/IB : Using {devs} ; OOB ib0:{ip_of[node]}<0>", pre + "Using network IB"]
+    bus = f"{BUSES[gpu]}000"
+    lines.append(pre + INIT_FORMATS[version].format(ptr=f"0x{rng.getrandbits(44):x}", r=rank, n=job.size, g=gpu,
+                                                    bus=bus, cid=job.comm_id))
+    for s in range(1, rng.randint(20, 60)):
+        lines.append(rng.choice(TRAINER_LINES).format(e=s % 60, s=s * 10, l=rng.uniform(0.5, 3)))
+    if completion_peer:
+        lines.append(f"{node}:{pid}:{tid} [{gpu}] transport/net_ib.cc:1696 NCCL WARN NET/IB : Got completion from "
+                     f"peer {completion_peer}<{rng.randint(30000, 60000)}> with status=12 opcode=0 len=0 vendor "
+                     f"err 129 (Recv) localGid ::ffff:{ip_of[node]} remoteGids::ffff:{completion_peer} hca mlx5_{gpu}")
+    if timeout:
+        seq = 4211
+        head = f"[rank{rank}]:[E1203 07:44:26.{rng.randint(100000, 999999)} {tid} ProcessGroupNCCL.cpp:632] " if glog \
+            else ""
+        lines.append(f"{head}[Rank {rank}] Watchdog caught collective operation timeout: WorkNCCL(SeqNum={seq}, "
+                     f"OpType=ALLREDUCE, NumelIn=262144000, NumelOut=262144000, Timeout(ms)=600000) ran for "
+                     f"{600000 + rng.randint(1, 900)} milliseconds before timing out.")
+    h.write(f"/var/log/nccl/{node}.{pid}.log", "\n".join(lines) + "\n")
