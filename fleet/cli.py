@@ -68,6 +68,21 @@ def add_commands(sub: argparse._SubParsersAction[Parser]) -> None:
     dash.add_argument("--ready-file", help="write the URL here once listening")
     dash.set_defaults(handler=cmd_dashboard)
 
+    corr = sub.add_parser("correlator", help="live fleet correlator: incidents (job, culprit, victims) on NATS",
+                          description="Follow the event stream, group evidence by job, name each stalled job's "
+                          "culprit and publish incidents on gna.incidents.<job> and the gna-incidents KV bucket "
+                          "(docs/correlator.md). Replicas split the jobs: --partitions N, each with its own "
+                          "--partition.")
+    add_nats(corr)
+    corr.add_argument("--partitions", type=positive_int, default=1, help="replicas sharing the jobs (default 1)")
+    corr.add_argument("--partition", type=int, default=0, help="this replica's index, 0..partitions-1 (default 0)")
+    corr.add_argument("--history-hours", type=positive_float, default=6.0,
+                      help="stream history replayed at start to rebuild state (default 6)")
+    corr.add_argument("--resolve-after", type=positive_float, default=600.0,
+                      help="a job quiet this many seconds resolves its incident (default 600)")
+    corr.add_argument("--duration", type=positive_float, help="stop by itself after this many seconds")
+    corr.set_defaults(handler=cmd_correlator)
+
     diag = sub.add_parser("diagnose", help="correlate several nodes' snapshots: which job, which culprit",
                           description="Run each host root's one-shot checks (the node named by its etc/hostname) and "
                           "the fleet correlator over all of them: for post-mortems from collected node snapshots. "
@@ -138,6 +153,34 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
             for e in inc["evidence"][:8]:
                 print(f"  {e['time']} {e['node']} {e['type']} {e['entity']}")
     return 2 if incidents else 0
+
+
+def cmd_correlator(args: argparse.Namespace) -> int:
+    import time
+
+    from agent.logsetup import configure
+    from fleet.incidents import IncidentService
+    from gna_sdk.aio import within
+    from gna_sdk.persist import until_stopped
+
+    cfg = configmod.load(args.config).agent
+    configure(cfg.log.level, cfg.log.format)
+    ncfg = nats_config(args)
+    if not 0 <= args.partition < args.partitions:
+        print(f"gpu-node-agent: --partition must be 0..{args.partitions - 1}", file=sys.stderr)
+        return EX_USAGE
+    start = time.monotonic()
+
+    async def go() -> int:
+        svc = IncidentService(nats_servers(args), nats_cfg=ncfg, partitions=args.partitions,
+                              partition=args.partition, history_s=args.history_hours * 3600,
+                              resolve_after=args.resolve_after)
+        await within(svc.start(), ncfg.connect_timeout + 1)
+        await until_stopped(None if args.duration is None else max(0.0, start + args.duration - time.monotonic()))
+        await svc.stop()
+        return 0
+
+    return asyncio.run(go())
 
 
 def cmd_budget(args: argparse.Namespace) -> int:

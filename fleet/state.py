@@ -347,10 +347,10 @@ class FleetFeed:
             try:
                 await js.subscribe(f"{EVENTS_PREFIX}.>", cb=on_stream, ordered_consumer=True,
                                    deliver_policy=DeliverPolicy.BY_START_TIME,
-                                   config=_start_time_config(since))
+                                   config=start_time_config(since))
                 await js.subscribe(f"{ACTIONS_PREFIX}.>", cb=on_stream, ordered_consumer=True,
                                    deliver_policy=DeliverPolicy.BY_START_TIME,
-                                   config=_start_time_config(since))
+                                   config=start_time_config(since))
                 break
             except Exception as exc:  # the stream does not exist until the first agent creates it
                 if not said:
@@ -399,7 +399,7 @@ def _subject_node(subject: str) -> str:
     return decode_token(parts[2]) if len(parts) >= 3 else "\0"  # no node: matches no payload
 
 
-def _start_time_config(since: Any) -> Any:
+def start_time_config(since: Any) -> Any:
     from nats.js.api import ConsumerConfig, DeliverPolicy
 
     return ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_TIME, opt_start_time=since.isoformat())

@@ -1,0 +1,265 @@
+"""The live correlator: the fleet's event stream in, incidents out, as evidence arrives.
+
+``IncidentTracker`` is the state (no I/O): every decoded message is filed under its job (NCCL
+messages name it) or its node (hardware findings), and a job touched by a new message is judged
+again by fleet/correlator.py. A verdict that changed is an incident record to publish; a job quiet
+for ``resolve_after`` seconds (it ended, or recovered) resolves its incident.
+
+``IncidentService`` runs it on NATS: it replays the stream's recent history at start (so a replica
+that restarts, or one that takes over, rebuilds the same state), follows it, and publishes each
+record on ``gna.incidents.<job token>`` and into the ``gna-incidents`` KV bucket (the current
+incident per job, what views read). Replicas split the jobs: ``partitions`` replicas, each started
+with its own ``partition`` index, each judging only the jobs whose commId hashes to it; all of them
+read every message (a job's hardware evidence arrives from nodes that do not name the job).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import zlib
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from agent import natsclient
+from agent.config import NatsConfig
+from agent.subjects import EVENTS_PREFIX, encode_token
+from fleet.correlator import correlate
+from fleet.wire import Rejected, Rejections, decode_event
+from gna_sdk.aio import wait_event, within
+
+log = structlog.get_logger(__name__)
+
+INCIDENTS_PREFIX = "gna.incidents"
+INCIDENTS_BUCKET = "gna-incidents"
+SYMPTOMS = ("NCCLCollectiveTimeout", "NCCLIBCompletionError", "NCCLSocketFallback")
+
+
+def owner(job: str, partitions: int) -> int:
+    """The partition that judges ``job``: stable across replicas and restarts."""
+    return zlib.crc32(job.encode()) % max(1, partitions)
+
+
+@dataclass
+class _Job:
+    messages: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=4096))
+    nodes: set[str] = field(default_factory=set)
+    last_seen: float = 0.0
+    published: dict[str, Any] | None = None  # the last record sent
+
+
+class IncidentTracker:
+    def __init__(self, *, partitions: int = 1, partition: int = 0, resolve_after: float = 600.0,
+                 max_jobs: int = 10000) -> None:
+        if not 0 <= partition < partitions:
+            raise ValueError(f"partition {partition} is not in 0..{partitions - 1}")
+        self.partitions, self.partition = partitions, partition
+        self.resolve_after = resolve_after
+        self.max_jobs = max_jobs
+        self.jobs: dict[str, _Job] = {}
+        self.hardware: dict[str, dict[tuple[str, str], dict[str, Any]]] = {}  # node -> (type, entity) -> msg
+        self.node_jobs: dict[str, set[str]] = {}
+        self.dropped_jobs = 0
+
+    def owns(self, job: str) -> bool:
+        return owner(job, self.partitions) == self.partition
+
+    def add(self, msg: dict[str, Any], now: float | None = None) -> set[str]:
+        """File one decoded message; the jobs (of this partition) to judge again."""
+        now = time.time() if now is None else now
+        node = msg.get("node")
+        if not isinstance(node, str):
+            return set()
+        raw = msg.get("details")
+        details: dict[str, Any] = raw if isinstance(raw, dict) else {}
+        job = details.get("job") if msg.get("collector") == "nccl_logs" else None
+        if isinstance(job, str) and job:
+            if not self.owns(job):
+                # still remember where the job runs: its nodes' hardware findings matter only to it
+                return set()
+            j = self.jobs.get(job)
+            if j is None:
+                if len(self.jobs) >= self.max_jobs:
+                    self._forget_oldest()
+                j = self.jobs[job] = _Job()
+            j.messages.append(msg)
+            j.nodes.add(node)
+            j.last_seen = now
+            self.node_jobs.setdefault(node, set()).add(job)
+            return {job}
+        entity = str(msg.get("entity", ""))
+        if entity.startswith(("gpu:", "ib:")) and msg.get("collector") != "nccl_logs":
+            held = self.hardware.setdefault(node, {})
+            key = (str(msg.get("type")), entity)
+            if msg.get("status") == "resolved":
+                held.pop(key, None)
+            elif msg.get("severity") == "critical":
+                if key not in held and len(held) >= 256:
+                    return set()  # a node flooding findings: the first 256 are evidence enough
+                held[key] = msg
+            else:
+                return set()
+            touched = self.node_jobs.get(node, set())
+            for job in touched:
+                self.jobs[job].last_seen = max(self.jobs[job].last_seen, now)
+            return set(touched)
+        return set()
+
+    def _forget_oldest(self) -> None:
+        job = min(self.jobs, key=lambda k: self.jobs[k].last_seen)
+        for n in self.jobs.pop(job).nodes:
+            self.node_jobs.get(n, set()).discard(job)
+        self.dropped_jobs += 1
+
+    def judge(self, jobs: set[str], now: float | None = None) -> list[dict[str, Any]]:
+        """Incident records whose verdict changed, for these jobs."""
+        now = time.time() if now is None else now
+        out = []
+        for job in sorted(jobs):
+            j = self.jobs.get(job)
+            if j is None:
+                continue
+            msgs = list(j.messages) + [m for n in j.nodes for m in self.hardware.get(n, {}).values()]
+            found = [inc for inc in correlate(msgs) if inc.job == job]
+            record = None
+            if found:
+                record = {"status": "open", **found[0].to_dict()}
+            elif j.published and j.published["status"] == "open":
+                record = {**j.published, "status": "resolved", "reason": "no symptom or fault left"}
+            if record is not None and _verdict(record) != _verdict(j.published):
+                record["updated"] = now
+                j.published = record
+                out.append(record)
+        return out
+
+    def sweep(self, now: float | None = None) -> list[dict[str, Any]]:
+        """Jobs quiet for resolve_after: their open incident resolves, their state is forgotten."""
+        now = time.time() if now is None else now
+        out = []
+        for job, j in list(self.jobs.items()):
+            if now - j.last_seen < self.resolve_after:
+                continue
+            if j.published and j.published["status"] == "open":
+                out.append({**j.published, "status": "resolved", "updated": now,
+                            "reason": f"the job has been quiet for {self.resolve_after:g} s (ended or recovered)"})
+            for n in j.nodes:
+                self.node_jobs.get(n, set()).discard(job)
+            del self.jobs[job]
+        return out
+
+
+def _verdict(record: dict[str, Any] | None) -> Any:
+    if record is None:
+        return None
+    return (record["status"], json.dumps(record.get("culprit"), sort_keys=True), tuple(record.get("victims", ())),
+            record.get("evidence_total"))
+
+
+class IncidentService:
+    def __init__(self, servers: list[str], *, nats_cfg: NatsConfig | None = None, partitions: int = 1,
+                 partition: int = 0, history_s: float = 6 * 3600.0, resolve_after: float = 600.0,
+                 debounce: float = 0.05) -> None:
+        self.servers = servers
+        self.nats_cfg = nats_cfg or NatsConfig()
+        self.tracker = IncidentTracker(partitions=partitions, partition=partition, resolve_after=resolve_after)
+        self.history_s = history_s
+        self.debounce = debounce
+        self.rejections = Rejections()
+        self.published = 0
+        self.nc: Any = None
+        self._kv: Any = None
+        self._dirty: set[str] = set()
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[Any]] = []
+
+    async def start(self) -> None:
+        self.nc = await natsclient.connect(self.servers, cfg=self.nats_cfg, name="gpu-node-agent-correlator",
+                                           inbox="cordoner")
+        js = self.nc.jetstream()
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._follow(js), name="incidents:stream"),
+                       loop.create_task(self._judge_loop(), name="incidents:judge")]
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.wait(self._tasks, timeout=5.0) if self._tasks else None
+        if self.nc is not None:
+            with contextlib.suppress(Exception):
+                await within(self.nc.close(), 5.0)
+
+    def accept(self, subject: str, data: bytes) -> None:
+        try:
+            msg = decode_event(subject, data)
+        except Rejected as exc:
+            self.rejections.record(exc.reason, subject, data, str(exc))
+            return
+        touched = self.tracker.add(msg)
+        if touched:
+            self._dirty |= touched
+            self._wake.set()
+
+    async def _follow(self, js: Any) -> None:
+        import datetime as dt
+
+        from nats.js.api import DeliverPolicy
+
+        from fleet.state import start_time_config
+
+        since = dt.datetime.fromtimestamp(time.time() - self.history_s, dt.UTC)
+
+        async def on_msg(m: Any) -> None:
+            self.accept(m.subject, m.data)
+
+        while True:
+            try:
+                await js.subscribe(f"{EVENTS_PREFIX}.>", cb=on_msg, ordered_consumer=True,
+                                   deliver_policy=DeliverPolicy.BY_START_TIME,
+                                   config=start_time_config(since))
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the stream does not exist until the first agent creates it
+                log.info("incidents_waiting_for_stream", error=repr(exc))
+                await asyncio.sleep(1)
+
+    async def _judge_loop(self) -> None:
+        last_sweep = time.monotonic()
+        while True:
+            await wait_event(self._wake, 5.0)  # not wait_for: on 3.11 it can swallow the stop's cancellation
+            self._wake.clear()
+            await asyncio.sleep(self.debounce)  # a burst of 1,000 timeouts is judged once, not 1,000 times
+            dirty, self._dirty = self._dirty, set()
+            records = self.tracker.judge(dirty)
+            if time.monotonic() - last_sweep > 30:
+                records += self.tracker.sweep()
+                last_sweep = time.monotonic()
+            for rec in records:
+                await self._publish(rec)
+
+    async def _publish(self, record: dict[str, Any]) -> None:
+        data = json.dumps(record, separators=(",", ":")).encode()
+        token = encode_token(record["job"])
+        try:
+            if self._kv is None:
+                js = self.nc.jetstream()
+                try:
+                    self._kv = await js.key_value(INCIDENTS_BUCKET)
+                except Exception:
+                    self._kv = await js.create_key_value(bucket=INCIDENTS_BUCKET, history=5,
+                                                         replicas=self.nats_cfg.stream_replicas)
+            await self._kv.put(token, data)  # first: whoever hears the subject finds the KV current
+            await self.nc.publish(f"{INCIDENTS_PREFIX}.{token}", data)
+            self.published += 1
+            c = record.get("culprit")
+            log.info("incident", job=record["job"], status=record["status"], culprit=c,
+                     victims=len(record.get("victims", [])), confidence=record.get("confidence"))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # NATS away: the next change re-publishes; views read the KV when it is back
+            log.warning("incident_publish_failed", job=record["job"], error=repr(exc))

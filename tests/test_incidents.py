@@ -1,0 +1,141 @@
+"""#15: the live correlator on a real nats-server: incidents as evidence arrives, state rebuilt from
+the stream after a restart, jobs split across replicas."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import nats
+import pytest
+from nats.js.api import StreamConfig
+
+from agent import config as configmod
+from agent.check import run_check
+from agent.nats_link import STREAM_SUBJECTS
+from agent.nats_server import NatsServerProcess
+from agent.subjects import event_subject
+from fleet.incidents import INCIDENTS_BUCKET, IncidentService, IncidentTracker, owner
+from sim.scenarios import generate
+
+
+async def _messages(tmp: Path, fault: str, seed: int = 11, nodes: int = 4) -> tuple[Any, list[dict[str, Any]]]:
+    sc = generate(tmp, seed=seed, nodes=nodes, fault=fault, job_nodes=3, second_job=False)
+    msgs: list[dict[str, Any]] = []
+    for root in sc.roots.values():
+        report = await run_check(configmod.parse(f'host_root = "{root}"\n', file="<t>"))
+        msgs += report["conditions"] + report["events"]
+    return sc, msgs
+
+
+def _is_symptom_or_fault(m: dict[str, Any]) -> bool:
+    return m["type"] != "NCCLJobMember" and (m["severity"] == "critical" or m["type"].startswith("NCCL"))
+
+
+async def test_tracker_judges_when_evidence_arrives_and_resolves_when_the_job_goes_quiet(tmp_path: Path) -> None:
+    sc, msgs = await _messages(tmp_path, "gpu_fell_off")
+    t = IncidentTracker(resolve_after=60)
+    members = [m for m in msgs if m["type"] == "NCCLJobMember"]
+    rest = [m for m in msgs if m["type"] != "NCCLJobMember"]
+    touched: set[str] = set()
+    for m in members:
+        touched |= t.add(m, now=100.0)
+    assert t.judge(touched, now=100.0) == []  # a job starting: nothing to say
+    for m in rest:
+        touched |= t.add(m, now=101.0)
+    (rec,) = t.judge(touched, now=101.0)
+    want = sc.expected[sc.jobs[0].comm_id]
+    assert rec["status"] == "open" and {k: rec["culprit"][k] for k in want} == want
+    assert t.judge(touched, now=102.0) == []  # the same verdict is not published again
+    (done,) = t.sweep(now=200.0)
+    assert done["status"] == "resolved" and done["job"] == rec["job"] and not t.jobs
+
+
+async def test_partitions_split_the_jobs(tmp_path: Path) -> None:
+    _sc, msgs = await _messages(tmp_path, "hung_rank")
+    job = next(m["details"]["job"] for m in msgs if m["type"] == "NCCLJobMember")
+    trackers = [IncidentTracker(partitions=3, partition=i) for i in range(3)]
+    results = []
+    for t in trackers:
+        touched: set[str] = set()
+        for m in msgs:
+            touched |= t.add(m)
+        results.append(t.judge(touched))
+    assert [bool(r) for r in results] == [i == owner(job, 3) for i in range(3)]
+    with pytest.raises(ValueError):
+        IncidentTracker(partitions=2, partition=2)
+
+
+async def _publish(js: Any, msgs: list[dict[str, Any]]) -> None:
+    for m in msgs:
+        await js.publish(event_subject(m["node"], m["collector"], m["severity"]), json.dumps(m).encode(),
+                         headers={"Nats-Msg-Id": m["id"]})
+
+
+async def test_live_incident_within_seconds_and_rebuilt_after_a_restart(tmp_path: Path,
+                                                                        nats_server: NatsServerProcess) -> None:
+    sc, msgs = await _messages(tmp_path, "ib_port_down")
+    want = sc.expected[sc.jobs[0].comm_id]
+    nc = await nats.connect(nats_server.url)
+    js = nc.jetstream()
+    await js.add_stream(StreamConfig(name="GNA_EVENTS", subjects=STREAM_SUBJECTS))
+    got: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+
+    async def on_incident(msg: Any) -> None:
+        await got.put(json.loads(msg.data))
+
+    await nc.subscribe("gna.incidents.>", cb=on_incident)
+    svc = IncidentService([nats_server.url], debounce=0.02)
+    await svc.start()
+    try:
+        await _publish(js, [m for m in msgs if m["type"] == "NCCLJobMember"])  # the job starts
+        await asyncio.sleep(0.5)
+        assert got.empty()
+        t0 = time.monotonic()
+        await _publish(js, [m for m in msgs if _is_symptom_or_fault(m)])  # the port goes down, ranks time out
+        rec = await asyncio.wait_for(got.get(), 10)
+        latency = time.monotonic() - t0
+        assert rec["status"] == "open" and {k: rec["culprit"][k] for k in want} == want, rec
+        assert latency < 3.0, latency
+        assert want["node"] not in rec["victims"]
+    finally:
+        await svc.stop()
+    kv = await js.key_value(INCIDENTS_BUCKET)
+    stored = json.loads((await kv.get(rec["job"])).value)
+    assert stored["culprit"] == rec["culprit"]
+    # a replica that starts later (or replaces a lost one) rebuilds the same verdict from the stream
+    svc2 = IncidentService([nats_server.url], debounce=0.02)
+    await svc2.start()
+    try:
+        again = await asyncio.wait_for(got.get(), 10)
+        assert again["culprit"] == rec["culprit"] and again["victims"] == rec["victims"]
+    finally:
+        await svc2.stop()
+        await nc.close()
+
+
+async def test_spoofed_and_broken_messages_are_counted_not_used(tmp_path: Path,
+                                                               nats_server: NatsServerProcess) -> None:
+    _sc, msgs = await _messages(tmp_path, "healthy")
+    nc = await nats.connect(nats_server.url)
+    js = nc.jetstream()
+    await js.add_stream(StreamConfig(name="GNA_EVENTS", subjects=STREAM_SUBJECTS))
+    svc = IncidentService([nats_server.url], debounce=0.02)
+    await svc.start()
+    try:
+        member = next(m for m in msgs if m["type"] == "NCCLJobMember")
+        await js.publish(event_subject("someone-else", member["collector"], member["severity"]),
+                         json.dumps(member).encode())  # payload names another node
+        await js.publish(event_subject("n1", "nccl_logs", "critical"), b"{not json")
+        for _ in range(100):
+            if sum(svc.rejections.counts.values()) >= 2:
+                break
+            await asyncio.sleep(0.05)
+        assert svc.rejections.counts.get("node_mismatch") == 1 and svc.rejections.counts.get("not_json") == 1
+        assert not svc.tracker.jobs
+    finally:
+        await svc.stop()
+        await nc.close()
