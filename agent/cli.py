@@ -39,7 +39,11 @@ from agent.natsclient import NatsUnavailable
 COMMANDS_GROUP = "gpu_node_agent.commands"
 
 
-def build_parser() -> argparse.ArgumentParser:
+NODE_COMMANDS = {"run", "check", "config", "warmup"}
+
+
+def build_parser(*, with_commands: bool = True) -> argparse.ArgumentParser:
+    """Every command; ``with_commands=False``: the node's own only (the daemon never imports fleet/sim)."""
     parser = Parser(prog="gpu-node-agent", description="GPU data-plane node agent")
     parser.add_argument("--version", action="version", version=f"gpu-node-agent {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
@@ -76,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.set_defaults(handler=cmd_check)
     cc.set_defaults(handler=cmd_config_check)
     warm.set_defaults(handler=cmd_warmup)
-    for ep in sorted(entry_points(group=COMMANDS_GROUP), key=lambda e: e.name):
+    for ep in sorted(entry_points(group=COMMANDS_GROUP), key=lambda e: e.name) if with_commands else ():
         try:
             ep.load()(sub)
         except Exception as exc:  # a broken command set must not take run/check with it
@@ -179,7 +183,9 @@ def cmd_config_check(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    first = next((a for a in argv if not a.startswith("-")), None)
+    args = build_parser(with_commands=first not in NODE_COMMANDS).parse_args(argv)
     try:
         return int(args.handler(args))
     except configmod.ConfigError as exc:

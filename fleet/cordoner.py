@@ -3,10 +3,19 @@
 A durable push consumer with a queue group: several replicas can run and exactly one handles
 each message; node agents then need no Kubernetes rights at all. A message is acknowledged only
 after the engine decided and audited it.
+
+Incidents (fleet/incidents.py): every replica watches the ``gna-incidents`` KV bucket, and a node
+that is a victim of an open incident is never cordoned for that job's NCCL symptoms (audited as
+"skipped"); an NCCL message of a job no incident has judged yet waits up to ``INCIDENT_GRACE``
+seconds once per job, so the correlator can speak first. The culprit of an incident (confidence
+>= ``CULPRIT_MIN_CONFIDENCE``) becomes an ``IncidentCulprit`` condition through the same engine:
+the rules, dry-run, cooldowns and the fleet budget apply; one replica decides each incident update
+(a durable queue consumer on the bucket's stream).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import time
@@ -16,7 +25,7 @@ import structlog
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from agent import config as configmod
-from agent.message import encode, make_message
+from agent.message import encode, make_message, to_dict
 from agent.metrics import AgentMetrics
 from agent.nats_link import NatsLink
 from agent.natsclient import NatsUnavailable, redact
@@ -24,6 +33,7 @@ from agent.remediation.budget import FleetBudget
 from agent.remediation.engine import Engine
 from agent.remediation.loader import load_plugins
 from agent.subjects import EVENTS_PREFIX, action_subject, event_subject
+from fleet.incidents import INCIDENTS_BUCKET
 from fleet.wire import Rejected, Rejections, decode_event
 from gna_sdk.aio import within
 from gna_sdk.hostroot import HostRoot
@@ -33,6 +43,8 @@ log = structlog.get_logger(__name__)
 
 CORDONER_NODE = "cordoner"  # the "node" the cordoner's own alerts come from (docs/nats-security.md)
 MAX_DELIVER = 5
+INCIDENT_GRACE = 3.0  # s: a job's first NCCL message waits this long for the correlator's verdict
+CULPRIT_MIN_CONFIDENCE = 0.85
 
 
 class Cordoner:
@@ -50,6 +62,10 @@ class Cordoner:
         self.rejections = Rejections(who="cordoner")  # terminated unhandled (never redelivered), with samples
         self.rejected = self.rejections.counts
         self._sub: Any = None
+        self._incident_sub: Any = None
+        self.incidents: dict[str, dict[str, Any]] = {}  # job -> its current incident record
+        self.job_first_seen: dict[str, float] = {}
+        self._tasks: list[asyncio.Task[Any]] = []
 
     async def start(self) -> None:
         await self.link.connect()
@@ -76,7 +92,8 @@ class Cordoner:
         for name in sorted(set(loaded.available) - set(plugins)):
             loaded.unavailable[name] = f"{name} acts on a node's own host: the node agent runs it, not the cordoner"
         self.engine = Engine(self.cfg.remediations, plugins, audit=audit, alert=alert, budget=lambda: budget,
-                             unavailable=loaded.unavailable)
+                             unavailable=loaded.unavailable, spare=self.spare)
+        self._tasks.append(asyncio.get_running_loop().create_task(self._watch_incidents(js), name="cordoner:incidents"))
         self._sub = await js.subscribe(
             f"{EVENTS_PREFIX}.>", queue=self.queue, durable=self.durable, cb=self._on_msg, manual_ack=True,
             # max_deliver: a message that kills or hangs the cordoner itself (no term possible) is given
@@ -85,6 +102,102 @@ class Cordoner:
                                   max_ack_pending=1000, max_deliver=MAX_DELIVER))
         log.info("cordoner_started", durable=self.durable, queue=self.queue, plugins=sorted(plugins),
                  enforce=self.cfg.remediations.enforce)
+
+    def spare(self, msg: dict[str, Any]) -> str | None:
+        """Why this message must not cordon its node: the node is a victim of an open incident and the
+        message is that job's NCCL symptom."""
+        details = msg.get("details") if isinstance(msg.get("details"), dict) else {}
+        job = details.get("job") if msg.get("collector") == "nccl_logs" else None  # type: ignore[union-attr]
+        inc = self.incidents.get(job) if isinstance(job, str) else None
+        if inc is None or inc.get("status") != "open" or msg.get("node") not in inc.get("victims", []):
+            return None
+        c = inc.get("culprit") or {}
+        who = f"{c.get('node')} {c.get('entity')}" if c else "not yet named"
+        return f"victim of incident {job} (culprit {who}): its symptoms never cordon it"
+
+    async def _await_verdict(self, msg: dict[str, Any]) -> None:
+        """A job's first NCCL messages wait (once per job, at most INCIDENT_GRACE s) for the correlator."""
+        details = msg.get("details") if isinstance(msg.get("details"), dict) else {}
+        job = details.get("job") if msg.get("collector") == "nccl_logs" else None  # type: ignore[union-attr]
+        if not isinstance(job, str) or job in self.incidents or msg.get("type") == "NCCLJobMember":
+            return
+        first = self.job_first_seen.setdefault(job, time.monotonic())
+        if len(self.job_first_seen) > 100000:
+            self.job_first_seen.clear()
+        while job not in self.incidents and time.monotonic() - first < INCIDENT_GRACE:
+            await asyncio.sleep(0.05)
+
+    async def _watch_incidents(self, js: Any) -> None:
+        """Every replica keeps the open incidents (for spare()); one replica decides each update."""
+        while True:
+            try:
+                try:
+                    kv = await js.key_value(INCIDENTS_BUCKET)
+                except Exception:
+                    kv = await js.create_key_value(bucket=INCIDENTS_BUCKET, history=5,
+                                                   replicas=self.cfg.nats.stream_replicas)
+                self._incident_sub = await js.subscribe(
+                    f"$KV.{INCIDENTS_BUCKET}.>", queue=f"{self.queue}-incidents", durable=f"{self.durable}-incidents",
+                    stream=f"KV_{INCIDENTS_BUCKET}", cb=self._on_incident, manual_ack=True,
+                    config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, deliver_policy=DeliverPolicy.NEW,
+                                          ack_wait=60, max_deliver=MAX_DELIVER))
+                watcher = await kv.watchall()
+                async for entry in watcher:
+                    if entry is None or entry.value is None:
+                        continue
+                    rec = self._incident(entry.value)
+                    if rec is not None:
+                        self.incidents[rec["job"]] = rec
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.info("cordoner_incident_watch_retry", error=repr(exc))
+                await asyncio.sleep(1)
+
+    @staticmethod
+    def _incident(data: bytes) -> dict[str, Any] | None:
+        try:
+            rec = json.loads(data)
+        except ValueError:
+            return None
+        ok = (isinstance(rec, dict) and isinstance(rec.get("job"), str) and rec.get("status") in ("open", "resolved")
+              and isinstance(rec.get("victims", []), list)
+              and (rec.get("culprit") is None or (isinstance(rec["culprit"], dict)
+                                                  and isinstance(rec["culprit"].get("node"), str))))
+        return rec if ok else None
+
+    async def _on_incident(self, msg: Any) -> None:
+        rec = self._incident(msg.data)
+        if rec is None:
+            self._reject("bad_incident", msg.subject, msg.data)
+            await msg.term()
+            return
+        before = self.incidents.get(rec["job"])
+        self.incidents[rec["job"]] = rec
+        c = rec.get("culprit")
+        conf = rec.get("confidence")
+        old = (before or {}).get("culprit")
+        if old and before and before.get("status") == "open" and (old != c or rec["status"] != "open"):
+            await self._culprit(before, old, firing=False)  # a verdict withdrawn or changed: its trigger ends
+        if c and isinstance(conf, (int, float)) and conf >= CULPRIT_MIN_CONFIDENCE and rec["status"] == "open":
+            await self._culprit(rec, c, firing=True)
+        await msg.ack()
+
+    async def _culprit(self, rec: dict[str, Any], c: dict[str, Any], *, firing: bool) -> None:
+        """The culprit as a condition through the engine: rules, dry-run, cooldowns and the budget apply;
+        its end (resolved) lets the engine's uncordon logic run."""
+        if self.engine is None:
+            return
+        trigger = make_message(
+            node=c["node"], collector="correlator", kind="condition", type="IncidentCulprit",
+            severity="critical" if firing else "info", status="firing" if firing else "resolved",
+            entity=str(c.get("entity", "node"))[:200], reason=str(c.get("kind", "culprit"))[:64],
+            message=f"culprit of job {rec['job']}: {str(rec.get('reason', ''))[:300]}",
+            details={"job": rec["job"], "confidence": rec.get("confidence"), "victims": len(rec.get("victims", []))})
+        try:
+            await self.engine.handle(to_dict(trigger))
+        except Exception as exc:
+            self._reject(f"unhandled:{type(exc).__name__}", f"incident {rec['job']}", json.dumps(rec)[:500].encode())
 
     def _reject(self, reason: str, subject: str, sample: bytes, detail: str = "") -> None:
         self.rejections.record(reason, subject, sample, detail)
@@ -100,6 +213,7 @@ class Cordoner:
             return
         if data.get("collector") != "agent":
             assert self.engine is not None
+            await self._await_verdict(data)
             try:
                 await self.engine.handle(data)
             except Exception as exc:  # a poison message: decided as rejected, not redelivered for ever
@@ -110,6 +224,13 @@ class Cordoner:
         await msg.ack()
 
     async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=5.0)
+        if self._incident_sub is not None:
+            with contextlib.suppress(Exception):
+                await self._incident_sub.unsubscribe()
         if self._sub is not None:
             with contextlib.suppress(Exception):
                 await self._sub.unsubscribe()

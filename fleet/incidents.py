@@ -50,12 +50,13 @@ class _Job:
     messages: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=4096))
     nodes: set[str] = field(default_factory=set)
     last_seen: float = 0.0
+    last_symptom: float = 0.0  # when the last timeout/completion error/fallback was received
     published: dict[str, Any] | None = None  # the last record sent
 
 
 class IncidentTracker:
     def __init__(self, *, partitions: int = 1, partition: int = 0, resolve_after: float = 600.0,
-                 max_jobs: int = 10000) -> None:
+                 max_jobs: int = 10000, settle: float = 1.0) -> None:
         if not 0 <= partition < partitions:
             raise ValueError(f"partition {partition} is not in 0..{partitions - 1}")
         self.partitions, self.partition = partitions, partition
@@ -65,6 +66,12 @@ class IncidentTracker:
         self.hardware: dict[str, dict[tuple[str, str], dict[str, Any]]] = {}  # node -> (type, entity) -> msg
         self.node_jobs: dict[str, set[str]] = {}
         self.dropped_jobs = 0
+        # A hung rank is the one that did NOT time out: while timeouts still arrive, the last ranks to
+        # report would look silent. Such a verdict (and "no culprit yet") waits until no symptom
+        # arrived for ``settle`` s (watchdogs with one timeout fire within a second of each other);
+        # a hardware fault on a resource the job used is published at once.
+        self.settle = settle
+        self.pending: dict[str, float] = {}  # job -> when to judge it again
 
     def owns(self, job: str) -> bool:
         return owner(job, self.partitions) == self.partition
@@ -90,6 +97,8 @@ class IncidentTracker:
             j.messages.append(msg)
             j.nodes.add(node)
             j.last_seen = now
+            if msg.get("type") in SYMPTOMS:
+                j.last_symptom = now
             self.node_jobs.setdefault(node, set()).add(job)
             return {job}
         entity = str(msg.get("entity", ""))
@@ -126,6 +135,11 @@ class IncidentTracker:
                 continue
             msgs = list(j.messages) + [m for n in j.nodes for m in self.hardware.get(n, {}).values()]
             found = [inc for inc in correlate(msgs) if inc.job == job]
+            unsettled = found and (found[0].culprit is None or found[0].culprit["kind"] == "rank")
+            if unsettled and now - j.last_symptom < self.settle:
+                self.pending[job] = j.last_symptom + self.settle  # not yet: other ranks' timeouts may follow
+                continue
+            self.pending.pop(job, None)
             record = None
             if found:
                 record = {"status": "open", **found[0].to_dict()}
@@ -136,6 +150,14 @@ class IncidentTracker:
                 j.published = record
                 out.append(record)
         return out
+
+    def due(self, now: float | None = None) -> set[str]:
+        """Jobs whose settling time is over."""
+        now = time.time() if now is None else now
+        return {job for job, t in self.pending.items() if t <= now}
+
+    def next_due(self) -> float | None:
+        return min(self.pending.values(), default=None)
 
     def sweep(self, now: float | None = None) -> list[dict[str, Any]]:
         """Jobs quiet for resolve_after: their open incident resolves, their state is forgotten."""
@@ -231,10 +253,12 @@ class IncidentService:
     async def _judge_loop(self) -> None:
         last_sweep = time.monotonic()
         while True:
-            await wait_event(self._wake, 5.0)  # not wait_for: on 3.11 it can swallow the stop's cancellation
+            nxt = self.tracker.next_due()
+            wait = 5.0 if nxt is None else min(5.0, max(0.0, nxt - time.time()))
+            await wait_event(self._wake, wait)  # not wait_for: on 3.11 it can swallow the stop's cancellation
             self._wake.clear()
             await asyncio.sleep(self.debounce)  # a burst of 1,000 timeouts is judged once, not 1,000 times
-            dirty, self._dirty = self._dirty, set()
+            dirty, self._dirty = self._dirty | self.tracker.due(), set()
             records = self.tracker.judge(dirty)
             if time.monotonic() - last_sweep > 30:
                 records += self.tracker.sweep()

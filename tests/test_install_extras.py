@@ -29,6 +29,8 @@ from agent.cli import main
 rc = main(sys.argv[1:])
 loaded = sorted(m for m in sys.modules if sys.modules[m] is not None and m.split(".")[0] in {sorted(OPTIONAL)!r})
 print("OPTIONAL-LOADED", loaded, file=sys.stderr)
+central = sorted(m for m in sys.modules if m.split(".")[0] in ("fleet", "sim"))
+print("CENTRAL-LOADED", central, file=sys.stderr)
 raise SystemExit(rc)
 """
 
@@ -50,6 +52,7 @@ def test_check_runs_without_any_extra(tmp_path: Path) -> None:
     report = json.loads(r.stdout)
     assert report["node"] == "n1"
     assert "OPTIONAL-LOADED []" in r.stderr
+    assert "CENTRAL-LOADED []" in r.stderr  # the node side never imports the fleet side, not even its CLI
     assert any(c["type"].startswith("NCCL") for c in report["conditions"] + report["events"]), report
 
 
@@ -59,7 +62,7 @@ def test_daemon_runs_without_any_extra(tmp_path: Path, nats_server: NatsServerPr
                    "--state-dir", str(tmp_path / "state"), "--metrics-listen", "", "--duration", "3")
     assert r.returncode == 0, r.stderr[-3000:]
     assert '"agent_started"' in r.stderr or "agent_started" in r.stderr
-    assert "OPTIONAL-LOADED []" in r.stderr
+    assert "OPTIONAL-LOADED []" in r.stderr and "CENTRAL-LOADED []" in r.stderr
 
 
 @pytest.mark.parametrize(("command", "extra"), [

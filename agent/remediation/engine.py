@@ -48,7 +48,8 @@ class NodeTriggers:
 class Engine:
     def __init__(self, cfg: RemediationsConfig, plugins: dict[str, Any], *, audit: AuditSink,
                  alert: AlertSink | None = None, budget: BudgetGetter | None = None,
-                 clock: Callable[[], float] = time.monotonic, unavailable: dict[str, str] | None = None) -> None:
+                 clock: Callable[[], float] = time.monotonic, unavailable: dict[str, str] | None = None,
+                 spare: Callable[[dict[str, Any]], str | None] | None = None) -> None:
         self.cfg = cfg
         self.rules = effective_rules(cfg)
         self.plugins = plugins
@@ -57,6 +58,8 @@ class Engine:
         self.alert = alert
         self.budget = budget
         self.clock = clock
+        # why a node must not be cordoned for this message (a victim of an open incident), or None
+        self.spare = spare
         self.attempts: dict[tuple[str, str, str], Attempts] = {}
         self.triggers: dict[str, NodeTriggers] = {}
         self.decisions: list[dict[str, Any]] = []  # recent, for tests and `status`
@@ -116,6 +119,8 @@ class Engine:
                                      args=args)
         if att.failures and now - att.last_failure < delay_after(att.failures, rule.backoff):
             return await self._audit(msg, rule, name, "skipped", "backing off after a failure", args=args)
+        if plugin.needs_budget and self.spare is not None and (spared := self.spare(msg)):
+            return await self._audit(msg, rule, name, "skipped", spared, args=args)
         try:
             plan = plugin.plan(msg, args)
         except ValueError as exc:  # a value outside the plugin's allowlist

@@ -11,7 +11,9 @@ import msgspec
 # Xids never appear here: GPUXidError is an event, and GPUFatalXid only fires for reset/reboot Xids.
 CORDON_TYPES = ["GPUFellOffBus", "GPUFatalXid", "GPUDevicesMissing", "GPULost", "NvidiaControlDeviceMissing",
                 "GPUEccUncorrectable", "GPURowRemapFailure", "IBPortDown", "IBPortFlapping", "IBDeviceMissing",
-                "KernelModuleNotLoaded", "NCCLSocketFallback"]
+                "KernelModuleNotLoaded", "NCCLSocketFallback",
+                # the fleet correlator's verdict (central cordoner only): the node that stalled a job
+                "IncidentCulprit"]
 
 
 class Match(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
