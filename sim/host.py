@@ -255,3 +255,37 @@ class SimHost:
         if hcas and driver_loaded and peermem:
             host.load_module("nvidia_peermem", version="550.127.05")  # /sys/module/nvidia_peermem/version
         return host
+
+    @classmethod
+    def hgx_node(cls, root: str | Path) -> SimHost:
+        """An HGX H100 node in training: 8 GPUs, 4 NVSwitches, 8 NDR HCAs and a RoCE storage NIC, a
+        JuiceFS mount, and one running job (pid 4242) whose log under /var/log/nccl (the nccl_logs
+        default glob) is mostly the trainer's own output with a few hundred healthy NCCL INFO lines."""
+        host = cls.gpu_node(root, gpus=8, hcas=8, storage_nic=True)
+        for bus in ("05", "06", "07", "08"):
+            host.add_other_pci(f"0000:{bus}:00.0", NVIDIA_VENDOR, "0x068000")  # NVSwitch: bridge/other
+        host.add_juicefs("/mnt/jfs", "/var/jfsCache")
+        name, pid = "hgx-0001", 4242
+        host.write("/proc/sys/kernel/hostname", f"{name}\n")
+        host.write("/etc/hostname", f"{name}\n")
+        hcas = ",".join(f"mlx5_{i}" for i in range(8))
+        host.write(f"/proc/{pid}/environ", f"NCCL_DEBUG=INFO\0NCCL_DEBUG_FILE=/var/log/nccl/%h.%p.log\0"
+                   f"NCCL_IB_HCA=={hcas}\0NCCL_IB_TIMEOUT=22\0PATH=/usr/bin\0")
+        pre = f"{name}:{pid}:{pid + 7} [0] NCCL INFO "
+        nccl = [f"{pre}NCCL version 2.21.5+cuda12.4", f"{pre}Using network IB",
+                pre + "NET/IB : Using " + " ".join(f"[{i}]mlx5_{i}:1/IB" for i in range(8)) + " ; OOB eth0:10.0.0.1<0>",
+                *(f"{pre}GPU Direct RDMA Enabled for GPU {g} / HCA {g} (distance 4 <= 4), read 1" for g in range(8))]
+        for comm in ("0x7f3a8c000000", "0x7f3a94000000"):  # the world and one data-parallel communicator
+            for c in range(32):
+                g, n = c % 8, (c + 1) % 8
+                nccl += [f"{pre}Channel {c:02d}/0 : {g}[{g}] -> {n}[{n}] via P2P/CUMEM/read",
+                         f"{pre}Channel {c:02d}/0 : 8[0] -> 0[0] [receive] via NET/IB/{g}/GDRDMA",
+                         f"{pre}Channel {c:02d}/0 : 0[0] -> 8[0] [send] via NET/IB/{g}/GDRDMA",
+                         f"{pre}Trees [{c}] 1/-1/-1->0->-1 [{c + 32}] -1/-1/-1->0->1"]
+            nccl += [f"{pre}Connected all rings, use ring PXN 0 GDR 1",
+                     f"{pre}comm {comm} rank 0 nranks 1024 cudaDev 0 nvmlDev 0 busId 18000 commId "
+                     f"0x5c1f7e0a9b3d{comm[-8:-4]} - Init COMPLETE"]
+        steps = [f"[rank0]: step {s} | loss {3.2 - s / 2000:.4f} | lr 3.000e-04 | grad_norm 0.912 | tokens/s 412345"
+                 for s in range(3000)]
+        host.write(f"/var/log/nccl/{name}.{pid}.log", "\n".join(nccl + steps) + "\n")
+        return host
