@@ -16,6 +16,7 @@ _TOKEN = re.compile(r"^[-_=A-Za-z0-9]+$")
 EVENTS_PREFIX = "gna.events"
 ACTIONS_PREFIX = "gna.actions"
 HEARTBEAT_PREFIX = "gna.heartbeat"
+INCIDENTS_PREFIX = "gna.incidents"  # fleet.incidents: the correlator's records, gna.incidents.<job token>
 
 
 def encode_token(name: str) -> str:

@@ -28,14 +28,13 @@ import structlog
 
 from agent import natsclient
 from agent.config import NatsConfig
-from agent.subjects import EVENTS_PREFIX, encode_token
+from agent.subjects import EVENTS_PREFIX, INCIDENTS_PREFIX, encode_token
 from fleet.correlator import correlate
 from fleet.wire import Rejected, Rejections, decode_event
 from gna_sdk.aio import wait_event, within
 
 log = structlog.get_logger(__name__)
 
-INCIDENTS_PREFIX = "gna.incidents"
 INCIDENTS_BUCKET = "gna-incidents"
 SYMPTOMS = ("NCCLCollectiveTimeout", "NCCLIBCompletionError", "NCCLSocketFallback")
 
@@ -201,7 +200,7 @@ class IncidentService:
 
     async def start(self) -> None:
         self.nc = await natsclient.connect(self.servers, cfg=self.nats_cfg, name="gpu-node-agent-correlator",
-                                           inbox="cordoner")
+                                           inbox="correlator")
         js = self.nc.jetstream()
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._follow(js), name="incidents:stream"),

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import msgspec
 
-from agent.subjects import ACTIONS_PREFIX, EVENTS_PREFIX, HEARTBEAT_PREFIX, encode_token
+from agent.subjects import ACTIONS_PREFIX, EVENTS_PREFIX, HEARTBEAT_PREFIX, INCIDENTS_PREFIX, encode_token
 
 # A user public nkey: 'U' then base32, 56 characters in all.
 _USER_NKEY = re.compile(r"^U[A-Z2-7]{55}$")
@@ -49,10 +49,12 @@ class Names(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     nodes_bucket: str = "gna-nodes"
     budget_bucket: str = "gna-budget"
     cordoner_durable: str = "gna-cordoner"
+    incidents_bucket: str = "gna-incidents"  # fleet.incidents: the correlator's current incident per job
 
 
 class Roles(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     cordoner: list[str] = msgspec.field(default_factory=list)
+    correlators: list[str] = msgspec.field(default_factory=list)
     readers: list[str] = msgspec.field(default_factory=list)
     admins: list[str] = msgspec.field(default_factory=list)
 
@@ -87,6 +89,7 @@ def check_layout(layout: Layout) -> None:
     seen: dict[str, str] = {}
     for who, key in [*((f"node {n!r}", k) for n, k in layout.nodes.items()),
                      *((f"cordoner #{i}", k) for i, k in enumerate(layout.roles.cordoner)),
+                     *((f"correlator #{i}", k) for i, k in enumerate(layout.roles.correlators)),
                      *((f"reader #{i}", k) for i, k in enumerate(layout.roles.readers)),
                      *((f"admin #{i}", k) for i, k in enumerate(layout.roles.admins))]:
         if not _USER_NKEY.match(key):
@@ -159,8 +162,45 @@ def cordoner_permissions(layout: Layout) -> Permissions:
         f"{JS_API}.CONSUMER.DURABLE.CREATE.{n.stream}.{n.cordoner_durable}",
         f"$JS.ACK.{n.stream}.{n.cordoner_durable}.>",  # ack/term only its own durable's deliveries
         *_budget_publish(layout),
+        *_incidents_read(layout),
+        # one replica decides each incident update: a durable queue consumer on the bucket's stream
+        f"{JS_API}.CONSUMER.DURABLE.CREATE.{_kv_stream(n.incidents_bucket)}.{n.cordoner_durable}-incidents",
+        f"{JS_API}.CONSUMER.INFO.{_kv_stream(n.incidents_bucket)}.{n.cordoner_durable}-incidents",
+        f"$JS.ACK.{_kv_stream(n.incidents_bucket)}.{n.cordoner_durable}-incidents.>",
     ]
     return Permissions(publish=publish, subscribe=[inbox("cordoner")])
+
+
+def _incidents_read(layout: Layout) -> list[str]:
+    """Watching the incidents bucket (an ordered push consumer on its stream); creating it when missing."""
+    inc = _kv_stream(layout.names.incidents_bucket)
+    return [
+        f"{JS_API}.STREAM.INFO.{inc}",
+        f"{JS_API}.STREAM.CREATE.{inc}",
+        f"{JS_API}.CONSUMER.CREATE.{inc}",
+        f"{JS_API}.CONSUMER.INFO.{inc}.*",
+        f"$JS.FC.{inc}.>",
+        f"{JS_API}.STREAM.MSG.GET.{inc}",  # one job's record (kv.get)
+        f"{JS_API}.DIRECT.GET.{inc}.>",
+    ]
+
+
+def correlator_permissions(layout: Layout) -> Permissions:
+    """fleet.incidents.IncidentService: reads the event stream like a reader, writes incidents only."""
+    n = layout.names
+    publish = [
+        f"{JS_API}.STREAM.NAMES",
+        f"{JS_API}.STREAM.INFO.{n.stream}",
+        f"{JS_API}.CONSUMER.CREATE.{n.stream}",  # an ordered push consumer replaying the history
+        f"{JS_API}.CONSUMER.INFO.{n.stream}.*",
+        f"$JS.FC.{n.stream}.>",
+        f"{INCIDENTS_PREFIX}.>",
+        f"$KV.{n.incidents_bucket}.>",
+        *_incidents_read(layout),
+    ]
+    deny = [f"{JS_API}.CONSUMER.CREATE.{n.stream}.{n.cordoner_durable}",
+            f"{JS_API}.CONSUMER.CREATE.{n.stream}.{n.cordoner_durable}.>"]
+    return Permissions(publish=publish, subscribe=[inbox("correlator")], publish_deny=deny)
 
 
 def reader_permissions(layout: Layout) -> Permissions:
@@ -179,6 +219,8 @@ def reader_permissions(layout: Layout) -> Permissions:
         f"{JS_API}.CONSUMER.CREATE.{nodes}",       # the KV watch
         f"{JS_API}.CONSUMER.INFO.{nodes}.*",
         f"$JS.FC.{nodes}.>",
+        # the incidents views: a watch of the bucket (never its creation: that is the correlator's)
+        *[s for s in _incidents_read(layout) if ".STREAM.CREATE." not in s],
     ]
     # CONSUMER.CREATE.<stream>.<name> creates *or updates* a consumer by that name: without this a
     # reader could repoint the cordoner's durable consumer at itself.
@@ -215,6 +257,7 @@ def render_accounts(layout: Layout) -> str:
                        node_permissions(name, layout), ind)
     cordoner, reader = cordoner_permissions(layout), reader_permissions(layout)
     for keys, comment, perms in ((layout.roles.cordoner, "cordoner", cordoner),
+                                 (layout.roles.correlators, "correlator (incidents)", correlator_permissions(layout)),
                                  (layout.roles.readers, "reader (dashboard, top, events)", reader),
                                  (layout.roles.admins, "admin (streams, buckets, budget reset)", None)):
         users += [line for k in keys for line in _user(k, comment, perms, ind)]

@@ -34,7 +34,7 @@ from fleet.nats_permissions import (
 from tests.conftest import ROOT, agent_config, running_agent
 
 NODE_A, NODE_B = "node-a.example.com", "node-b.example.com"
-ROLES = ("a", "b", "cordoner", "reader", "admin")
+ROLES = ("a", "b", "cordoner", "reader", "admin", "correlator")
 DENIED_WAIT = 0.5  # a refused request gets no reply: how long to wait for one
 
 
@@ -94,7 +94,8 @@ def fleet(tmp_path: Path) -> Iterator[Fleet]:
         keys[who] = public
     layout = Layout(server=ServerSettings(listen=f"127.0.0.1:{free_port()}", store_dir=str(tmp_path / "js")),
                     nodes={NODE_A: keys["a"], NODE_B: keys["b"]},
-                    roles=Roles(cordoner=[keys["cordoner"]], readers=[keys["reader"]], admins=[keys["admin"]]))
+                    roles=Roles(cordoner=[keys["cordoner"]], readers=[keys["reader"]], admins=[keys["admin"]],
+                                correlators=[keys["correlator"]]))
     server = RenderedServer(tmp_path / "nats", layout)
     server.start()
     yield Fleet(server, seeds, keys)
@@ -345,3 +346,57 @@ def test_shipped_config_is_rendered_and_accepted() -> None:
     cli = subprocess.run([sys.executable, "-m", "fleet.nats_permissions", "render",
                           layout_path], capture_output=True, text=True, cwd=ROOT, timeout=30)
     assert cli.returncode == 0 and cli.stdout == rendered, cli.stderr
+
+
+async def test_correlator_and_cordoner_work_on_incidents_with_their_own_permissions(
+        tmp_path: Path, fleet: Fleet, admin: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """#15: the correlator reads the stream and writes incidents only; the cordoner and readers read them."""
+    import json as _json
+
+    from nats.js.api import StreamConfig
+
+    from agent import config as configmod
+    from agent.check import run_check
+    from agent.nats_link import STREAM_SUBJECTS
+    from agent.subjects import event_subject
+    from fleet.cordoner import Cordoner
+    from fleet.incidents import INCIDENTS_BUCKET, IncidentService
+    from sim.scenarios import generate
+
+    sc = generate(tmp_path / "fleet", seed=5, nodes=3, fault="gpu_fell_off", job_nodes=2, second_job=False)
+    msgs: list[dict[str, Any]] = []
+    for root in sc.roots.values():
+        report = await run_check(configmod.parse(f'host_root = "{root}"\n', file="<t>"))
+        msgs += report["conditions"] + report["events"]
+    js = admin.jetstream()
+    await js.add_stream(StreamConfig(name="GNA_EVENTS", subjects=STREAM_SUBJECTS))
+    svc = IncidentService([fleet.url], nats_cfg=fleet.cfg("correlator"), debounce=0.02)
+    cfg = configmod.parse('[remediations]\ncordon_with = "slurm"\n', file="<t>").agent
+    cfg.nats = fleet.cfg("cordoner")
+    cord = Cordoner(cfg, [fleet.url])
+    await svc.start()
+    await cord.start()
+    try:
+        for m in msgs:  # as the nodes would have (the admin may publish on any node's subject)
+            await js.publish(event_subject(m["node"], m["collector"], m["severity"]), _json.dumps(m).encode())
+        for _ in range(200):
+            if svc.published and cord.incidents:
+                break
+            await asyncio.sleep(0.05)
+        assert svc.published and cord.incidents, (svc.published, cord.incidents)
+        reader = await fleet.connect("reader")
+        kv = await reader.jetstream().key_value(INCIDENTS_BUCKET)
+        rec = _json.loads((await kv.get(sc.jobs[0].comm_id)).value)
+        assert rec["culprit"]["node"] == sc.expected[sc.jobs[0].comm_id]["node"]  # type: ignore[index]
+        await reader.close()
+        nc = await fleet.connect("correlator")
+        await nc.publish(event_subject("gpu-005-000", "kmsg_xid", "critical"), b"{}")  # not its to write
+        await nc.flush()
+        await asyncio.sleep(DENIED_WAIT)
+        await nc.close()
+    finally:
+        await cord.stop()
+        await svc.stop()
+    assert fleet.violations_of("cordoner") == [] and fleet.violations_of("reader") == []
+    assert [v for v in fleet.violations_of("correlator") if "gna.events" not in v] == []
+    assert any("gna.events" in v for v in fleet.violations_of("correlator"))
