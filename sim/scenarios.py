@@ -190,9 +190,14 @@ def _write_rank(h: SimHost, rng: random.Random, job: Job, node: str, gpu: int, v
                      f"err 129 (Recv) localGid ::ffff:{ip_of[node]} remoteGids::ffff:{completion_peer} hca mlx5_{gpu}")
     if timeout:
         seq = 4211
-        head = f"[rank{rank}]:[E1203 07:44:26.{rng.randint(100000, 999999)} {tid} ProcessGroupNCCL.cpp:632] " if glog \
-            else ""
+        # as in public logs of torch 2.4+ (c10 glog prefix, ProcessGroupNCCL.cpp line numbers vary)
+        head = f"[rank{rank}]:[E1203 07:44:26.{rng.randint(10**8, 10**9 - 1)} {tid} ProcessGroupNCCL.cpp:655] " \
+            if glog else ""
         lines.append(f"{head}[Rank {rank}] Watchdog caught collective operation timeout: WorkNCCL(SeqNum={seq}, "
                      f"OpType=ALLREDUCE, NumelIn=262144000, NumelOut=262144000, Timeout(ms)=600000) ran for "
                      f"{600000 + rng.randint(1, 900)} milliseconds before timing out.")
+        if glog:  # pytorch ProcessGroupNCCL.cpp watchdog: logPrefix() + " failure detected by watchdog at ..."
+            lines.append(f"{head.replace(':655]', ':2299]')}[PG ID 0 PG GUID 0(default_pg) Rank {rank}]  failure "
+                         f"detected by watchdog at work sequence id: {seq} PG status: last enqueued work: {seq}, "
+                         f"last completed work: {seq - 1}")
     h.write(f"/var/log/nccl/{node}.{pid}.log", "\n".join(lines) + "\n")
