@@ -3,7 +3,9 @@
 Overview (nodes x condition families, worst severity, last heartbeat, stale flagged), filters,
 search, the worst condition's reason per node, node pages with active conditions, recent events,
 the remediation audit trail (repeats collapsed) and an SVG timeline of firing spans. Live over
-SSE: only changed rows are sent, so 10,000 nodes stay cheap.
+SSE: only changed rows are sent, so 10,000 nodes stay cheap. Incidents (the correlator's, one per
+job): open ones at the top of the overview, all of them on /incidents with the evidence on one
+timeline; their changes travel on the same stream as ``event: incidents`` frames.
 """
 
 from __future__ import annotations
@@ -50,15 +52,33 @@ def csp(page: str) -> str:
 
 def make_app(state: FleetState) -> web.Application:
     app = web.Application()
-    index, node_page = _page("dashboard.html"), _page("node.html")
+    index, node_page, incidents_page = _page("dashboard.html"), _page("node.html"), _page("incidents.html")
     headers = {p: {"Content-Security-Policy": csp(p), "X-Content-Type-Options": "nosniff",
-                   "Referrer-Policy": "no-referrer"} for p in (index, node_page)}
+                   "Referrer-Policy": "no-referrer"} for p in (index, node_page, incidents_page)}
 
     async def overview_html(_req: web.Request) -> web.Response:
         return web.Response(text=index, content_type="text/html", headers=headers[index])
 
     async def node_html(_req: web.Request) -> web.Response:
         return web.Response(text=node_page, content_type="text/html", headers=headers[node_page])
+
+    async def incidents_html(_req: web.Request) -> web.Response:
+        return web.Response(text=incidents_page, content_type="text/html", headers=headers[incidents_page])
+
+    async def api_incidents(req: web.Request) -> web.Response:
+        status = req.query.get("status", "")
+        if status not in ("", "open", "resolved"):
+            raise web.HTTPBadRequest(text="status is open or resolved")
+        try:
+            limit = int(req.query.get("limit", "500"))
+        except ValueError:
+            raise web.HTTPBadRequest(text="limit is a number") from None
+        recs = state.incidents(status=status)
+        job = req.query.get("job")
+        if job is not None:
+            recs = [r for r in recs if r["job"] == job]
+        return web.json_response({"incidents": recs[:max(0, min(limit, 5000))], "total": len(recs),
+                                  "open": sum(1 for r in state.incidents_by_job.values() if r["status"] == "open")})
 
     async def api_overview(req: web.Request) -> web.Response:
         q = req.query
@@ -92,6 +112,8 @@ def make_app(state: FleetState) -> web.Application:
                                   "rejected_samples": state.rejections.samples,
                                   "lag_p50_s": pct(50), "lag_p99_s": pct(99),
                                   "lag_max_s": lags[-1] if lags else None,
+                                  "incidents": len(state.incidents_by_job),
+                                  "incidents_dropped": state.incidents_dropped,
                                   "subscribers": len(subscribers)})
 
     async def api_stream(req: web.Request) -> web.StreamResponse:
@@ -104,10 +126,12 @@ def make_app(state: FleetState) -> web.Application:
             await resp.write(b": connected\n\n")
             while True:
                 try:
-                    rows = await asyncio.wait_for(sub.queue.get(), 15)
-                    if rows is None:
+                    item = await asyncio.wait_for(sub.queue.get(), 15)
+                    if item is None:
                         break
-                    await resp.write(b"data: " + json.dumps(rows, separators=(",", ":")).encode() + b"\n\n")
+                    event, rows = item  # a named event: pages that only know node rows never see it
+                    head = b"event: " + event.encode() + b"\n" if event != "message" else b""
+                    await resp.write(head + b"data: " + json.dumps(rows, separators=(",", ":")).encode() + b"\n\n")
                 except TimeoutError:
                     await resp.write(b": keep-alive\n\n")
         except (ConnectionResetError, asyncio.CancelledError):
@@ -124,8 +148,12 @@ def make_app(state: FleetState) -> web.Application:
                 await state.changed.wait()
                 await asyncio.sleep(SSE_BATCH_S)  # batch: a burst of 2,000 events/s is a few frames
                 rows = state.take_dirty()
+                incidents = state.take_dirty_incidents()
                 for sub in list(subscribers):
-                    sub.offer(rows)
+                    if rows or not incidents:
+                        sub.offer(rows)
+                    if incidents:
+                        sub.offer(incidents, event="incidents")
 
         task = asyncio.get_running_loop().create_task(loop())
         yield
@@ -141,6 +169,8 @@ def make_app(state: FleetState) -> web.Application:
     app.on_shutdown.append(close_streams)
     app.router.add_get("/", overview_html)
     app.router.add_get("/node/{name}", node_html)
+    app.router.add_get("/incidents", incidents_html)
+    app.router.add_get("/api/incidents", api_incidents)
     app.router.add_get("/api/overview", api_overview)
     app.router.add_get("/api/node/{name}", api_node)
     app.router.add_get("/api/node/{name}/timeline.svg", api_timeline)
@@ -151,12 +181,12 @@ def make_app(state: FleetState) -> web.Application:
 
 class Subscriber:
     def __init__(self) -> None:
-        self.queue: asyncio.Queue[list[dict[str, Any]] | None] = asyncio.Queue(maxsize=64)
+        self.queue: asyncio.Queue[tuple[str, list[dict[str, Any]]] | None] = asyncio.Queue(maxsize=64)
 
-    def offer(self, rows: list[dict[str, Any]] | None) -> None:  # None: the stream ends
+    def offer(self, rows: list[dict[str, Any]] | None, *, event: str = "message") -> None:  # None: the stream ends
         if self.queue.full():  # a slow browser: it gets the next batch; a reload fetches everything
             self.queue.get_nowait()
-        self.queue.put_nowait(rows)
+        self.queue.put_nowait(None if rows is None else (event, rows))
 
     def close(self) -> None:
         self.offer(None)

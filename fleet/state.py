@@ -3,16 +3,20 @@ remediation audits and the firing spans of each condition. Shared by the dashboa
 
 Fed from NATS: the gna-nodes KV bucket (current state, watched), heartbeats, and the GNA_EVENTS
 stream (history since ``history_s`` ago, then live). Changes mark nodes dirty so views update
-incrementally: 10,000 nodes never mean 10,000 rows re-sent.
+incrementally: 10,000 nodes never mean 10,000 rows re-sent. The correlator's incidents (the
+gna-incidents KV bucket, one record per job, fleet/incidents.py) are watched too, validated like
+every other input, and marked dirty per job the same way.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import math
 import re
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,8 +26,9 @@ import structlog
 from agent import natsclient
 from agent.config import NatsConfig
 from agent.message import rfc3339
-from agent.subjects import ACTIONS_PREFIX, EVENTS_PREFIX, HEARTBEAT_PREFIX, decode_token
+from agent.subjects import ACTIONS_PREFIX, EVENTS_PREFIX, HEARTBEAT_PREFIX, decode_token, is_valid_token
 from fleet import timeline
+from fleet.incidents import INCIDENTS_BUCKET  # key: the job's token, value: its current record
 from fleet.wire import Rejected, Rejections, decode_action, decode_event, decode_state
 from gna_sdk import severity_rank
 
@@ -31,6 +36,15 @@ log = structlog.get_logger(__name__)
 
 FAMILIES = ("GPU", "IB", "NCCL", "JuiceFS", "Agent")
 _DIGITS = re.compile(r"\d+(?:\.\d+)?")
+
+MAX_INCIDENTS = 5000  # kept in memory; beyond, the least recently changed resolved one goes first
+MAX_INCIDENT_BYTES = 1 << 20
+MAX_INCIDENT_TEXT = 4096  # any one string in a record
+MAX_EVIDENCE = 1000  # the correlator sends at most 24 (the rest counted in evidence_total)
+MAX_INCIDENT_NODES = 20000  # victims, nodes
+_EVIDENCE_TEXT = ("node", "type", "entity", "severity", "time", "message")
+_EVIDENCE_EXTRA = ("rank", "seq_num", "op_type", "peer", "pci")
+_CULPRIT_TEXT = ("node", "entity", "kind")
 
 
 def family(type_: str) -> str:
@@ -54,6 +68,95 @@ def _epoch(ts: str | None) -> float:
         return dt.datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
     except ValueError:
         return 0.0
+
+
+def _text(value: Any, what: str, *, optional: bool = False) -> str:
+    if value is None and optional:
+        return ""
+    if not isinstance(value, str):
+        raise Rejected("schema", f"{what} must be a string, not {type(value).__name__}")
+    if len(value) > MAX_INCIDENT_TEXT:
+        raise Rejected("schema", f"{what} is {len(value)} characters (at most {MAX_INCIDENT_TEXT})")
+    return value
+
+
+def _scalar(value: Any, what: str) -> str | int:
+    """A detail the correlator copies from an NCCL line (rank, seq_num, peer, pci): text or a whole number."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    return _text(value, what)
+
+
+def _names(value: Any, what: str) -> list[str]:
+    if not isinstance(value, list):
+        raise Rejected("schema", f"{what} must be a list")
+    if len(value) > MAX_INCIDENT_NODES:
+        raise Rejected("schema", f"{what} has {len(value)} entries (at most {MAX_INCIDENT_NODES})")
+    return [_text(v, f"{what}[]") for v in value]
+
+
+def decode_incident(data: bytes | str | dict[str, Any], *, job: str | None = None) -> dict[str, Any]:
+    """One incident record (fleet/incidents.py, docs/correlator.md) as the views may use it: every
+    field of the right type and size, unknown fields dropped; ``job`` (from the KV key) must be the
+    record's own. Raises Rejected."""
+    if isinstance(data, dict):
+        doc: Any = data
+    else:
+        if len(data) > MAX_INCIDENT_BYTES:
+            raise Rejected("too_large", f"{len(data)} bytes")
+        try:
+            doc = json.loads(data)
+        except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+            raise Rejected("not_json", str(exc)[:200]) from exc
+    if not isinstance(doc, dict):
+        raise Rejected("not_an_object", type(doc).__name__)
+    name = _text(doc.get("job"), "job")
+    if not name:
+        raise Rejected("schema", "job is empty")
+    if job is not None and name != job:
+        raise Rejected("job_mismatch", f"key names {job[:80]!r}, record {name[:80]!r}")
+    status = doc.get("status")
+    if status not in ("open", "resolved"):
+        raise Rejected("schema", f"status {str(status)[:40]!r}")
+    culprit = doc.get("culprit")
+    if culprit is not None:
+        if not isinstance(culprit, dict):
+            raise Rejected("schema", "culprit must be an object or null")
+        clean = {k: _text(culprit.get(k), f"culprit.{k}") for k in _CULPRIT_TEXT}
+        if culprit.get("rank") is not None:
+            clean["rank"] = str(_scalar(culprit["rank"], "culprit.rank"))
+        culprit = clean
+    confidence = doc.get("confidence", 0.0)
+    if (isinstance(confidence, bool) or not isinstance(confidence, int | float) or not math.isfinite(confidence)
+            or not 0 <= confidence <= 1):
+        raise Rejected("schema", f"confidence {str(confidence)[:40]!r} is not a number in 0..1")
+    evidence = doc.get("evidence", [])
+    if not isinstance(evidence, list):
+        raise Rejected("schema", "evidence must be a list")
+    if len(evidence) > MAX_EVIDENCE:
+        raise Rejected("schema", f"evidence has {len(evidence)} items (at most {MAX_EVIDENCE})")
+    items = []
+    for ev in evidence:
+        if not isinstance(ev, dict):
+            raise Rejected("schema", "an evidence item must be an object")
+        item: dict[str, Any] = {k: _text(ev.get(k), f"evidence.{k}", optional=k not in ("node", "type"))
+                                for k in _EVIDENCE_TEXT}
+        for k in _EVIDENCE_EXTRA:
+            if ev.get(k) is not None:
+                item[k] = _scalar(ev[k], f"evidence.{k}")
+        items.append(item)
+    total = doc.get("evidence_total", len(items))
+    if isinstance(total, bool) or not isinstance(total, int) or total < len(items):
+        raise Rejected("schema", f"evidence_total {str(total)[:40]!r}")
+    updated = doc.get("updated", 0.0)
+    if isinstance(updated, bool) or not isinstance(updated, int | float) or not math.isfinite(updated):
+        raise Rejected("schema", "updated must be a number (epoch seconds)")
+    return {"status": status, "job": name, "culprit": culprit, "confidence": float(confidence),
+            "reason": _text(doc.get("reason"), "reason", optional=True), "evidence": items,
+            "evidence_total": total, "victims": _names(doc.get("victims", []), "victims"),
+            "nodes": _names(doc.get("nodes", []), "nodes"),
+            "first_evidence": _text(doc.get("first_evidence"), "first_evidence", optional=True) or None,
+            "updated": float(updated)}
 
 
 @dataclass
@@ -91,10 +194,17 @@ class NodeView:
 
 
 class FleetState:
-    def __init__(self, *, history_s: float = 6 * 3600) -> None:
+    def __init__(self, *, history_s: float = 6 * 3600, max_incidents: int = MAX_INCIDENTS) -> None:
         self.nodes: dict[str, NodeView] = {}
         self.history_s = history_s
         self.dirty: set[str] = set()
+        # job -> validated incident record; the two orders say which to drop first when full
+        self.incidents_by_job: dict[str, dict[str, Any]] = {}
+        self.max_incidents = max(1, max_incidents)
+        self.incidents_dropped = 0
+        self._open_order: OrderedDict[str, None] = OrderedDict()  # least recently changed first
+        self._resolved_order: OrderedDict[str, None] = OrderedDict()
+        self.dirty_incidents: set[str] = set()
         self.changed = asyncio.Event()
         self.messages_seen = 0
         self.rejections = Rejections()  # reason -> messages not applied, with a sample (/api/stats)
@@ -208,7 +318,61 @@ class FleetState:
         self.node(name).actions.appendleft(record)
         self._touch(name)
 
+    def apply_incident(self, data: bytes | str | dict[str, Any], *, key: str | None = None) -> bool:
+        """The correlator's current record for one job (a ``gna-incidents`` KV entry, whose ``key``
+        is the job's token, or a record as is): validated, then kept; a bad one is counted by reason
+        with a sample (``/api/stats``), never raised."""
+        subject = f"$KV.{INCIDENTS_BUCKET}.{key}" if key is not None else f"{INCIDENTS_BUCKET}:<direct>"
+        try:
+            job = None
+            if key is not None:
+                try:
+                    if not is_valid_token(key):
+                        raise ValueError("not a subject token")
+                    job = decode_token(key)
+                except (ValueError, UnicodeDecodeError) as exc:
+                    raise Rejected("bad_subject", f"key {key[:80]!r}") from exc
+            record = decode_incident(data, job=job)
+        except Rejected as exc:
+            raw = data if isinstance(data, bytes | str) else repr(data)[:1000]
+            self.rejections.record(exc.reason, subject, raw, str(exc))
+            return False
+        record["updated"] = min(record["updated"], time.time())  # a "2099" cannot keep it on top
+        job = record["job"]
+        if job not in self.incidents_by_job and len(self.incidents_by_job) >= self.max_incidents:
+            order = self._resolved_order or self._open_order
+            old, _ = order.popitem(last=False)
+            del self.incidents_by_job[old]
+            self.incidents_dropped += 1
+            self.dirty_incidents.add(old)
+        self._open_order.pop(job, None)
+        self._resolved_order.pop(job, None)
+        (self._open_order if record["status"] == "open" else self._resolved_order)[job] = None
+        self.incidents_by_job[job] = record
+        self.dirty_incidents.add(job)
+        self.changed.set()
+        return True
+
+    def remove_incident(self, job: str) -> None:
+        """The record was deleted from the bucket (or purged): the job has no incident any more."""
+        if self.incidents_by_job.pop(job, None) is not None:
+            self._open_order.pop(job, None)
+            self._resolved_order.pop(job, None)
+            self.dirty_incidents.add(job)
+            self.changed.set()
+
     # -- views ------------------------------------------------------------------------------
+    def incidents(self, *, status: str = "", limit: int | None = None) -> list[dict[str, Any]]:
+        """Open incidents first, then the most recently updated; ``status`` "open" or "resolved" only those."""
+        recs = [r for r in self.incidents_by_job.values() if not status or r["status"] == status]
+        recs.sort(key=lambda r: (r["status"] != "open", -r["updated"], r["job"]))
+        return recs if limit is None else recs[:max(0, limit)]
+
+    def take_dirty_incidents(self) -> list[dict[str, Any]]:
+        """The incidents changed since the last call: their records, or ``{"job", "removed": true}``."""
+        jobs, self.dirty_incidents = self.dirty_incidents, set()
+        return [self.incidents_by_job.get(j) or {"job": j, "removed": True} for j in sorted(jobs)]
+
     def row(self, nv: NodeView, now: float) -> dict[str, Any]:
         return {"node": nv.name, "worst": nv.worst(), "active": max(len(nv.conditions), nv.conditions_total),
                 "folded": nv.conditions_folded, "stale": nv.stale(now),
@@ -237,6 +401,8 @@ class FleetState:
         return rows
 
     def take_dirty(self) -> list[dict[str, Any]]:
+        """The changed nodes' rows. Clears ``changed``: a caller that also shows incidents takes
+        take_dirty_incidents() in the same turn."""
         now = time.time()
         names, self.dirty = self.dirty, set()
         self.changed.clear()
@@ -313,6 +479,7 @@ class FleetFeed:
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._follow_stream(js, on_stream), name="fleet:stream"))
         self._tasks.append(loop.create_task(self._watch_kv(js), name="fleet:kv"))
+        self._tasks.append(loop.create_task(self._watch_incidents(js), name="fleet:incidents"))
 
     def accept(self, subject: str, data: bytes) -> bool:
         """One message from the wire: decoded against its schema, then applied; a bad one is counted
@@ -373,6 +540,33 @@ class FleetFeed:
             except Exception as exc:
                 log.info("fleet_kv_watch_retry", error=repr(exc))
                 await asyncio.sleep(1)
+
+    async def _watch_incidents(self, js: Any) -> None:
+        """The gna-incidents bucket: it does not exist until a correlator publishes its first incident,
+        so a missing bucket is waited for quietly (said once)."""
+        said = False
+        while True:
+            try:
+                kv = await js.key_value(INCIDENTS_BUCKET)
+                watcher = await kv.watchall()
+                said = False
+                async for entry in watcher:
+                    if entry is None:
+                        continue
+                    if entry.operation in ("DEL", "PURGE"):
+                        with contextlib.suppress(ValueError, UnicodeDecodeError):
+                            self.state.remove_incident(decode_token(entry.key))
+                        continue
+                    if entry.value is None:
+                        continue
+                    self.state.apply_incident(entry.value, key=entry.key)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if not said:
+                    log.info("fleet_waiting_for_incidents", bucket=INCIDENTS_BUCKET, error=repr(exc))
+                    said = True
+                await asyncio.sleep(2)
 
     def _accept_kv(self, key: str, value: bytes) -> None:
         subject = f"$KV.{self.kv_bucket}.{key}"

@@ -2,19 +2,23 @@
 
 On a terminal it fits the window; piped (``top --once | grep``) it renders as wide as the content
 so nothing is cut, or ``--width`` columns. The header's counts are those of the rows it lists.
+Open incidents (the correlator's, one per job) are a small table above the nodes.
+Text from the wire is shown as text: never read as rich markup, control characters replaced.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import sys
 import time
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
 from agent.config import NatsConfig
 from fleet.state import FAMILIES, FleetFeed, FleetState
@@ -24,6 +28,13 @@ from gna_sdk.aio import within
 STYLE = {"critical": "bold white on red", "warning": "black on yellow", "info": "black on cyan", "": "green"}
 SETTLE_S = 1.5  # --once: how long the KV watch and the stream history get to arrive
 PIPE_WIDTH = 1000  # piped without --width: wider than any row, so rich cuts nothing
+INCIDENT_ROWS = 10
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def plain(value: Any) -> Text:
+    """Wire text as a cell: no markup ("[red]" stays "[red]"), no escape sequences or bidi overrides."""
+    return Text(_CONTROL.sub("\ufffd", "" if value is None else str(value)))
 
 
 def _worst(row: dict[str, Any]) -> int:
@@ -52,10 +63,41 @@ def render(state: FleetState, *, limit: int = 40, q: str = "", fit: bool = True)
     for r in rows[:limit]:
         cells = [f"[{STYLE[r['worst'][f]]}] {r['worst'][f] or 'ok'} [/]" for f in FAMILIES]
         age = "never" if r["age_s"] is None else f"{r['age_s']:.0f}s" + (" STALE" if r["stale"] else "")
-        t.add_row(r["node"], *cells, str(r["active"]), ", ".join(r["types"]), age)
+        t.add_row(plain(r["node"]), *cells, str(r["active"]), plain(", ".join(r["types"])), age)
     if len(rows) > limit:
         t.caption = f"{len(rows) - limit} more nodes not shown (healthiest last; --limit to show more)"
     return t
+
+
+def render_incidents(state: FleetState, *, limit: int = INCIDENT_ROWS, fit: bool = True) -> Table | None:
+    """The open incidents, newest first: job, culprit (node, entity, kind), confidence, victims;
+    None when there is none."""
+    open_ = state.incidents(status="open")
+    if not open_:
+        return None
+    t = Table(title=f"{len(open_)} open incident{'s' if len(open_) != 1 else ''}", expand=fit, title_style="bold red")
+    t.add_column("job", no_wrap=True)
+    t.add_column("culprit", no_wrap=True)
+    t.add_column("entity", no_wrap=True)
+    t.add_column("kind", no_wrap=True)
+    t.add_column("conf", justify="right", no_wrap=True)
+    t.add_column("victims", justify="right", no_wrap=True)
+    t.add_column("reason", overflow="ellipsis" if fit else "fold", no_wrap=fit)
+    for r in open_[:limit]:
+        c = r["culprit"]
+        kind = "" if c is None else c["kind"] + (f" rank {c['rank']}" if c.get("rank") is not None else "")
+        t.add_row(plain(r["job"]), plain(c["node"] if c else "none named"), plain(c["entity"] if c else ""),
+                  plain(kind), f"{r['confidence']:.2f}", str(len(r["victims"])), plain(r["reason"]))
+    if len(open_) > limit:
+        t.caption = f"{len(open_) - limit} more open incidents (the dashboard's /incidents lists them all)"
+    return t
+
+
+def screen(state: FleetState, *, limit: int = 40, q: str = "", fit: bool = True) -> RenderableType:
+    """What top shows: the open incidents, if any, above the node table."""
+    nodes = render(state, q=q, limit=limit, fit=fit)
+    incidents = render_incidents(state, fit=fit)
+    return nodes if incidents is None else Group(incidents, nodes)
 
 
 def make_console(width: int | None) -> tuple[Console, bool]:
@@ -78,13 +120,13 @@ async def run_top(servers: list[str], *, once: bool = False, duration: float | N
         if once:
             settle = SETTLE_S if duration is None else max(0.0, min(SETTLE_S, start + duration - time.monotonic()))
             await asyncio.sleep(settle)
-            console.print(render(state, q=q, limit=limit, fit=fit))
+            console.print(screen(state, q=q, limit=limit, fit=fit))
             return 0
         deadline = None if duration is None else start + duration
-        with Live(render(state, q=q, limit=limit, fit=fit), console=console, refresh_per_second=2) as live:
+        with Live(screen(state, q=q, limit=limit, fit=fit), console=console, refresh_per_second=2) as live:
             while deadline is None or time.monotonic() < deadline:
                 await asyncio.sleep(0.5 if deadline is None else max(0.0, min(0.5, deadline - time.monotonic())))
-                live.update(render(state, q=q, limit=limit, fit=fit))
+                live.update(screen(state, q=q, limit=limit, fit=fit))
         return 0
     finally:
         with contextlib.suppress(TimeoutError):
