@@ -8,7 +8,8 @@ one fault, cycling through the kinds. Every node's one-shot checks produce the m
 would publish; they are published on the node's subjects into the GNA_EVENTS stream: first the
 job's membership (the job starts), then, a second later, the fault and the symptoms in time order
 (the watchdogs' timeouts of every rank). Measured: from publishing the first evidence message to
-receiving the incident that names the expected culprit on gna.incidents.>; and whether it was right.
+the first incident on gna.incidents.> that names the culprit's node (what a cordon acts on); right
+= no other node was ever blamed and the exact entity (port, GPU, rank) followed.
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ async def trial(js: Any, got: asyncio.Queue[dict[str, Any]], work: Path, seed: i
     for m in evidence:
         await js.publish(event_subject(m["node"], m["collector"], m["severity"]), json.dumps(m).encode())
     deadline = t0 + 15
+    first_node: float | None = None  # the culprit's node named (what a cordon acts on)
     while time.monotonic() < deadline:
         try:
             rec = await asyncio.wait_for(got.get(), deadline - time.monotonic())
@@ -73,10 +75,13 @@ async def trial(js: Any, got: asyncio.Queue[dict[str, Any]], work: Path, seed: i
         if rec.get("job") != sc.jobs[0].comm_id or rec.get("status") != "open":
             continue
         c = rec.get("culprit") or {}
-        if want and all(c.get(k) == v for k, v in want.items()):
-            return time.monotonic() - t0, True, sc.jobs[0].size
-        if c:
-            return time.monotonic() - t0, False, sc.jobs[0].size  # a wrong culprit
+        if not c:
+            continue
+        if want is None or c.get("node") != want["node"]:
+            return time.monotonic() - t0, False, sc.jobs[0].size  # a wrong node blamed
+        first_node = first_node or time.monotonic() - t0
+        if all(c.get(k) == v for k, v in want.items()):  # the exact entity (the port, the GPU, the rank)
+            return first_node, True, sc.jobs[0].size
     return None, False, sc.jobs[0].size
 
 
