@@ -167,7 +167,7 @@ class NCCLLogsCollector:
             st.apply(m)
             touched[key] = st
             joined = m.rule.name == "init" and len(st.comms) > known  # a communicator this process joined
-            if joined or m.rule.name in ("ib_completion", "socket_error", "watchdog", "warn"):
+            if joined or m.rule.name in ("ib_completion", "ib_async", "socket_error", "watchdog", "warn"):
                 events.append((m, st))
             elif line.level == "WARN":  # a WARN a state rule also reads (no libibverbs): still shown as one
                 events.append((Match(WARNING_RULE, line, {}), st))
@@ -231,6 +231,17 @@ class NCCLLogsCollector:
                 details={**where, "peer": f.get("peer"), "status": status, "status_name": text or None,
                          "vendor_err": f.get("vendor_err"), "hca": f.get("hca")},
                 suggested_action=action, msg_id=msg_id)
+        if m.rule.name == "ib_async":
+            what = f.get("what", "")[:200]
+            benign = "non-fatal" in f["kind"] or any(w in what.upper() for w in ("PORT_ACTIVE", "PORT ACTIVE",
+                                                                                   "LID_CHANGE", "GID_CHANGE"))
+            port = f"{f['hca']}:{f['port']}" if f.get("hca") else "an HCA"
+            return await self.emit.event(
+                "NCCLIBAsyncEvent", severity="warning" if benign else "critical", entity=st.entity,
+                reason="IBAsyncEvent", message=f"NCCL on {st.key}: IB async event on {port}: {what}.",
+                details={**where, "hca": f.get("hca"), "port": int(f["port"]) if f.get("port") else None,
+                         "event": what, "fatal": not benign},
+                suggested_action="none" if benign else "inspect_hardware", msg_id=msg_id)
         if m.rule.name == "socket_error":
             return await self.emit.event(
                 "NCCLSocketError", severity="warning", entity=st.entity, reason="SocketError",

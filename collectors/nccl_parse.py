@@ -80,6 +80,12 @@ RULES: tuple[Rule, ...] = (
     Rule("ib_completion", _r(r"NET/IB(?:/GIN)? ?: Got completion (?:from peer (?P<peer>\S+) )?with "
                              r"(?:status=(?:(?P<sname>[A-Z_]+)\()?(?P<status>\d+)\)?|error (?P<err>\d+))"),
          "NCCLIBCompletionError", "critical", ("peer", "status", "sname", "vendor_err", "hca")),
+    # net_ib.cc (docs/formats.md, "IB async events"): "NET/IB : Got async event : %s" (2.4-2.18), "NET/IB :
+    # %s:%d Got async event : %s" (2.21), "NET/IB : %s:%d async fatal event[ on CQ/QP/SRQ (...)]: %s" (2.24+),
+    # "NET/IB : %s:%d Got non-fatal async event: %s(%d)" (2.28); the port that failed under a rank's feet
+    Rule("ib_async", _r(r"NET/IB ?: (?:(?P<hca>[\w.-]+):(?P<port>\d+) )?(?P<kind>Got async event|Got non-fatal async "
+                        r"event|async fatal event)[^:]*?: ?(?P<what>.*?)\s*$"),
+         "NCCLIBAsyncEvent", "critical", ("hca", "port", "kind", "what")),
     Rule("socket_error", _r(r"(?P<what>Connection closed by remote peer|Connection reset by peer|Call to recv from "
                             r"\S+ failed|Connect to \S+ failed|connect to \S+ failed|exceeded retries)"),
          "NCCLSocketError", "warning", ("what",), warn_only=True),

@@ -140,6 +140,11 @@ def correlate(messages: list[dict[str, Any]]) -> list[Incident]:
     for m in messages:
         if _is_hardware(m) and isinstance(m.get("node"), str):
             hardware[m["node"]].append(m)
+        elif (m.get("type") == "NCCLIBAsyncEvent" and m.get("severity") == "critical" and isinstance(m.get("node"), str)
+              and isinstance(_details(m).get("hca"), str) and _int(_details(m).get("port")) is not None):
+            # NCCL saw the port fail under a rank's feet: the same evidence as the port's own condition
+            d = _details(m)
+            hardware[m["node"]].append({**m, "entity": f"ib:{d['hca']}/{d['port']}"})
     symptoms: dict[str, list[dict[str, Any]]] = defaultdict(list)  # job -> its NCCL symptoms
     for m in messages:
         if m.get("collector") == "nccl_logs" and m.get("type") in (

@@ -141,3 +141,23 @@ def test_diagnose_refuses_missing_roots_and_duplicate_names(tmp_path: Path) -> N
     r = subprocess.run([*AGENT_CMD, "diagnose", "--host-root", str(a), "--host-root", str(b)], capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 64 and "etc/hostname" in r.stderr, r.stderr
+
+
+def test_an_nccl_async_port_error_names_the_port_before_the_port_condition() -> None:
+    """NCCL saw the port fail under a rank (net_ib.cc "%s:%d Got async event : port error"): that is the
+    port's fault even before the infiniband collector's next pass reports it."""
+    base = {"collector": "nccl_logs", "kind": "event", "time": "2026-12-03T07:00:00Z"}
+    msgs: list[dict[str, Any]] = []
+    for i, node in enumerate(("a", "b", "c")):
+        msgs.append({**base, "type": "NCCLJobMember", "severity": "info", "node": node, "entity": f"nccl:{node}:1",
+                     "details": {"host": node, "pid": 1, "job": "0x7", "world_rank": i, "world_size": 3,
+                                 "hcas": ["mlx5_0/1", "mlx5_1/1"], "transport": "IB"}})
+    event = {**base, "type": "NCCLIBAsyncEvent", "severity": "critical", "node": "c", "entity": "nccl:c:1",
+             "time": "2026-12-03T07:00:05Z",
+             "details": {"host": "c", "pid": 1, "job": "0x7", "world_rank": 2, "world_size": 3, "hca": "mlx5_1",
+                         "port": 1, "event": "port error"}}
+    (inc,) = correlate([*msgs, event])
+    assert inc.culprit == {"node": "c", "entity": "ib:mlx5_1/1", "kind": "hca_port", "rank": "2"}
+    assert inc.victims == ["a", "b"]
+    benign = {**event, "severity": "warning", "details": {**event["details"], "event": "port active(9)"}}
+    assert correlate([*msgs, benign]) == []  # a non-fatal event is no fault
