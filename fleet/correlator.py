@@ -219,6 +219,30 @@ def _judge(job: str, members: dict[tuple[str, str], Member], symptoms: list[dict
                                  0.85, timeouts, nodes,
                                  f"{len(timed_out & set(ranks))} of {size} ranks timed out; rank(s) {silent} on "
                                  f"{mem.node} did not: stuck before the collective")
+        elif size and len(ranks) == size and not silent:
+            # every rank timed out, but not in the same collective: the one(s) stuck at an earlier
+            # SeqNum never joined the collective the others wait in
+            seq_of: dict[int, int] = {}
+            for s in timeouts:
+                d = _details(s)
+                r = _int(d.get("rank"))
+                if r is None:
+                    r = next((mem.rank for mem in members.values() if s.get("node") == mem.node
+                              and str(s.get("entity", "")) == f"nccl:{mem.process}"), None)
+                seq = _int(d.get("seq_num"))
+                if r is not None and seq is not None:
+                    seq_of[r] = min(seq, seq_of.get(r, seq))
+            if len(seq_of) == size and len(set(seq_of.values())) > 1:
+                low = min(seq_of.values())
+                behind = sorted(r for r, q in seq_of.items() if q == low)
+                if len(behind) <= max(1, size // 8) and len({ranks[r].node for r in behind if r in ranks}) == 1 \
+                        and behind[0] in ranks:
+                    mem = ranks[behind[0]]
+                    entity = f"rank:{behind[0]}" if len(behind) == 1 else "ranks:" + ",".join(map(str, behind))
+                    return _incident(job, {"node": mem.node, "entity": entity, "kind": "rank",
+                                           "rank": str(behind[0])}, 0.85, timeouts, nodes,
+                                     f"rank(s) {behind} on {mem.node} timed out in collective {low}, every other "
+                                     f"rank in {max(seq_of.values())}: they never joined it")
         elif size and len(ranks) < size:
             return _incident(job, None, 0.0, symptoms, nodes,
                              f"only {len(ranks)} of {size} ranks are known (a node's agent is missing): no verdict")

@@ -16,6 +16,8 @@ Fault kinds (the culprit an expert names):
   -> (node, ``gpu:<pci>``, gpu);
 * ``hung_rank``: one rank stops entering collectives with no hardware signal; every other rank
   times out -> (node, ``rank:<r>``, rank);
+* ``behind_rank``: one rank is stuck in an earlier collective; every rank times out, it at a lower
+  SeqNum -> (node, ``rank:<r>``, rank);
 * ``socket_node``: one node's ranks run NCCL over sockets while the job's others use IB
   -> (node, ``nccl:transport``, transport);
 * ``healthy``: nothing -> no incident.
@@ -33,7 +35,8 @@ from typing import Any
 
 from sim.host import SimHost
 
-FAULTS = ("ib_port_down", "ib_port_down_early", "gpu_fell_off", "hung_rank", "socket_node", "healthy")
+FAULTS = ("ib_port_down", "ib_port_down_early", "gpu_fell_off", "hung_rank", "behind_rank", "socket_node",
+          "healthy")
 GPUS = 8
 BUSES = ["18", "2a", "3a", "5d", "9a", "ab", "ba", "db"]  # SimHost.gpu_node's GPU buses, in minor order
 INIT_FORMATS = {
@@ -108,6 +111,7 @@ def generate(workdir: Path, seed: int, *, nodes: int = 8, fault: str | None = No
     timed_out: set[tuple[str, int]] = set()  # (node, gpu) ranks whose watchdog fired
     silent: set[tuple[str, int]] = set()
     socket_node: str | None = None
+    behind: set[tuple[str, int]] = set()  # ranks stuck in an earlier collective than the others
     completion_to: str | None = None
     expected: dict[str, dict[str, str] | None] = {j.comm_id: None for j in jobs}
     culprit = rng.choice(faulty.nodes)
@@ -132,6 +136,11 @@ def generate(workdir: Path, seed: int, *, nodes: int = 8, fault: str | None = No
     elif fault == "hung_rank":
         silent = {(culprit, g)}
         timed_out = set(all_ranks) - silent
+        r = faulty.rank_of(culprit, g)
+        expected[faulty.comm_id] = {"node": culprit, "entity": f"rank:{r}", "kind": "rank"}
+    elif fault == "behind_rank":
+        timed_out = set(all_ranks)
+        behind = {(culprit, g)}
         r = faulty.rank_of(culprit, g)
         expected[faulty.comm_id] = {"node": culprit, "entity": f"rank:{r}", "kind": "rank"}
     elif fault == "socket_node" and len(faulty.nodes) >= 2:
@@ -160,7 +169,7 @@ def generate(workdir: Path, seed: int, *, nodes: int = 8, fault: str | None = No
             for x in range(GPUS):
                 _write_rank(hosts[n], rng, job, n, x, version, ip_of,
                             socket=(n == socket_node and job is faulty),
-                            timeout=(n, x) in timed_out and job is faulty,
+                            timeout=(n, x) in timed_out and job is faulty, behind=(n, x) in behind,
                             completion_peer=ip_of[completion_to] if completion_to and job is faulty
                             and n != completion_to and rng.random() < 0.5 else None,
                             glog=glog)
@@ -168,7 +177,8 @@ def generate(workdir: Path, seed: int, *, nodes: int = 8, fault: str | None = No
 
 
 def _write_rank(h: SimHost, rng: random.Random, job: Job, node: str, gpu: int, version: str, ip_of: dict[str, str],
-                *, socket: bool, timeout: bool, completion_peer: str | None, glog: bool) -> None:
+                *, socket: bool, timeout: bool, completion_peer: str | None, glog: bool,
+                behind: bool = False) -> None:
     pid = 40000 + gpu
     tid = pid + 17
     rank = job.rank_of(node, gpu)
@@ -189,7 +199,7 @@ def _write_rank(h: SimHost, rng: random.Random, job: Job, node: str, gpu: int, v
                      f"peer {completion_peer}<{rng.randint(30000, 60000)}> with status=12 opcode=0 len=0 vendor "
                      f"err 129 (Recv) localGid ::ffff:{ip_of[node]} remoteGids::ffff:{completion_peer} hca mlx5_{gpu}")
     if timeout:
-        seq = 4211
+        seq = 4211 - 2 if behind else 4211
         # as in public logs of torch 2.4+ (c10 glog prefix, ProcessGroupNCCL.cpp line numbers vary)
         head = f"[rank{rank}]:[E1203 07:44:26.{rng.randint(10**8, 10**9 - 1)} {tid} ProcessGroupNCCL.cpp:655] " \
             if glog else ""
