@@ -116,10 +116,12 @@ class Cordoner:
         return f"victim of incident {job} (culprit {who}): its symptoms never cordon it"
 
     async def _await_verdict(self, msg: dict[str, Any]) -> None:
-        """A job's first NCCL messages wait (once per job, at most INCIDENT_GRACE s) for the correlator."""
+        """A job's first NCCL message that would cordon its node waits (once per job, at most
+        INCIDENT_GRACE s) for the correlator's verdict. Only those: the rest never delay the consumer."""
         details = msg.get("details") if isinstance(msg.get("details"), dict) else {}
         job = details.get("job") if msg.get("collector") == "nccl_logs" else None  # type: ignore[union-attr]
-        if not isinstance(job, str) or job in self.incidents or msg.get("type") == "NCCLJobMember":
+        if not isinstance(job, str) or job in self.incidents or self.engine is None \
+                or not self.engine.would_take_budget(msg):
             return
         first = self.job_first_seen.setdefault(job, time.monotonic())
         if len(self.job_first_seen) > 100000:

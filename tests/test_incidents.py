@@ -198,3 +198,42 @@ async def test_cordoner_acts_on_the_culprit_and_spares_the_victims(tmp_path: Pat
     spared = [a for a in audits if a["decision"] == "skipped" and "victim of incident" in a["reason"]]
     victims = set(sc.jobs[0].nodes) - {culprit["node"]}
     assert {a["node"] for a in spared} == victims
+
+
+async def test_the_cordoner_waits_for_a_verdict_only_for_messages_that_would_cordon(tmp_path: Path,
+                                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job's NCCL message no rule would cordon on (the default policy ignores timeouts) is decided at once:
+    500 jobs' symptoms never stall the consumer for 500 x the grace period."""
+    import os
+    import stat
+
+    from agent.remediation.engine import Engine
+    from fleet.cordoner import Cordoner
+
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    fake = bindir / "scontrol"
+    fake.write_text("#!/bin/sh\nexit 0\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
+    from agent.remediation.loader import load_plugins
+    from gna_sdk.hostroot import HostRoot
+
+    cfg = configmod.parse('[remediations]\ncordon_with = "slurm"\n', file="<t>").agent
+    cord = Cordoner(cfg, ["nats://127.0.0.1:1"])
+
+    async def audit(record: dict[str, Any]) -> None:
+        return None
+
+    cord.engine = Engine(cfg.remediations, load_plugins(cfg.remediations, HostRoot("/")).available, audit=audit)
+    timeout = {"collector": "nccl_logs", "type": "NCCLCollectiveTimeout", "kind": "event", "severity": "critical",
+               "node": "n1", "entity": "nccl:n1:1", "details": {"job": "0x1"}}
+    t0 = time.monotonic()
+    for i in range(500):
+        await cord._await_verdict({**timeout, "details": {"job": f"0x{i:x}"}})
+    assert time.monotonic() - t0 < 1.0
+    fallback = {**timeout, "type": "NCCLSocketFallback", "kind": "condition", "status": "firing"}
+    assert cord.engine.would_take_budget(fallback)  # the default policy cordons this one: it waits
+    t0 = time.monotonic()
+    await cord._await_verdict(fallback)
+    assert time.monotonic() - t0 >= 2.5

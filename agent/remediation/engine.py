@@ -66,6 +66,14 @@ class Engine:
         self._lock = asyncio.Lock()
         self._budget_alerted = False
 
+    def would_take_budget(self, msg: dict[str, Any]) -> bool:
+        """A rule matches ``msg`` whose plugin cordons or drains (needs a fleet budget slot)."""
+        for rule in self.rules:
+            plugin = self.plugins.get(rule.action)
+            if plugin is not None and plugin.needs_budget and rule.match.matches(msg):
+                return True
+        return False
+
     def dry_run(self, plugin: str) -> bool:
         """Dry-run unless enforcing globally, and a plugin may stay in dry-run on its own."""
         setting = self.cfg.plugins.get(plugin, {}).get("dry_run")
