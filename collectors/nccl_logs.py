@@ -157,7 +157,7 @@ class NCCLLogsCollector:
                 self.foreign_lines += 1
                 self.emit.unparsed(f"{tf.path}: NCCL lines of other hosts (their agents judge them)", line.raw[:200])
                 continue
-            host, pid = (line.host, line.pid) if line.host else self._from_name(tf.path)
+            host, pid = (line.host, line.pid) if line.host else self._owner(tf.path, m)
             key = f"{host}:{pid}"
             st = self.procs.get(key)
             if st is None:
@@ -205,6 +205,21 @@ class NCCLLogsCollector:
                                                       f"hosts' lines and {st.host} is not this node.")
             del self.procs[key]
         return ok
+
+    def _owner(self, path: str, m: Match) -> tuple[str, int]:
+        """The NCCL process a line without NCCL's prefix (PyTorch's watchdog) belongs to: in a file
+        where NCCL printed to stdout next to the trainer's stderr (kubectl logs, a launcher's per-rank
+        file), the process of this file whose rank PyTorch names, or the file's only process; else the
+        file's %h.%p (NCCL_DEBUG_FILE)."""
+        here = [st for st in self.procs.values() if st.file == path and st.comms]
+        rank = m.fields.get("rank")
+        if rank is not None:
+            named = [st for st in here if int(rank) in st.ranks()]
+            if len(named) == 1:
+                return named[0].host, named[0].pid
+        if len(here) == 1:
+            return here[0].host, here[0].pid
+        return self._from_name(path)
 
     @staticmethod
     def _from_name(path: str) -> tuple[str, int]:

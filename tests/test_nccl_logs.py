@@ -298,3 +298,36 @@ async def test_lines_of_other_hosts_are_attributed_not_judged_here(tmp_path: Pat
     await c.collect()
     assert [(m.status, m.reason) for m in sink.messages if m.entity == "nccl:trainer-0:11"][-1] == (
         "resolved", "LogGone")
+
+
+async def test_a_watchdog_line_joins_the_nccl_process_of_its_file(tmp_path: Path) -> None:
+    """#15: NCCL on stdout next to the trainer's stderr in one file (kubectl logs, a launcher's per-rank
+    file, no NCCL_DEBUG_FILE): PyTorch's watchdog line has no NCCL prefix, and is tied to the NCCL
+    process of its file that holds the rank PyTorch names (or the file's only one), so the timeout
+    carries the job, rank and GPU the correlator needs."""
+    from agent.emitter import CollectorEmitter, ConditionTracker
+    from agent.facts import FactStore
+    from collectors.nccl_logs import NCCLLogsCollector, NCCLLogsConfig
+    from gna_sdk.hostroot import HostRoot
+    from tests.conftest import Sink
+
+    host = SimHost.gpu_node(tmp_path / "h", gpus=8)
+    host.write("/proc/sys/kernel/hostname", "gpu-7\n")
+    logdir = host.p("/var/log/pods")
+    logdir.mkdir(parents=True)
+    init = ("gpu-7:{pid}:{pid} [{g}] NCCL INFO ncclCommInitRank comm 0x55d0{g} rank {r} nranks 16 cudaDev {g} "
+            "nvmlDev {g} busId {bus}000 commId 0xabc123 - Init COMPLETE\n")
+    dog = ("[rank{r}]:[E1203 07:44:26.123456789 77 ProcessGroupNCCL.cpp:655] [Rank {r}] Watchdog caught collective "
+           "operation timeout: WorkNCCL(SeqNum=9, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran "
+           "for 600042 milliseconds before timing out.\n")
+    text = (init.format(pid=501, g=0, r=8, bus="18") + init.format(pid=502, g=1, r=9, bus="2a")
+            + "step 100 loss 1.234\n" + dog.format(r=9) + dog.format(r=8))
+    (logdir / "trainer-0.log").write_text(text)  # no %h.%p in the name: only the lines say whose they are
+    sink = Sink()
+    em = CollectorEmitter("gpu-7", "nccl_logs", sink, ConditionTracker(None), facts=FactStore())
+    c = NCCLLogsCollector(NCCLLogsConfig(globs=["/var/log/pods/*.log"]), HostRoot(host.root), em)
+    await c.check()
+    timeouts = {m.entity: m.details for m in sink.of("NCCLCollectiveTimeout")}
+    assert set(timeouts) == {"nccl:gpu-7:501", "nccl:gpu-7:502"}, timeouts
+    assert timeouts["nccl:gpu-7:502"]["job"] == "0xabc123" and timeouts["nccl:gpu-7:502"]["world_rank"] == 9
+    assert timeouts["nccl:gpu-7:501"]["pci"] == "0000:18:00.0" and timeouts["nccl:gpu-7:501"]["rank"] == 8
