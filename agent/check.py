@@ -71,6 +71,20 @@ async def run_check(config: configmod.Config) -> dict[str, Any]:
             "skipped": skipped, "not_seen": not_seen, "unparsed": unparsed}
 
 
+async def check_roots(roots: list[str] | list[Any], base: configmod.Config | None = None) -> list[dict[str, Any]]:
+    """One check per host root (node snapshots, simulated fleets), each root naming itself by its
+    etc/hostname; ``base`` supplies every other setting."""
+    import copy
+
+    reports = []
+    for root in roots:
+        cfg = copy.deepcopy(base) if base is not None else configmod.parse("", file="<defaults>")
+        cfg.agent.host_root = str(root)
+        cfg.agent.node = ""
+        reports.append(await run_check(cfg))
+    return reports
+
+
 def exit_code(report: dict[str, Any]) -> int:
     return {"healthy": EXIT_HEALTHY, "degraded": EXIT_WARNING, "unhealthy": EXIT_CRITICAL}[report["status"]]
 

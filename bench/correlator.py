@@ -28,20 +28,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agent import config as configmod
-from agent.check import run_check
 from agent.logsetup import configure
 from fleet.correlator import correlate, members_of
-from sim.scenarios import Scenario, generate
-
-
-async def node_messages(sc: Scenario) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    for root in sc.roots.values():
-        cfg = configmod.parse(f'host_root = "{root}"\n', file="<bench>")
-        report = await run_check(cfg)
-        out += report["conditions"] + report["events"]
-    return out
+from sim.scenarios import generate
 
 
 def naive(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -90,7 +79,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="gna-corr-") as tmp:
             sc = generate(Path(tmp), seed=args.seed * 100000 + i, nodes=nodes)
             t0 = time.perf_counter()
-            msgs = asyncio.run(node_messages(sc))
+            msgs = asyncio.run(sc.messages())
             t1 = time.perf_counter()
             ours = [inc.to_dict() for inc in correlate(msgs)]
             t2 = time.perf_counter()

@@ -20,7 +20,6 @@ import asyncio
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -30,11 +29,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import nats
+from procstat import cpu_seconds, stop
+from procstat import status_mib as rss_mib
 
 from agent.nats_server import NatsServerProcess
 from sim.host import SimHost
-
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 def start_agent(work: Path, host: SimHost, url: str, extra: str, name: str) -> subprocess.Popen[bytes]:
@@ -43,14 +42,6 @@ def start_agent(work: Path, host: SimHost, url: str, extra: str, name: str) -> s
                    f'[nats]\nservers = ["{url}"]\n[metrics]\nlisten = ""\n[log]\nlevel = "warning"\n{extra}')
     return subprocess.Popen([sys.executable, "-m", "agent", "run", "--config", str(cfg)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
 
 
 class Waiter:
@@ -176,18 +167,6 @@ async def udev_trials(url: str, work: Path, trials: int) -> list[float]:
         await nc.close()
         stop(proc)
     return lat
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
-
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
 
 
 async def idle(url: str, work: Path, seconds: float) -> tuple[float, float]:

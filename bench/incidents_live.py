@@ -31,8 +31,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import nats
 from nats.js.api import StreamConfig
 
-from agent import config as configmod
-from agent.check import run_check
 from agent.logsetup import configure
 from agent.nats_link import STREAM_SUBJECTS
 from agent.nats_server import NatsServerProcess
@@ -42,18 +40,10 @@ from sim.scenarios import generate
 KINDS = ("ib_port_down_early", "gpu_fell_off", "hung_rank", "socket_node", "ib_port_down")
 
 
-async def node_messages(roots: list[Path]) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    for root in roots:
-        report = await run_check(configmod.parse(f'host_root = "{root}"\n', file="<bench>"))
-        out += report["conditions"] + report["events"]
-    return out
-
-
 async def trial(js: Any, got: asyncio.Queue[dict[str, Any]], work: Path, seed: int, nodes: int,
                 kind: str) -> tuple[float | None, bool, int]:
     sc = generate(work / f"t{seed}", seed=seed, nodes=nodes, fault=kind, job_nodes=nodes, second_job=False)
-    msgs = await node_messages(list(sc.roots.values()))
+    msgs = await sc.messages()
     want = sc.expected[sc.jobs[0].comm_id]
     members = [m for m in msgs if m["type"] == "NCCLJobMember"]
     evidence = sorted((m for m in msgs if m["type"] != "NCCLJobMember"), key=lambda m: m["time"])

@@ -24,7 +24,6 @@ import json
 import os
 import shlex
 import shutil
-import signal
 import socket
 import statistics
 import subprocess
@@ -37,10 +36,11 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from procstat import cpu_seconds, status_mib, stop  # noqa: E402
+
 from sim.host import SimHost  # noqa: E402
 
 BEFORE = "d9a9275"
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 GOAL_MC, GOAL_RSS = 1.0, 40.0
 NPD = "node-problem-detector: 2 millicores, 30 MiB"
 PREVIOUS = "previous figure on this layout: 1.2 millicores, 42 MiB"
@@ -133,18 +133,6 @@ def install_figures(venv: Path, seconds: float) -> dict[str, Any]:
 
 
 # -- 2. daemon idle cost --------------------------------------------------------------------
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
-
-
-def status_mib(pid: int, key: str = "VmRSS") -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(f"{key}:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
 def native_rss(pid: int, site: Path) -> dict[str, float]:
     """Rss (MiB) of the files mapped from site-packages (extension modules, bundled .so), per top-level dir."""
     out: dict[str, float] = {}
@@ -193,15 +181,6 @@ def start_agent(venv: Path, work: Path, host: SimHost, url: str, tag: str,
     cwd.mkdir(exist_ok=True)
     return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL,
                             stderr=open(work / f"{tag}.stderr", "wb"))
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 def idle_run(venv: Path, work: Path, host: SimHost, url: str, tag: str, warmup: float,

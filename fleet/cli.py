@@ -106,10 +106,9 @@ def add_commands(sub: argparse._SubParsersAction[Parser]) -> None:
 
 def cmd_diagnose(args: argparse.Namespace) -> int:
     """Offline: each host root's one-shot checks, then the fleet correlator over all of them."""
-    import copy
     from pathlib import Path
 
-    from agent.check import run_check
+    from agent.check import check_roots
     from agent.cliargs import EX_NOINPUT
     from agent.logsetup import configure
     from fleet.correlator import correlate
@@ -122,16 +121,7 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
         print(f"gpu-node-agent: host root(s) missing or not directories: {', '.join(missing)}", file=sys.stderr)
         return EX_NOINPUT
 
-    async def checks() -> list[dict[str, Any]]:
-        reports = []
-        for root in roots:
-            cfg = copy.deepcopy(base)
-            cfg.agent.host_root = str(root)
-            cfg.agent.node = ""  # each root names itself (its etc/hostname)
-            reports.append(await run_check(cfg))
-        return reports
-
-    reports = asyncio.run(checks())
+    reports = asyncio.run(check_roots(roots, base))
     names = [r["node"] for r in reports]
     if len(set(names)) != len(names):
         dup = sorted({n for n in names if names.count(n) > 1})

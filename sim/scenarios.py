@@ -69,6 +69,12 @@ class Scenario:
     expected: dict[str, dict[str, str] | None]  # job -> the culprit an expert names (None: no incident)
     noise: list[str] = field(default_factory=list)
 
+    async def messages(self) -> list[dict[str, Any]]:
+        """What every node of the fleet would publish: its one-shot checks' conditions and events."""
+        from agent.check import check_roots
+
+        return [m for r in await check_roots(list(self.roots.values())) for m in r["conditions"] + r["events"]]
+
     def score(self, incidents: list[dict[str, Any]]) -> dict[str, int]:
         """tp: the expected culprit named; fp: a culprit named that is not the expected one (a victim
         or an innocent blamed, or one for a healthy job); fn: an expected culprit not named."""

@@ -14,7 +14,6 @@ import pytest
 from nats.js.api import StreamConfig
 
 from agent import config as configmod
-from agent.check import run_check
 from agent.nats_link import STREAM_SUBJECTS
 from agent.nats_server import NatsServerProcess
 from agent.subjects import event_subject
@@ -24,11 +23,7 @@ from sim.scenarios import generate
 
 async def _messages(tmp: Path, fault: str, seed: int = 11, nodes: int = 4) -> tuple[Any, list[dict[str, Any]]]:
     sc = generate(tmp, seed=seed, nodes=nodes, fault=fault, job_nodes=3, second_job=False)
-    msgs: list[dict[str, Any]] = []
-    for root in sc.roots.values():
-        report = await run_check(configmod.parse(f'host_root = "{root}"\n', file="<t>"))
-        msgs += report["conditions"] + report["events"]
-    return sc, msgs
+    return sc, await sc.messages()
 
 
 def _is_symptom_or_fault(m: dict[str, Any]) -> bool:

@@ -356,7 +356,6 @@ async def test_correlator_and_cordoner_work_on_incidents_with_their_own_permissi
     from nats.js.api import StreamConfig
 
     from agent import config as configmod
-    from agent.check import run_check
     from agent.nats_link import STREAM_SUBJECTS
     from agent.subjects import event_subject
     from fleet.cordoner import Cordoner
@@ -364,10 +363,7 @@ async def test_correlator_and_cordoner_work_on_incidents_with_their_own_permissi
     from sim.scenarios import generate
 
     sc = generate(tmp_path / "fleet", seed=5, nodes=3, fault="gpu_fell_off", job_nodes=2, second_job=False)
-    msgs: list[dict[str, Any]] = []
-    for root in sc.roots.values():
-        report = await run_check(configmod.parse(f'host_root = "{root}"\n', file="<t>"))
-        msgs += report["conditions"] + report["events"]
+    msgs = await sc.messages()
     js = admin.jetstream()
     await js.add_stream(StreamConfig(name="GNA_EVENTS", subjects=STREAM_SUBJECTS))
     svc = IncidentService([fleet.url], nats_cfg=fleet.cfg("correlator"), debounce=0.02)
