@@ -167,7 +167,8 @@ class NCCLLogsCollector:
             st.apply(m)
             touched[key] = st
             joined = m.rule.name == "init" and len(st.comms) > known  # a communicator this process joined
-            if joined or m.rule.name in ("ib_completion", "ib_async", "socket_error", "watchdog", "warn"):
+            if joined or m.rule.name in ("ib_completion", "ib_async", "socket_error", "watchdog", "warn",
+                                         "pg_progress", "pg_dump_signal"):
                 events.append((m, st))
             elif line.level == "WARN":  # a WARN a state rule also reads (no libibverbs): still shown as one
                 events.append((Match(WARNING_RULE, line, {}), st))
@@ -213,8 +214,8 @@ class NCCLLogsCollector:
         file's %h.%p (NCCL_DEBUG_FILE)."""
         here = [st for st in self.procs.values() if st.file == path and st.comms]
         rank = m.fields.get("rank")
-        if rank is not None:
-            named = [st for st in here if int(rank) in st.ranks()]
+        if isinstance(rank, int):
+            named = [st for st in here if rank in st.ranks()]
             if len(named) == 1:
                 return named[0].host, named[0].pid
         if len(here) == 1:
@@ -271,13 +272,32 @@ class NCCLLogsCollector:
                 details={**where, "comm_id": comm, "rank": int(f["rank"]), "size": int(f["nranks"]),
                          "cuda_dev": int(f["cuda"]), "pci": pci_from_nccl_bus_id(f.get("bus"))}, msg_id=msg_id)
         if m.rule.name == "watchdog":
-            details = {**where, "seq_num": int(f["seq"]), "op_type": f["op"],
-                       "rank": int(f["rank"]) if f.get("rank") else None,
+            details = {**where, "seq_num": int(f["seq"]), "op_type": f["op"], "rank": f.get("rank"),
+                       "pg_id": f.get("pg"), "pg_desc": f.get("desc"), "pg_rank": f.get("pg_rank"),
                        "timeout_ms": int(f["timeout"]) if "timeout" in f else None, "ran_for_ms": int(f["ran"])}
             return await self.emit.event(
                 "NCCLCollectiveTimeout", severity="critical", entity=st.entity, reason="WatchdogTimeout",
                 message=f"A {f['op']} (SeqNum {f['seq']}) timed out after {int(f['ran']) / 1000:.0f} s in "
                         f"{st.key}: one rank is stuck or far behind.", details=details, msg_id=msg_id)
+        if m.rule.name in ("pg_progress", "pg_dump_signal"):
+            enq, done, at = f.get("enq"), f.get("done"), f.get("at")
+            pg = f.get("desc") or f.get("pg") or "0"
+            if m.rule.name == "pg_dump_signal":
+                heard = f"rank {f['src']}" if f.get("src") is not None else "this local rank"
+                text = (f"{st.key} heard of a collective timeout from {heard}; its own progress in process group "
+                        f"{pg}: last enqueued work {enq}, last completed {done}.")
+            else:
+                text = (f"{st.key}: process group {pg} failed at work {at}; last enqueued work {enq}, last "
+                        f"completed {done}.")
+            if f.get("implausible"):
+                text += " (some of PyTorch's numbers are impossible and were dropped)"
+            return await self.emit.event(
+                "NCCLWatchdogProgress", severity="warning", entity=st.entity,
+                reason="DumpSignal" if m.rule.name == "pg_dump_signal" else "WatchdogProgress", message=text,
+                details={**where, "rank": f.get("rank"), "pg_id": f.get("pg"), "pg_desc": f.get("desc"),
+                         "pg_rank": f.get("pg_rank"), "at_seq": at, "last_enqueued": enq, "last_completed": done,
+                         "signal_from_rank": f.get("src"), "implausible": bool(f.get("implausible"))},
+                msg_id=msg_id)
         # other WARN lines: first per (process, text) at once, the rest counted into one summary
         text = line.msg[:300]
         win = self.warn_windows.get((st.key, text))

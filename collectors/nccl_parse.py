@@ -45,6 +45,20 @@ def _r(p: str) -> re.Pattern[str]:
 # none on 2.4's NET lines; PXN adds "(proxyRank)", 2.26+ "(PCI)" after /GDRDMA.
 _CHAN = r"(?:Channel|Ring) (?P<ch>\d+)(?:/\d+)? : (?P<src>\d+)(?:\[[^\]]*\])? -> (?P<dst>\d+)(?:\[[^\]]*\])? "
 
+# PyTorch's log prefix (ProcessGroupNCCL createLogPrefix()): "[Rank r] " (2.1-2.2), "[PG p Rank r] " (2.3), "[PG p
+# (desc) Rank r] " (2.4), "[PG ID p PG GUID g(desc) Rank r] " (2.5+, pytorch/pytorch@cf1380df
+# torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp), "[PG GUID g(desc) Rank r] " (2.14 per-work lines).
+# r is the rank *in that process group*; desc is "default_pg" for the world group.
+_PG = (r"(?:\[(?:PG (?:ID )?(?P<pg>\d+) ?)?(?:PG GUID (?P<guid>[^\s(\]]{1,40}))?\s*(?:\((?P<desc>[^)\]]{0,64})\))?"
+       r"\s*Rank (?P<rank>\d+)\]\s+)?")
+# torchrun's per-rank prefix ("[rank3]:[E1203 ...]", 2.2+): the *global* rank
+_TORCHRUN_RANK = re.compile(r"\[rank(\d+)\]:")
+
+
+def _seq(name: str) -> str:
+    return rf"(?P<{name}>-?\d{{1,20}})"
+
+
 RULES: tuple[Rule, ...] = (
     Rule("network", _r(r"\bUsing network (?P<net>\S[^\n]*?)\s*$"), "NCCLSocketFallback", "critical", ("net",)),
     Rule("ib_no_device", _r(r"NET/IB : No device found"), "NCCLSocketFallback", "critical", ()),
@@ -89,10 +103,32 @@ RULES: tuple[Rule, ...] = (
     Rule("socket_error", _r(r"(?P<what>Connection closed by remote peer|Connection reset by peer|Call to recv from "
                             r"\S+ failed|Connect to \S+ failed|connect to \S+ failed|exceeded retries)"),
          "NCCLSocketError", "warning", ("what",), warn_only=True),
-    Rule("watchdog", _r(r"(?:\bRank (?P<rank>\d+)\] )?Watchdog caught collective operation timeout: "
+    Rule("watchdog", _r(_PG + r"Watchdog caught collective operation timeout: "
                         r"WorkNCCL\(SeqNum=(?P<seq>\d+), "
                         r"OpType=(?P<op>\w+)(?:.*?Timeout\(ms\)=(?P<timeout>\d+))?.*?\) ran for (?P<ran>\d+) "
                         r"milliseconds"), "NCCLCollectiveTimeout", "critical", ("rank", "seq", "op", "timeout", "ran")),
+    # The process group's progress when its watchdog gives up (docs/formats.md, "PyTorch PG status"):
+    # "Timeout at NCCL work: %d, last enqueued NCCL work: %d, last completed NCCL work: %d." (2.2-2.5),
+    # "Exception (either an error or timeout) detected by watchdog at work: %d, last enqueued ..." (2.4-2.5),
+    # " failure detected by watchdog at work sequence id: %d PG status: last enqueued work: %d, last
+    # completed work: %d" (2.6+)
+    Rule("pg_progress", _r(_PG + r"(?P<what>Timeout at NCCL work|Exception (?:\(either an error or timeout\) )?"
+                           r"detected by watchdog at work|failure detected by watchdog at work sequence id): "
+                           + _seq("at") + r",? (?:PG status: )?last enqueued (?:NCCL )?work: " + _seq("enq")
+                           + r", last completed (?:NCCL )?work: " + _seq("done")),
+         "NCCLWatchdogProgress", "warning", ("pg", "rank", "at", "enq", "done")),
+    # A rank hears of another rank's timeout (HeartbeatMonitor, 2.4+): "Received a dump signal due to a
+    # collective timeout from {this local rank| rank N} and we will try our best to dump the debug info. Last
+    # enqueued NCCL work: %d, last completed NCCL work: %d." A rank that never entered the collective the
+    # others wait in has nothing in flight, never times out, and says where it stands only here.
+    Rule("pg_dump_signal", _r(_PG + r"Received a dump signal due to a collective timeout from\s+(?:rank "
+                              r"(?P<src>\d+)|(?P<local>this local rank))?.{0,200}?Last enqueued NCCL work: "
+                              + _seq("enq") + r", last completed NCCL work: " + _seq("done")),
+         "NCCLWatchdogProgress", "warning", ("pg", "rank", "src", "enq", "done")),
+    # glog INFO every 30 s (kWorkStatusUpdatePeriodMs): progress for the process summary, never an event
+    Rule("pg_periodic", _r(_PG + r"NCCL Work update periodically: last enqueued NCCL work: " + _seq("enq")
+                           + r", last completed NCCL work: " + _seq("done")),
+         "", "info", ("pg", "rank", "enq", "done")),
 )
 RULES_BY_NAME = {r.name: r for r in RULES}
 
@@ -100,7 +136,8 @@ RULES_BY_NAME = {r.name: r for r in RULES}
 # NET/IB with /GDRDMA (the healthy, numerous ones) never pass.
 _NEEDLES = (b"Using network ", b"NET/IB : ", b"NET/IB: ", b"NET/IB/GIN", b"NET/Socket : Using", b"GPU Direct RDMA",
             b"via SHM/", b"via direct shared memory", b"via NET/Socket", b"Init COMPLETE", b"NCCL_IB_HCA set",
-            b"set by environment to", b"Failed to open libibverbs", b"NCCL WARN", b"Watchdog caught")
+            b"set by environment to", b"Failed to open libibverbs", b"NCCL WARN", b"Watchdog caught",
+            b"ast enqueued ")
 # IB channels without /GDRDMA, also through a plugin (NET/IBext_v8/0): the healthy GDR ones never pass
 _NONGDR_RE = rb"via NET/IB\w*/\d+(?![\d/])"
 _NONGDR_DFA = rb"via NET/IB[A-Za-z0-9_]*/[0-9]+(?:[^/0-9]|$)"  # the same, without look-ahead (RE2, Hyperscan)
@@ -227,6 +264,8 @@ def match_line(line: Line) -> Match | None:
             if hm := _HCA.search(msg):
                 fields["hca"] = hm.group(1)
             fields["status"] = int(fields["status"])
+        elif rule.name == "watchdog" or rule.name.startswith("pg_"):
+            _torch_fields(fields, line.raw)
         return Match(rule, line, fields)
     if line.level == "WARN":
         return Match(WARNING_RULE, line, {})
@@ -234,6 +273,33 @@ def match_line(line: Line) -> Match | None:
 
 
 WARNING_RULE = Rule("warn", _r(r"."), "NCCLWarning", "warning", ())
+SEQ_MAX = 1 << 53  # a sequence number past this is uninitialised memory (seen in public logs), not progress
+
+
+def _torch_fields(fields: dict[str, Any], raw: str) -> None:
+    """PyTorch's numbers, checked: ``rank`` becomes the world rank where the line says it (torchrun's
+    ``[rankN]:``, or the default process group's rank), else None (``pg_rank`` keeps the group's);
+    sequence numbers outside [-1, 2**53) or a completed count above the enqueued one become None and
+    ``implausible`` is set -- they are not progress."""
+    pg_rank = int(fields.pop("rank")) if "rank" in fields else None
+    tr = _TORCHRUN_RANK.search(raw)
+    desc, pg, guid = fields.get("desc"), fields.get("pg"), fields.get("guid")
+    # the world group: described "default_pg", else the first group created (ID/GUID 0), else "[Rank r]"
+    default_pg = desc == "default_pg" if desc else pg == "0" if pg is not None else guid in (None, "0")
+    fields["pg_rank"] = pg_rank
+    fields["rank"] = int(tr.group(1)) if tr else pg_rank if default_pg else None
+    bad = False
+    for k in ("at", "enq", "done", "src"):
+        if k in fields:
+            v = int(fields[k])
+            ok = -1 <= v < SEQ_MAX
+            fields[k] = v if ok else None
+            bad |= not ok
+    if isinstance(fields.get("enq"), int) and isinstance(fields.get("done"), int) and fields["done"] > fields["enq"]:
+        fields["done"] = None  # completed more than it enqueued: one of the two is garbage; keep the enqueued
+        bad = True
+    if bad:
+        fields["implausible"] = True
 
 
 def parse_ib_devices(devs: str) -> list[dict[str, Any]]:
@@ -310,6 +376,8 @@ class ProcessState:
     channel_nets: set[str] = field(default_factory=set)  # NET/<name> on channel/ring lines
     env_hca: str = ""
     env: dict[str, str] = field(default_factory=dict)  # NCCL_* echoed by "set by environment to"
+    # process group -> PyTorch's last word on its progress: {"enqueued", "completed", "at", "world_rank"}
+    progress: dict[str, dict[str, Any]] = field(default_factory=dict)
     last_seen: float = 0.0
     lines: int = 0
 
@@ -367,6 +435,11 @@ class ProcessState:
             self.env_hca = f["value"]
         elif name == "env_param":
             self.env[f["name"]] = f["value"]
+        elif name.startswith("pg_") and not f.get("implausible"):
+            pg = str(f.get("pg") or "0")
+            if pg in self.progress or len(self.progress) < MAX_COMMS:
+                self.progress[pg] = {"enqueued": f.get("enq"), "completed": f.get("done"), "at": f.get("at"),
+                                     "world_rank": f.get("rank")}
 
     def summary(self) -> dict[str, Any]:
         first = next(iter(self.comms.values()), {})
@@ -377,4 +450,5 @@ class ProcessState:
                 "pci": pci_from_nccl_bus_id(first.get("bus_id")),
                 "comm_ids": sorted(self.comms)[:8], "job": world[0], "world_rank": world[1].get("rank"),
                 "world_size": world[1].get("nranks"), "transport": self.transport(),
-                "hcas": sorted({f"{d['name']}/{d['port']}" for d in self.ib_devices})[:16], "oob": self.oob or None}
+                "hcas": sorted({f"{d['name']}/{d['port']}" for d in self.ib_devices})[:16], "oob": self.oob or None,
+                "progress": self.progress.get("0")}

@@ -13,6 +13,8 @@ authenticated subject). What it reads:
   communicator's commId), world rank and size, the GPU's PCI address, the NICs NCCL listed
   (``NET/IB : Using ...``), the transport, the bootstrap (OOB) address;
 * symptoms: ``NCCLCollectiveTimeout`` (with the rank PyTorch's watchdog names),
+  ``NCCLWatchdogProgress`` (PyTorch's last enqueued / last completed work of a process group, also
+  from a rank that only heard of another's timeout),
   ``NCCLIBCompletionError`` (with the peer address), ``NCCLSocketFallback``;
 * hardware: critical findings on ``gpu:<pci>`` (Xid, fell off the bus, lost, ECC, ...) and on
   ``ib:<hca>/<port>`` (port down, flapping, error counters).
@@ -148,7 +150,7 @@ def correlate(messages: list[dict[str, Any]]) -> list[Incident]:
     symptoms: dict[str, list[dict[str, Any]]] = defaultdict(list)  # job -> its NCCL symptoms
     for m in messages:
         if m.get("collector") == "nccl_logs" and m.get("type") in (
-                "NCCLCollectiveTimeout", "NCCLIBCompletionError", "NCCLSocketFallback") \
+                "NCCLCollectiveTimeout", "NCCLIBCompletionError", "NCCLSocketFallback", "NCCLWatchdogProgress") \
                 and m.get("status") != "resolved":
             job = _details(m).get("job")
             if isinstance(job, str) and job in jobs:
@@ -202,13 +204,15 @@ def _judge(job: str, members: dict[tuple[str, str], Member], symptoms: list[dict
         return _incident(job, None, 0.0, symptoms, nodes, f"NCCL over sockets on {len(socket_nodes)} nodes")
     if not symptoms:
         return None
-    # 3. a hung rank: every other rank of the job timed out, this one said nothing
+    # 3. a rank that never entered the collective the others wait in, by PyTorch's own numbers
+    if (inc := _behind(job, members, symptoms, nodes)) is not None:
+        return inc
+    # 4. a hung rank: every other rank of the job timed out, this one said nothing
     if timeouts:
         ranks = {mem.rank: mem for mem in members.values() if mem.rank is not None}
         size = max((mem.size or 0 for mem in members.values()), default=0)
-        timed_out = {_int(_details(s).get("rank")) for s in timeouts} | {
-            mem.rank for mem in members.values() for s in timeouts
-            if s.get("node") == mem.node and str(s.get("entity", "")) == f"nccl:{mem.process}"}
+        index = _rank_index(members)
+        timed_out = {_rank_of(s, index) for s in timeouts}
         silent = sorted(r for r in ranks if r not in timed_out)
         if size and len(ranks) == size and silent:
             silent_nodes = {ranks[r].node for r in silent}
@@ -219,34 +223,10 @@ def _judge(job: str, members: dict[tuple[str, str], Member], symptoms: list[dict
                                  0.85, timeouts, nodes,
                                  f"{len(timed_out & set(ranks))} of {size} ranks timed out; rank(s) {silent} on "
                                  f"{mem.node} did not: stuck before the collective")
-        elif size and len(ranks) == size and not silent:
-            # every rank timed out, but not in the same collective: the one(s) stuck at an earlier
-            # SeqNum never joined the collective the others wait in
-            seq_of: dict[int, int] = {}
-            for s in timeouts:
-                d = _details(s)
-                r = _int(d.get("rank"))
-                if r is None:
-                    r = next((mem.rank for mem in members.values() if s.get("node") == mem.node
-                              and str(s.get("entity", "")) == f"nccl:{mem.process}"), None)
-                seq = _int(d.get("seq_num"))
-                if r is not None and seq is not None:
-                    seq_of[r] = min(seq, seq_of.get(r, seq))
-            if len(seq_of) == size and len(set(seq_of.values())) > 1:
-                low = min(seq_of.values())
-                behind = sorted(r for r, q in seq_of.items() if q == low)
-                if len(behind) <= max(1, size // 8) and len({ranks[r].node for r in behind if r in ranks}) == 1 \
-                        and behind[0] in ranks:
-                    mem = ranks[behind[0]]
-                    entity = f"rank:{behind[0]}" if len(behind) == 1 else "ranks:" + ",".join(map(str, behind))
-                    return _incident(job, {"node": mem.node, "entity": entity, "kind": "rank",
-                                           "rank": str(behind[0])}, 0.85, timeouts, nodes,
-                                     f"rank(s) {behind} on {mem.node} timed out in collective {low}, every other "
-                                     f"rank in {max(seq_of.values())}: they never joined it")
         elif size and len(ranks) < size:
             return _incident(job, None, 0.0, symptoms, nodes,
                              f"only {len(ranks)} of {size} ranks are known (a node's agent is missing): no verdict")
-    # 4. every IB completion error points at one peer
+    # 5. every IB completion error points at one peer
     ip_node = {mem.oob_ip: mem.node for mem in members.values() if mem.oob_ip}
     peers = {ip_node.get(str(_details(s).get("peer", "")).split("<")[0])
              for s in symptoms if s.get("type") == "NCCLIBCompletionError" and _details(s).get("peer")}
@@ -256,6 +236,75 @@ def _judge(job: str, members: dict[tuple[str, str], Member], symptoms: list[dict
         return _incident(job, {"node": peer_node, "entity": "node", "kind": "link"}, 0.7, symptoms, nodes,
                          "every IB completion error names this node as the peer")
     return _incident(job, None, 0.0, symptoms, nodes, "symptoms, but no resource of the job stands out")
+
+
+def _rank_index(members: dict[tuple[str, str], Member]) -> dict[tuple[str, str], int]:
+    """(node, entity "nccl:host:pid") -> the process's world rank."""
+    return {(mem.node, f"nccl:{mem.process}"): mem.rank for mem in members.values() if mem.rank is not None}
+
+
+def _rank_of(s: dict[str, Any], index: dict[tuple[str, str], int]) -> int | None:
+    """The world rank of the process a symptom came from: its membership (the process's world
+    communicator rank) first, PyTorch's rank second (a subgroup's rank is not a world rank)."""
+    r = index.get((str(s.get("node")), str(s.get("entity", ""))))
+    return r if r is not None else _int(_details(s).get("rank"))
+
+
+def _behind(job: str, members: dict[tuple[str, str], Member], symptoms: list[dict[str, Any]],
+            nodes: list[str]) -> Incident | None:
+    """The rank(s) that never joined the collective the job waits in: PyTorch's watchdog says where
+    each rank's process group failed (SeqNum, "at work") and how far it had enqueued; the collective
+    most ranks fail at is the one the job waits in, and a rank that failed earlier, or whose last
+    enqueued work is below it (it heard of the timeout but had nothing in flight), never entered it.
+    Sequence numbers are per process group: only one group's numbers are compared."""
+    ranks = {mem.rank: mem for mem in members.values() if mem.rank is not None}
+    size = max((mem.size or 0 for mem in members.values()), default=0)
+    index = _rank_index(members)
+    at: dict[str, dict[int, int]] = defaultdict(dict)  # group -> rank -> the work its watchdog failed at
+    enq: dict[str, dict[int, int]] = defaultdict(dict)  # group -> rank -> its last enqueued work
+    self_reported: set[int] = set()
+    for s in symptoms:
+        d = _details(s)
+        if s.get("type") not in ("NCCLCollectiveTimeout", "NCCLWatchdogProgress") or d.get("implausible"):
+            continue
+        r = _rank_of(s, index)
+        if r is None or r not in ranks:
+            continue
+        pg = str(d.get("pg_id") or "0")
+        seq = _int(d.get("seq_num")) if s.get("type") == "NCCLCollectiveTimeout" else _int(d.get("at_seq"))
+        if seq is not None and seq >= 0:
+            at[pg][r] = min(seq, at[pg].get(r, seq))
+        e = _int(d.get("last_enqueued"))
+        if e is not None:
+            enq[pg][r] = min(e, enq[pg].get(r, e))
+            if s.get("type") == "NCCLWatchdogProgress" and seq is None:  # heard of the timeout, nothing in flight
+                self_reported.add(r)
+    groups = [g for g in at if at[g]]
+    if not groups or not size:
+        return None
+    pg = "0" if "0" in groups else max(groups, key=lambda g: len(at[g]))
+    counts: dict[int, int] = defaultdict(int)
+    for q in at[pg].values():
+        counts[q] += 1
+    waited = max(counts, key=lambda q: (counts[q], q))  # the collective most ranks wait in
+    heard = set(at[pg]) | set(enq[pg])
+    behind = sorted({r for r, q in at[pg].items() if q < waited} | {r for r, e in enq[pg].items() if e < waited})
+    if not behind or len(heard) * 2 < size or len(behind) > max(1, size // 8):
+        return None
+    behind_nodes = {ranks[r].node for r in behind}
+    if len(behind_nodes) != 1:
+        return None
+    mem = ranks[behind[0]]
+    entity = f"rank:{behind[0]}" if len(behind) == 1 else "ranks:" + ",".join(map(str, behind))
+    own = [r for r in behind if r in self_reported]
+    how = (f"rank(s) {own} said their last enqueued work is below it" if own
+           else f"rank(s) {behind} failed at an earlier one")
+    evidence = [s for s in symptoms if _rank_of(s, index) in behind] + \
+        [s for s in symptoms if s.get("type") == "NCCLCollectiveTimeout"]
+    return _incident(job, {"node": mem.node, "entity": entity, "kind": "rank", "rank": str(behind[0])},
+                     0.9 if own else 0.85, evidence, nodes,
+                     f"{len(at[pg])} rank(s) of {size} failed in collective {waited} of process group {pg}; {how}: "
+                     f"they never joined it")
 
 
 def _incident(job: str, culprit: dict[str, str] | None, confidence: float, evidence: list[dict[str, Any]],

@@ -36,7 +36,7 @@ from gna_sdk.aio import wait_event, within
 log = structlog.get_logger(__name__)
 
 INCIDENTS_BUCKET = "gna-incidents"
-SYMPTOMS = ("NCCLCollectiveTimeout", "NCCLIBCompletionError", "NCCLSocketFallback")
+SYMPTOMS = ("NCCLCollectiveTimeout", "NCCLIBCompletionError", "NCCLSocketFallback", "NCCLWatchdogProgress")
 
 
 def owner(job: str, partitions: int) -> int:

@@ -15,7 +15,8 @@ Fault kinds (the culprit an expert names):
 * ``gpu_fell_off``: Xid 79 on one GPU of the job; its rank dies silently, the others time out
   -> (node, ``gpu:<pci>``, gpu);
 * ``hung_rank``: one rank stops entering collectives with no hardware signal; every other rank
-  times out -> (node, ``rank:<r>``, rank);
+  times out; with PyTorch 2.4+ the hung rank may print only that it heard of the others' timeout,
+  with its last enqueued work below theirs -> (node, ``rank:<r>``, rank);
 * ``behind_rank``: one rank is stuck in an earlier collective; every rank times out, it at a lower
   SeqNum -> (node, ``rank:<r>``, rank);
 * ``socket_node``: one node's ranks run NCCL over sockets while the job's others use IB
@@ -46,6 +47,23 @@ INIT_FORMATS = {
     "2.21": "ncclCommInitRank comm {ptr} rank {r} nranks {n} cudaDev {g} nvmlDev {g} busId {bus} commId {cid} "
             "- Init COMPLETE",
 }
+# PyTorch's watchdog by release (docs/formats.md, "PyTorch PG status"; all seen in public logs): the default
+# group's log prefix, the line with the group's progress when its watchdog fails, and whether a rank that
+# had nothing in flight hears of another's timeout (HeartbeatMonitor's dump signal, 2.4+)
+TORCH_FORMATS = {
+    "2.3": ("[PG 0 Rank {r}] ", "Timeout at NCCL work: {at}, last enqueued NCCL work: {enq}, last completed NCCL "
+            "work: {done}.", False),
+    "2.4": ("[PG 0 (default_pg) Rank {r}] ", "Exception (either an error or timeout) detected by watchdog at work: "
+            "{at}, last enqueued NCCL work: {enq}, last completed NCCL work: {done}.", True),
+    "2.6": ("[PG ID 0 PG GUID 0(default_pg) Rank {r}] ", " failure detected by watchdog at work sequence id: {at} PG "
+            "status: last enqueued work: {enq}, last completed work: {done}", True),
+}
+DUMP_SIGNAL = ("Received a dump signal due to a collective timeout from  rank {src} and we will try our best to dump "
+               "the debug info. Last enqueued NCCL work: {enq}, last completed NCCL work: {done}.This is most likely "
+               "caused by incorrect usages of collectives, e.g., wrong sizes used across ranks, the order of "
+               "collectives is not same for all ranks or the scheduled collective, for some reason, didn't run. "
+               "Additionally, this can be caused by GIL deadlock or other reasons such as network errors or bugs in "
+               "the communications library (e.g. NCCL), etc. ")
 TRAINER_LINES = ("Epoch {e} step {s} loss {l:.4f} lr 3.0e-04 grad_norm 1.02", "[train] step {s}/100000 {l:.3f} it/s",
                  "Saving checkpoint to /ckpt/step_{s}.pt", "  0%|          | {s}/100000 [00:{e:02d}<?, ?it/s]")
 
@@ -113,6 +131,8 @@ def generate(workdir: Path, seed: int, *, nodes: int = 8, fault: str | None = No
     idle = rest
     faulty = jobs[0]
     version = rng.choice(sorted(INIT_FORMATS))
+    torch = rng.choice(sorted(TORCH_FORMATS))
+    heard: set[tuple[str, int]] = set()  # ranks with nothing in flight that print the dump signal
     # what each rank will have written
     timed_out: set[tuple[str, int]] = set()  # (node, gpu) ranks whose watchdog fired
     silent: set[tuple[str, int]] = set()
@@ -144,6 +164,8 @@ def generate(workdir: Path, seed: int, *, nodes: int = 8, fault: str | None = No
         timed_out = set(all_ranks) - silent
         r = faulty.rank_of(culprit, g)
         expected[faulty.comm_id] = {"node": culprit, "entity": f"rank:{r}", "kind": "rank"}
+        if TORCH_FORMATS[torch][2] and rng.random() < 0.5:
+            heard = silent
     elif fault == "behind_rank":
         timed_out = set(all_ranks)
         behind = {(culprit, g)}
@@ -178,13 +200,15 @@ def generate(workdir: Path, seed: int, *, nodes: int = 8, fault: str | None = No
                             timeout=(n, x) in timed_out and job is faulty, behind=(n, x) in behind,
                             completion_peer=ip_of[completion_to] if completion_to and job is faulty
                             and n != completion_to and rng.random() < 0.5 else None,
-                            glog=glog)
+                            glog=glog, torch=torch,
+                            heard_from=faulty.rank_of(*rng.choice(sorted(timed_out)))
+                            if (n, x) in heard and job is faulty and timed_out else None)
     return Scenario(seed, fault, roots, jobs, expected, noise_done)
 
 
 def _write_rank(h: SimHost, rng: random.Random, job: Job, node: str, gpu: int, version: str, ip_of: dict[str, str],
                 *, socket: bool, timeout: bool, completion_peer: str | None, glog: bool,
-                behind: bool = False) -> None:
+                behind: bool = False, torch: str = "2.6", heard_from: int | None = None) -> None:
     pid = 40000 + gpu
     tid = pid + 17
     rank = job.rank_of(node, gpu)
@@ -212,8 +236,15 @@ def _write_rank(h: SimHost, rng: random.Random, job: Job, node: str, gpu: int, v
         lines.append(f"{head}[Rank {rank}] Watchdog caught collective operation timeout: WorkNCCL(SeqNum={seq}, "
                      f"OpType=ALLREDUCE, NumelIn=262144000, NumelOut=262144000, Timeout(ms)=600000) ran for "
                      f"{600000 + rng.randint(1, 900)} milliseconds before timing out.")
-        if glog:  # pytorch ProcessGroupNCCL.cpp watchdog: logPrefix() + " failure detected by watchdog at ..."
-            lines.append(f"{head.replace(':655]', ':2299]')}[PG ID 0 PG GUID 0(default_pg) Rank {rank}]  failure "
-                         f"detected by watchdog at work sequence id: {seq} PG status: last enqueued work: {seq}, "
-                         f"last completed work: {seq - 1}")
+        prefix, progress, _ = TORCH_FORMATS[torch]
+        if glog:  # ProcessGroupNCCL.cpp's watchdog: logPrefix() + the group's progress
+            lines.append(head.replace(":655]", ":2299]") + prefix.format(r=rank)
+                         + progress.format(at=seq, enq=seq, done=seq - 1))
+    elif heard_from is not None:
+        # the hung rank: nothing in flight, so no timeout of its own; it hears of rank heard_from's
+        head = f"[rank{rank}]:[E1203 07:44:27.{rng.randint(10**8, 10**9 - 1)} {tid} ProcessGroupNCCL.cpp:1987] " \
+            if glog else ""
+        done = 4211 - 1
+        lines.append(head + TORCH_FORMATS[torch][0].format(r=rank) + DUMP_SIGNAL.format(src=heard_from, enq=done,
+                                                                                         done=done))
     h.write(f"/var/log/nccl/{node}.{pid}.log", "\n".join(lines) + "\n")

@@ -86,7 +86,33 @@ FORMATS: list[tuple[str, str, str, str, dict[str, object]]] = [
     ("torch-2.14.1", "ProcessGroupNCCL.cpp", "[rank3]:[E1218 20:27:21.426451 ProcessGroupNCCL.cpp:632] [PG GUID "
      "0(default_pg) Rank 3] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=4712, OpType=ALLREDUCE, "
      "NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600081 milliseconds before timing out.", "watchdog",
-     {"seq": "4712", "op": "ALLREDUCE"}),
+     {"seq": "4712", "op": "ALLREDUCE", "rank": 3}),
+    # PyTorch's process-group progress when its watchdog fails (collectors/nccl_parse.py, docs/formats.md
+    # "PyTorch PG status"); lines as printed in public logs of each release
+    ("torch-2.3", "ProcessGroupNCCL.cpp", "[rank1]:[E ProcessGroupNCCL.cpp:1540] [PG 1 Rank 1] Timeout at NCCL work: "
+     "7, last enqueued NCCL work: 8, last completed NCCL work: 6.", "pg_progress",
+     {"pg": "1", "pg_rank": 1, "rank": 1, "at": 7, "enq": 8, "done": 6}),  # torchrun's [rank1]: is the world rank
+    ("torch-2.3", "ProcessGroupNCCL.cpp", "[PG 3 Rank 0] Timeout at NCCL work: 7, last enqueued NCCL work: 8, last "
+     "completed NCCL work: 6.", "pg_progress", {"pg": "3", "pg_rank": 0, "rank": None}),  # a subgroup's rank only
+    ("torch-2.3", "ProcessGroupNCCL.cpp", "[rank2]:[E ProcessGroupNCCL.cpp:1537] [PG 0 Rank 2] Timeout at NCCL work: "
+     "1, last enqueued NCCL work: 1, last completed NCCL work: 76280750235782912.", "pg_progress",
+     {"at": 1, "enq": 1, "done": None, "implausible": True}),  # uninitialised memory, as printed
+    ("torch-2.4", "ProcessGroupNCCL.cpp", "[rank1]:[E1003 18:37:01.833575187 ProcessGroupNCCL.cpp:1664] [PG 0 "
+     "(default_pg) Rank 1] Exception (either an error or timeout) detected by watchdog at work: 6463, last enqueued "
+     "NCCL work: 6463, last completed NCCL work: 6462.", "pg_progress",
+     {"pg": "0", "desc": "default_pg", "rank": 1, "at": 6463, "enq": 6463, "done": 6462}),
+    ("torch-2.6", "ProcessGroupNCCL.cpp", "[rank368]:[E808 04:21:41.161005534 ProcessGroupNCCL.cpp:2299] [PG ID 0 PG "
+     "GUID 0(default_pg) Rank 368]  failure detected by watchdog at work sequence id: 5 PG status: last enqueued "
+     "work: 5, last completed work: 4", "pg_progress", {"pg": "0", "guid": "0", "rank": 368, "at": 5, "enq": 5,
+                                                        "done": 4}),
+    ("torch-2.6", "ProcessGroupNCCL.cpp", "[rank4]:[E703 15:37:17.178360488 ProcessGroupNCCL.cpp:1987] [PG ID 0 PG "
+     "GUID 0(default_pg) Rank 4] Received a dump signal due to a collective timeout from  rank 7 and we will try our "
+     "best to dump the debug info. Last enqueued NCCL work: 56118, last completed NCCL work: 56118.This is most "
+     "likely caused by incorrect usages of collectives", "pg_dump_signal",
+     {"rank": 4, "src": 7, "enq": 56118, "done": 56118}),
+    ("torch-2.14.1", "ProcessGroupNCCL.cpp", "[PG GUID 5(tp) Rank 3] Watchdog caught collective operation timeout: "
+     "WorkNCCL(SeqNum=4712, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600081 "
+     "milliseconds before timing out.", "watchdog", {"guid": "5", "desc": "tp", "pg_rank": 3, "rank": None}),
     # Mellanox/nccl-rdma-sharp-plugins p2p_plugin.c L312 (HEAD 2f5ac02): the closing quote is missing in the source
     ("plugin", "p2p_plugin.c", P + "NET/IB : GPU Direct RDMA (nvidia-peermem) enabled for HCA 0 'mlx5_0", "gdr",
      {"state": "enabled", "name": "mlx5_0"}),
