@@ -132,16 +132,14 @@ RULES: tuple[Rule, ...] = (
 )
 RULES_BY_NAME = {r.name: r for r in RULES}
 
-# Byte needles: only lines containing one of these are decoded. Channel lines over P2P and
-# NET/IB with /GDRDMA (the healthy, numerous ones) never pass.
+# Byte needles: only lines containing one of these are decoded. Channel lines over P2P/SHM-free
+# paths (the numerous intra-node ones) never pass; every NET channel line does: which NIC each
+# channel uses (NET/IB/<n>) is the rank's real NIC, GDRDMA or not (a few hundred lines per job start).
 _NEEDLES = (b"Using network ", b"NET/IB : ", b"NET/IB: ", b"NET/IB/GIN", b"NET/Socket : Using", b"GPU Direct RDMA",
-            b"via SHM/", b"via direct shared memory", b"via NET/Socket", b"Init COMPLETE", b"NCCL_IB_HCA set",
+            b"via SHM/", b"via direct shared memory", b"via NET/", b"Init COMPLETE", b"NCCL_IB_HCA set",
             b"set by environment to", b"Failed to open libibverbs", b"NCCL WARN", b"Watchdog caught",
             b"ast enqueued ")
-# IB channels without /GDRDMA, also through a plugin (NET/IBext_v8/0): the healthy GDR ones never pass
-_NONGDR_RE = rb"via NET/IB\w*/\d+(?![\d/])"
-_NONGDR_DFA = rb"via NET/IB[A-Za-z0-9_]*/[0-9]+(?:[^/0-9]|$)"  # the same, without look-ahead (RE2, Hyperscan)
-PREFILTER = re.compile(b"|".join(re.escape(n) for n in _NEEDLES) + b"|" + _NONGDR_RE)
+PREFILTER = re.compile(b"|".join(re.escape(n) for n in _NEEDLES))
 
 
 def _hyperscan() -> Any:
@@ -150,7 +148,7 @@ def _hyperscan() -> Any:
         import hyperscan
     except ImportError:
         return None
-    exprs = [re.escape(n) for n in _NEEDLES] + [_NONGDR_DFA]
+    exprs = [re.escape(n) for n in _NEEDLES]
     db = hyperscan.Database()
     db.compile(expressions=exprs, ids=list(range(len(exprs))), elements=len(exprs), flags=[0] * len(exprs))
     return db
@@ -162,7 +160,7 @@ def _re2() -> Any:
         import re2
     except ImportError:
         return None
-    return re2.compile(b"|".join(re.escape(n) for n in _NEEDLES) + b"|" + _NONGDR_DFA)
+    return re2.compile(b"|".join(re.escape(n) for n in _NEEDLES))
 
 
 _ENGINES: dict[str, Any] = {}
@@ -374,6 +372,9 @@ class ProcessState:
     shm_channels: int = 0
     socket_channels: int = 0
     channel_nets: set[str] = field(default_factory=set)  # NET/<name> on channel/ring lines
+    # NET/IB/<n> on channel lines: n indexes NCCL's own device list ("NET/IB : Using [0]mlx5_0:1/IB ..."),
+    # not the mlx5_<n> number -- the NICs this process's channels really use
+    channel_devs: set[int] = field(default_factory=set)
     env_hca: str = ""
     env: dict[str, str] = field(default_factory=dict)  # NCCL_* echoed by "set by environment to"
     # process group -> PyTorch's last word on its progress: {"enqueued", "completed", "at", "world_rank"}
@@ -424,6 +425,8 @@ class ProcessState:
                 self.socket_channels += 1
             elif f["net"].startswith("IB") and "/GDRDMA" not in f.get("flags", ""):  # IB, IBext, IBext_v8
                 self.non_gdr_channels += 1
+            if f["net"] != "Socket" and len(self.channel_devs) < 64:
+                self.channel_devs.add(int(f["dev"]))
         elif name == "channel_shm":
             self.shm_channels += 1
         elif name == "init":
@@ -451,4 +454,12 @@ class ProcessState:
                 "comm_ids": sorted(self.comms)[:8], "job": world[0], "world_rank": world[1].get("rank"),
                 "world_size": world[1].get("nranks"), "transport": self.transport(),
                 "hcas": sorted({f"{d['name']}/{d['port']}" for d in self.ib_devices})[:16], "oob": self.oob or None,
-                "progress": self.progress.get("0")}
+                "progress": self.progress.get("0"), "nics": self.nics_used()}
+
+    def nics_used(self) -> list[str] | None:
+        """"mlx5_3/1" for each NCCL device index a channel line named (None before any did, or when an
+        index is not in NCCL's list: a plugin's numbering we cannot map)."""
+        by_index = {d["index"]: f"{d['name']}/{d['port']}" for d in self.ib_devices}
+        if not self.channel_devs or not all(i in by_index for i in self.channel_devs):
+            return None
+        return sorted({by_index[i] for i in self.channel_devs})

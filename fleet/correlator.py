@@ -47,7 +47,8 @@ class Member:
     rank: int | None
     size: int | None
     pci: str | None
-    hcas: set[str] = field(default_factory=set)  # "mlx5_0/1"
+    hcas: set[str] = field(default_factory=set)  # "mlx5_0/1": every NIC NCCL listed
+    nics: set[str] = field(default_factory=set)  # the ones its channel lines use (empty: not known)
     transport: str | None = None
     oob_ip: str | None = None
 
@@ -127,7 +128,9 @@ def members_of(messages: list[dict[str, Any]]) -> dict[str, dict[tuple[str, str]
         if isinstance(d.get("pci"), str) and mem.pci is None:
             mem.pci = d["pci"]
         if isinstance(d.get("hcas"), list):
-            mem.hcas |= {h for h in d["hcas"] if isinstance(h, str)}
+            mem.hcas |= {h for h in d["hcas"][:64] if isinstance(h, str)}
+        if isinstance(d.get("nics"), list):
+            mem.nics |= {h for h in d["nics"][:64] if isinstance(h, str)}
         if isinstance(d.get("transport"), str):
             mem.transport = d["transport"]
         mem.oob_ip = mem.oob_ip or _oob_ip(d.get("oob"))
@@ -175,6 +178,8 @@ def _judge(job: str, members: dict[tuple[str, str], Member], symptoms: list[dict
                                                                                for h in mem.hcas))):
                 used.append((f, mem, "hca_port"))
     timeouts = [s for s in symptoms if s.get("type") == "NCCLCollectiveTimeout"]
+    # NCCL lists every NIC a rank may use; the rank whose channels use the port is the one it hit
+    used.sort(key=lambda t: t[2] == "hca_port" and str(t[0].get("entity"))[3:] not in t[1].nics)
     if used:
         culprit_nodes = {mem.node for _f, mem, _k in used}
         f, mem, kind = used[0]  # the earliest (messages are in time order)
@@ -263,6 +268,10 @@ def _behind(job: str, members: dict[tuple[str, str], Member], symptoms: list[dic
     at: dict[str, dict[int, int]] = defaultdict(dict)  # group -> rank -> the work its watchdog failed at
     enq: dict[str, dict[int, int]] = defaultdict(dict)  # group -> rank -> its last enqueued work
     self_reported: set[int] = set()
+    # PyTorch 2.5-2.13 print a timeout as "[Rank r]" whatever its group: where a progress line (which
+    # names the group) came from a rank, its timeout lines' sequence numbers are not compared
+    with_progress = {_rank_of(s, index) for s in symptoms if s.get("type") == "NCCLWatchdogProgress"
+                     and _int(_details(s).get("at_seq")) is not None}
     for s in symptoms:
         d = _details(s)
         if s.get("type") not in ("NCCLCollectiveTimeout", "NCCLWatchdogProgress") or d.get("implausible"):
@@ -270,8 +279,13 @@ def _behind(job: str, members: dict[tuple[str, str], Member], symptoms: list[dic
         r = _rank_of(s, index)
         if r is None or r not in ranks:
             continue
+        timeout = s.get("type") == "NCCLCollectiveTimeout"
+        if timeout and d.get("pg_id") is None and r in with_progress:
+            continue
+        if not timeout and _int(d.get("at_seq")) is None and _int(d.get("signal_from_rank")) is None:
+            continue  # "from this local rank": its own watchdog, not a rank that heard of another's
         pg = str(d.get("pg_id") or "0")
-        seq = _int(d.get("seq_num")) if s.get("type") == "NCCLCollectiveTimeout" else _int(d.get("at_seq"))
+        seq = _int(d.get("seq_num")) if timeout else _int(d.get("at_seq"))
         if seq is not None and seq >= 0:
             at[pg][r] = min(seq, at[pg].get(r, seq))
         e = _int(d.get("last_enqueued"))

@@ -222,6 +222,13 @@ def _write_rank(h: SimHost, rng: random.Random, job: Job, node: str, gpu: int, v
     bus = f"{BUSES[gpu]}000"
     lines.append(pre + INIT_FORMATS[version].format(ptr=f"0x{rng.getrandbits(44):x}", r=rank, n=job.size, g=gpu,
                                                     bus=bus, cid=job.comm_id))
+    if not socket and len(job.nodes) > 1:
+        # src/transport/net.cc 2.18-2.30: "Channel %02d/%d : %d[%d] -> %d[%d] [send] via NET/%s/%d%s" -- the
+        # rank's channels go through NCCL device <gpu> of its list, i.e. mlx5_<gpu> (rail-optimised)
+        nxt, prv = (rank + GPUS) % job.size, (rank - GPUS) % job.size
+        for c in (0, 1):
+            lines += [pre + f"Channel {c:02d}/0 : {prv}[{gpu}] -> {rank}[{gpu}] [receive] via NET/IB/{gpu}/GDRDMA",
+                      pre + f"Channel {c:02d}/0 : {rank}[{gpu}] -> {nxt}[{gpu}] [send] via NET/IB/{gpu}/GDRDMA"]
     for s in range(1, rng.randint(20, 60)):
         lines.append(rng.choice(TRAINER_LINES).format(e=s % 60, s=s * 10, l=rng.uniform(0.5, 3)))
     if completion_peer:

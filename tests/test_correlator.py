@@ -46,6 +46,9 @@ def test_each_fault_kind_names_its_culprit_and_only_it(fault: str, tmp_path: Pat
     assert culprit["node"] not in inc["victims"]
     assert set(inc["victims"]) == set(sc.jobs[0].nodes) - {culprit["node"]}
     assert inc["evidence"] and inc["confidence"] >= 0.8
+    if fault.startswith("ib_port_down"):  # the rank whose channels use the port (mlx5_<g> is GPU g's rail)
+        port = int(culprit["entity"].split("_")[1].split("/")[0])
+        assert culprit["rank"] == str(sc.jobs[0].rank_of(culprit["node"], port)), culprit
     if fault == "ib_port_down_early":  # named before any watchdog fired
         assert not any(e["type"] == "NCCLCollectiveTimeout" for e in inc["evidence"])
 
@@ -256,3 +259,30 @@ def test_hung_rank_scenarios_with_the_dump_signal_name_the_rank(tmp_path: Path) 
         if seen >= 2:
             break
     assert seen, "no seed in 0..39 produced the dump-signal variant: the generator changed"
+
+
+def test_a_timeout_without_its_group_is_not_compared_when_the_group_is_known() -> None:
+    """NVIDIA-NeMo/RL#2140 (torch 2.6): "[rank97]: ... [Rank 6] Watchdog caught ... WorkNCCL(SeqNum=1,
+    OpType=COALESCED" -- a subgroup's timeout under a bare "[Rank r]"; the progress line that follows
+    names the group. The bare line's SeqNum must not be read as the world group's."""
+    size = 8
+    msgs = _job(size)
+    for r in range(size):
+        seq = 1 if r == 3 else 500  # rank 3's timeout is in a subgroup, printed without the group
+        msgs.append(_said(r, "NCCLCollectiveTimeout", size, seq_num=seq, rank=r))
+        msgs.append(_said(r, "NCCLWatchdogProgress", size, pg_id="4" if r == 3 else "0", at_seq=seq,
+                          last_enqueued=seq, last_completed=seq - 1))
+    (inc,) = correlate(msgs)
+    assert inc.culprit is None, inc.reason
+
+
+def test_a_rank_whose_own_watchdog_fired_is_not_behind() -> None:
+    """sgl-project/sglang#10216: "Received a dump signal due to a collective timeout from this local rank
+    ... Last enqueued NCCL work: -1": the rank's own watchdog, not one that heard of another's."""
+    size = 8
+    msgs = _job(size)
+    for r in range(size):
+        msgs.append(_said(r, "NCCLCollectiveTimeout", size, pg_id="0", seq_num=77, rank=r))
+    msgs.append(_said(6, "NCCLWatchdogProgress", size, pg_id="0", last_enqueued=-1, last_completed=-1))
+    (inc,) = correlate(msgs)
+    assert inc.culprit is None

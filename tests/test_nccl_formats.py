@@ -124,8 +124,7 @@ FORMATS: list[tuple[str, str, str, str, dict[str, object]]] = [
 def test_each_format_at_its_tag(tag: str, src: str, line: str, rule: str, fields: dict[str, object]) -> None:
     data = line.encode() + b"\n"
     cands = candidate_lines(data, 0)
-    # healthy channel lines (IB with /GDRDMA) are the numerous ones: the prefilter drops them on purpose
-    assert len(cands) == (0 if "/GDRDMA" in line and "via NET/" in line else 1)
+    assert len(cands) == 1
     m = match_line(parse_line(0, data.rstrip(b"\n")))
     assert m is not None and m.rule.name == rule, (m and m.rule.name)
     for k, v in fields.items():
@@ -138,12 +137,29 @@ def test_ib_plugin_channels_without_gdrdma_are_counted() -> None:
                                           P + "Channel 00/0 : 0[0] -> 8[0] [send] via NET/IBext_v8/0",
                                           P + "Channel 01/0 : 0[0] -> 8[0] [send] via NET/IBext_v8/1/GDRDMA"))
     cands = candidate_lines(data.encode(), 0)
-    assert len(cands) == 2, "the GDRDMA channel is dropped by the prefilter, the non-GDR one through the plugin is not"
+    assert len(cands) == 3
     for cand in cands:
         m = match_line(parse_line(*cand))
         assert m is not None
         st.apply(m)
     assert st.non_gdr_channels == 1 and st.transport() == "IBext_v8"
+    assert st.channel_devs == {0, 1}
+
+
+def test_the_nics_a_rank_uses_come_from_its_channels_through_nccls_own_index() -> None:
+    """NET/IB/<n> indexes NCCL's device list ("NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_3:1/IB"), not mlx5_<n>."""
+    st = ProcessState("node-a", 1234, "f")
+    data = "".join(raw + "\n" for raw in (
+        P + "NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_3:1/IB [2]mlx5_4:1/RoCE ; OOB ib0:10.0.0.1<0>",
+        P + "Channel 00/0 : 8[0] -> 0[0] [receive] via NET/IB/1/GDRDMA",
+        P + "Channel 01/0 : 0[0] -> 8[0] [send] via NET/IB/2/GDRDMA(PCI)",
+        P + "Channel 02/0 : 0[0] -> 1[1] via P2P/CUMEM/read"))
+    for cand in candidate_lines(data.encode(), 0):
+        if (m := match_line(parse_line(*cand))) is not None:
+            st.apply(m)
+    assert st.summary()["nics"] == ["mlx5_3/1", "mlx5_4/1"]
+    st.channel_devs.add(7)  # an index NCCL never listed (a plugin's numbering): unknown, not a guess
+    assert st.summary()["nics"] is None
 
 
 def test_nccl_2_4_rings_over_ib_are_not_a_socket_fallback() -> None:

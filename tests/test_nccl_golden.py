@@ -45,6 +45,9 @@ EXPECTED: dict[str, tuple[str, list[tuple[str, str, str, dict[str, object]]]]] =
         ("NCCLWarning", "event", "warning", {"count": 2, "aggregated": True}),
         ("NCCLCollectiveTimeout", "event", "critical", {"seq_num": 4712, "op_type": "ALLREDUCE",
                                                         "timeout_ms": 600000, "ran_for_ms": 600081, "pid": 99}),
+        # the periodic update is progress only; the failure line is the group's progress when the watchdog fired
+        ("NCCLWatchdogProgress", "event", "warning", {"at_seq": 4712, "last_enqueued": 4712, "last_completed": 4711,
+                                                       "pg_id": "0", "rank": 2}),
     ]),
 }
 
