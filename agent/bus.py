@@ -15,7 +15,7 @@ import structlog
 from agent import message as msgmod
 from agent.message import Message
 from agent.spool import Spool, SpoolError
-from agent.subjects import event_subject
+from agent.subjects import subjects_for
 from gna_sdk.aio import cancel_and_wait, within
 
 log = structlog.get_logger(__name__)
@@ -58,6 +58,7 @@ class LocalBus:
         self.subscriptions: list[Subscription] = []
         self.accepted = 0
         self.refused = 0  # dropped by spool policy or a spool write failure
+        self.copies_refused = 0  # a job's evidence copy the spool refused (the message itself was accepted)
         self._running = False
         self.abandoned: list[str] = []  # subscriber tasks that ignored cancellation at stop()
 
@@ -91,19 +92,25 @@ class LocalBus:
         """Accept a message: True once it is durable (or fanned out, with no spool)."""
         if self.spool is not None:
             payload = msgmod.encode(msg)
-            record = b"%s\n%s\n%s" % (event_subject(msg.node, msg.collector, msg.severity).encode(),
-                                      msg.id.encode(), payload)
-            try:
-                seq = await self.spool.append(msg.severity, record)
-            except SpoolError as exc:
-                self.refused += 1
-                log.error("spool_write_failed", error=str(exc), type=msg.type, entity=msg.entity)
-                return False
-            if seq is None:
-                self.refused += 1
-                log.warning("spool_full_dropped", type=msg.type, severity=msg.severity,
-                            policy=self.spool.policy)
-                return False
+            subjects = subjects_for(msg.node, msg.collector, msg.severity, msg.type, msg.details)
+            for k, subject in enumerate(subjects):
+                # one record per subject, the same Msg-Id (each stream dedups its own); the first is
+                # the message, a job's evidence copy after it is counted if the spool refuses it
+                record = b"%s\n%s\n%s" % (subject.encode(), msg.id.encode(), payload)
+                try:
+                    seq = await self.spool.append(msg.severity, record)
+                except SpoolError as exc:
+                    seq = None
+                    log.error("spool_write_failed", error=str(exc), type=msg.type, entity=msg.entity)
+                if seq is None:
+                    if k:
+                        self.copies_refused += 1
+                        log.warning("job_evidence_copy_dropped", type=msg.type, subject=subject)
+                        break
+                    self.refused += 1
+                    log.warning("spool_full_dropped", type=msg.type, severity=msg.severity,
+                                policy=self.spool.policy)
+                    return False
         self.accepted += 1
         for sub in self.subscriptions:
             sub.offer(msg)

@@ -51,6 +51,9 @@ class NatsConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     stream_max_age: float = 7 * 86400.0
     stream_max_bytes: int = -1
     duplicate_window: float = 600.0
+    jobs_stream: str = "GNA_JOBS"  # gna.jobs.>: jobs' membership and evidence (docs/subjects.md)
+    jobs_stream_max_age: float = 2 * 86400.0
+    jobs_max_per_subject: int = 1024  # per gna.jobs.<job>.<node>.<kind>: a job's facts stay bounded
     kv_bucket: str = "gna-nodes"
     heartbeat_interval: float = 10.0
     publish_window: int = 1024

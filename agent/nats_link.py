@@ -20,12 +20,13 @@ from nats.js.kv import KeyValue
 from agent.config import NatsConfig
 from agent.metrics import AgentMetrics
 from agent.natsclient import redact
-from agent.subjects import ACTIONS_PREFIX, EVENTS_PREFIX
+from agent.subjects import ACTIONS_PREFIX, EVENTS_PREFIX, JOBS_PREFIX
 from gna_sdk.retry import Backoff
 
 log = structlog.get_logger(__name__)
 
 STREAM_SUBJECTS = [f"{EVENTS_PREFIX}.>", f"{ACTIONS_PREFIX}.>"]
+JOBS_STREAM_SUBJECTS = [f"{JOBS_PREFIX}.>"]
 
 
 def auth_method(cfg: NatsConfig) -> str:
@@ -129,15 +130,21 @@ class NatsLink:
             duplicate_window=self.cfg.duplicate_window, max_age=self.cfg.stream_max_age,
             max_bytes=self.cfg.stream_max_bytes, num_replicas=self.cfg.stream_replicas,
             discard=DiscardPolicy.OLD)
-        try:
-            await self.js.add_stream(want)
-        except BadRequestError:
-            # Exists with other settings (an operator tuned it): accept it if it covers our subjects.
-            info = await self.js.stream_info(self.cfg.stream)
-            missing = [s for s in STREAM_SUBJECTS if s not in (info.config.subjects or [])]
-            if missing:
-                raise RuntimeError(f"stream {self.cfg.stream} exists without subjects {missing}") from None
-            log.info("stream_verified", stream=self.cfg.stream)
+        jobs = StreamConfig(
+            name=self.cfg.jobs_stream, subjects=JOBS_STREAM_SUBJECTS, storage=StorageType.FILE,
+            duplicate_window=self.cfg.duplicate_window, max_age=self.cfg.jobs_stream_max_age,
+            max_msgs_per_subject=self.cfg.jobs_max_per_subject, num_replicas=self.cfg.stream_replicas,
+            discard=DiscardPolicy.OLD)
+        for config in (want, jobs):
+            try:
+                await self.js.add_stream(config)
+            except BadRequestError:
+                # Exists with other settings (an operator tuned it): accept it if it covers our subjects.
+                info = await self.js.stream_info(str(config.name))
+                missing = [s for s in config.subjects or [] if s not in (info.config.subjects or [])]
+                if missing:
+                    raise RuntimeError(f"stream {config.name} exists without subjects {missing}") from None
+                log.info("stream_verified", stream=config.name)
         self.stream_ready = True
 
     async def kv(self) -> KeyValue:

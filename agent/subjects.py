@@ -17,6 +17,10 @@ EVENTS_PREFIX = "gna.events"
 ACTIONS_PREFIX = "gna.actions"
 HEARTBEAT_PREFIX = "gna.heartbeat"
 INCIDENTS_PREFIX = "gna.incidents"  # fleet.incidents: the correlator's records, gna.incidents.<job token>
+JOBS_PREFIX = "gna.jobs"  # gna.jobs.<job token>.<node token>.member|evidence (docs/subjects.md)
+# Messages that are facts about a job, not about the node: published only under the job's subjects
+JOB_FACT_TYPES = frozenset({"NCCLJobMember"})
+JOB_KINDS = ("member", "evidence")
 
 
 def encode_token(name: str) -> str:
@@ -65,6 +69,26 @@ def check_plugin_name(name: str) -> str:
 
 def event_subject(node: str, collector: str, severity: str) -> str:
     return f"{EVENTS_PREFIX}.{encode_token(node)}.{check_plugin_name(collector)}.{severity}"
+
+
+def job_subject(job: str, node: str, kind: str) -> str:
+    if kind not in JOB_KINDS:
+        raise ValueError(f"job subject kind {kind!r} is not one of {JOB_KINDS}")
+    return f"{JOBS_PREFIX}.{encode_token(job)}.{encode_token(node)}.{kind}"
+
+
+def subjects_for(node: str, collector: str, severity: str, type_: str, details: object) -> list[str]:
+    """Where a message is published: a job's membership fact only under the job
+    (``gna.jobs.<job>.<node>.member``); a job's symptom (warning or critical, with the job in its
+    details) under the node's events and, as evidence, under the job; everything else under the
+    node's events. The node token is the publisher's own either way (its NATS permissions)."""
+    job = details.get("job") if isinstance(details, dict) else None
+    if isinstance(job, str) and 0 < len(job) <= 128:
+        if type_ in JOB_FACT_TYPES:
+            return [job_subject(job, node, "member")]
+        if severity in ("warning", "critical"):
+            return [event_subject(node, collector, severity), job_subject(job, node, "evidence")]
+    return [event_subject(node, collector, severity)]
 
 
 def action_subject(node: str, remediation: str) -> str:

@@ -28,9 +28,9 @@ import structlog
 
 from agent import natsclient
 from agent.config import NatsConfig
-from agent.subjects import EVENTS_PREFIX, INCIDENTS_PREFIX, encode_token
+from agent.subjects import EVENTS_PREFIX, INCIDENTS_PREFIX, JOBS_PREFIX, encode_token
 from fleet.correlator import correlate
-from fleet.wire import Rejected, Rejections, decode_event
+from fleet.wire import Rejected, Rejections, decode_event, decode_job
 from gna_sdk.aio import wait_event, within
 
 log = structlog.get_logger(__name__)
@@ -47,6 +47,7 @@ def owner(job: str, partitions: int) -> int:
 @dataclass
 class _Job:
     messages: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=4096))
+    ids: set[str] = field(default_factory=set)  # a job's evidence arrives on two streams: filed once
     nodes: set[str] = field(default_factory=set)
     last_seen: float = 0.0
     last_symptom: float = 0.0  # when the last timeout/completion error/fallback was received
@@ -93,6 +94,13 @@ class IncidentTracker:
                 if len(self.jobs) >= self.max_jobs:
                     self._forget_oldest()
                 j = self.jobs[job] = _Job()
+            mid = msg.get("id")
+            if isinstance(mid, str):
+                if mid in j.ids:
+                    return set()
+                if len(j.ids) >= 3 * (j.messages.maxlen or 4096):
+                    j.ids = {str(m.get("id")) for m in j.messages}  # forget the ids that left the window
+                j.ids.add(mid)
             j.messages.append(msg)
             j.nodes.add(node)
             j.last_seen = now
@@ -134,7 +142,9 @@ class IncidentTracker:
                 continue
             msgs = list(j.messages) + [m for n in j.nodes for m in self.hardware.get(n, {}).values()]
             found = [inc for inc in correlate(msgs) if inc.job == job]
-            unsettled = found and (found[0].culprit is None or found[0].culprit["kind"] == "rank")
+            # verdicts from symptoms alone wait for the symptoms to settle: other ranks' timeouts may follow,
+            # and a hardware finding (on the events stream) may trail the evidence (on the jobs stream)
+            unsettled = found and (found[0].culprit is None or found[0].culprit["kind"] in ("rank", "link"))
             if unsettled and now - j.last_symptom < self.settle:
                 self.pending[job] = j.last_symptom + self.settle  # not yet: other ranks' timeouts may follow
                 continue
@@ -203,7 +213,10 @@ class IncidentService:
                                            inbox="correlator")
         js = self.nc.jetstream()
         loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(self._follow(js), name="incidents:stream"),
+        # membership lives on the jobs stream, symptoms and hardware findings on the events stream (a
+        # job's evidence is on both, the same message id: IncidentTracker.add files it once)
+        self._tasks = [loop.create_task(self._follow(js, f"{JOBS_PREFIX}.>"), name="incidents:jobs"),
+                       loop.create_task(self._follow(js, f"{EVENTS_PREFIX}.>"), name="incidents:events"),
                        loop.create_task(self._judge_loop(), name="incidents:judge")]
 
     async def stop(self) -> None:
@@ -216,7 +229,7 @@ class IncidentService:
 
     def accept(self, subject: str, data: bytes) -> None:
         try:
-            msg = decode_event(subject, data)
+            msg = decode_job(subject, data) if subject.startswith(JOBS_PREFIX + ".") else decode_event(subject, data)
         except Rejected as exc:
             self.rejections.record(exc.reason, subject, data, str(exc))
             return
@@ -225,7 +238,7 @@ class IncidentService:
             self._dirty |= touched
             self._wake.set()
 
-    async def _follow(self, js: Any) -> None:
+    async def _follow(self, js: Any, subject: str) -> None:
         import datetime as dt
 
         from nats.js.api import DeliverPolicy
@@ -239,7 +252,7 @@ class IncidentService:
 
         while True:
             try:
-                await js.subscribe(f"{EVENTS_PREFIX}.>", cb=on_msg, ordered_consumer=True,
+                await js.subscribe(subject, cb=on_msg, ordered_consumer=True,
                                    deliver_policy=DeliverPolicy.BY_START_TIME,
                                    config=start_time_config(since))
                 return

@@ -22,7 +22,14 @@ from pathlib import Path
 
 import msgspec
 
-from agent.subjects import ACTIONS_PREFIX, EVENTS_PREFIX, HEARTBEAT_PREFIX, INCIDENTS_PREFIX, encode_token
+from agent.subjects import (
+    ACTIONS_PREFIX,
+    EVENTS_PREFIX,
+    HEARTBEAT_PREFIX,
+    INCIDENTS_PREFIX,
+    JOBS_PREFIX,
+    encode_token,
+)
 
 # A user public nkey: 'U' then base32, 56 characters in all.
 _USER_NKEY = re.compile(r"^U[A-Z2-7]{55}$")
@@ -46,6 +53,7 @@ class Names(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     account: str = "GNA"
     stream: str = "GNA_EVENTS"
+    jobs_stream: str = "GNA_JOBS"  # gna.jobs.<job>.<node>.member|evidence
     nodes_bucket: str = "gna-nodes"
     budget_bucket: str = "gna-budget"
     cordoner_durable: str = "gna-cordoner"
@@ -118,12 +126,15 @@ def node_permissions(node: str, layout: Layout) -> Permissions:
     publish = [
         f"{EVENTS_PREFIX}.{token}.*.*",                 # the spool's events (forwarder, JetStream)
         f"{ACTIONS_PREFIX}.{token}.*",                  # its own remediation audits (via the spool)
+        f"{JOBS_PREFIX}.*.{token}.*",                   # its jobs' membership and evidence (via the spool)
         f"{HEARTBEAT_PREFIX}.{token}",                  # core NATS heartbeat
         f"$KV.{n.nodes_bucket}.{token}",               # its own state document
         # NatsLink.ensure_stream on every (re)connect: CREATE is idempotent for an identical config, and the
         # server refuses it for a different one, so a node cannot reshape a stream the admin created.
         f"{JS_API}.STREAM.CREATE.{n.stream}",
         f"{JS_API}.STREAM.INFO.{n.stream}",
+        f"{JS_API}.STREAM.CREATE.{n.jobs_stream}",
+        f"{JS_API}.STREAM.INFO.{n.jobs_stream}",
         f"{JS_API}.STREAM.CREATE.{_kv_stream(n.nodes_bucket)}",  # NatsLink.kv() when the bucket is missing
         f"{JS_API}.STREAM.INFO.{_kv_stream(n.nodes_bucket)}",
     ]
@@ -157,6 +168,8 @@ def cordoner_permissions(layout: Layout) -> Permissions:
         f"{EVENTS_PREFIX}.{CORDONER_TOKEN}.agent.critical",  # RemediationBudgetExhausted alerts
         f"{JS_API}.STREAM.CREATE.{n.stream}",
         f"{JS_API}.STREAM.INFO.{n.stream}",
+        f"{JS_API}.STREAM.CREATE.{n.jobs_stream}",  # NatsLink.ensure_stream creates both streams
+        f"{JS_API}.STREAM.INFO.{n.jobs_stream}",
         f"{JS_API}.STREAM.NAMES",  # js.subscribe() without a stream looks it up by subject
         f"{JS_API}.CONSUMER.INFO.{n.stream}.{n.cordoner_durable}",
         f"{JS_API}.CONSUMER.DURABLE.CREATE.{n.stream}.{n.cordoner_durable}",
@@ -194,6 +207,10 @@ def correlator_permissions(layout: Layout) -> Permissions:
         f"{JS_API}.CONSUMER.CREATE.{n.stream}",  # an ordered push consumer replaying the history
         f"{JS_API}.CONSUMER.INFO.{n.stream}.*",
         f"$JS.FC.{n.stream}.>",
+        f"{JS_API}.STREAM.INFO.{n.jobs_stream}",  # the same over the jobs' membership and evidence
+        f"{JS_API}.CONSUMER.CREATE.{n.jobs_stream}",
+        f"{JS_API}.CONSUMER.INFO.{n.jobs_stream}.*",
+        f"$JS.FC.{n.jobs_stream}.>",
         f"{INCIDENTS_PREFIX}.>",
         f"$KV.{n.incidents_bucket}.>",
         *_incidents_read(layout),
@@ -216,6 +233,12 @@ def reader_permissions(layout: Layout) -> Permissions:
         f"{JS_API}.CONSUMER.INFO.{n.stream}.*",
         f"{JS_API}.CONSUMER.MSG.NEXT.{n.stream}.*",
         f"$JS.FC.{n.stream}.>",  # flow-control replies of ordered consumers
+        f"{JS_API}.STREAM.INFO.{n.jobs_stream}",   # jobs' membership and evidence, read the same way
+        f"{JS_API}.CONSUMER.CREATE.{n.jobs_stream}",
+        f"{JS_API}.CONSUMER.CREATE.{n.jobs_stream}.>",
+        f"{JS_API}.CONSUMER.INFO.{n.jobs_stream}.*",
+        f"{JS_API}.CONSUMER.MSG.NEXT.{n.jobs_stream}.*",
+        f"$JS.FC.{n.jobs_stream}.>",
         f"{JS_API}.CONSUMER.CREATE.{nodes}",       # the KV watch
         f"{JS_API}.CONSUMER.INFO.{nodes}.*",
         f"$JS.FC.{nodes}.>",

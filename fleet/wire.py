@@ -20,7 +20,7 @@ import msgspec
 import structlog
 
 from agent import message as wire_message
-from agent.subjects import decode_token, is_valid_token
+from agent.subjects import JOB_FACT_TYPES, JOB_KINDS, JOBS_PREFIX, decode_token, encode_token, is_valid_token
 
 log = structlog.get_logger(__name__)
 
@@ -91,6 +91,29 @@ def _json_object(data: bytes) -> dict[str, Any]:
 def decode_event(subject: str, data: bytes) -> dict[str, Any]:
     """An event or condition from ``gna.events.<node>.<collector>.<severity>``, as a dict."""
     node_token, collector, severity = _subject_tokens(subject, "gna.events", 3)
+    msg = _message(data, node_token)
+    if msg["collector"] != collector or msg["severity"] != severity:
+        raise Rejected("subject_mismatch", f"payload {msg['collector']}/{msg['severity']} on {subject[:120]}")
+    return msg
+
+
+def decode_job(subject: str, data: bytes) -> dict[str, Any]:
+    """A job's membership fact or evidence from ``gna.jobs.<job>.<node>.member|evidence``: the node is the
+    subject's (the publisher's own, by its permissions), the job in the payload must be the subject's,
+    and only membership facts travel as ``member``."""
+    job_token, node_token, kind = _subject_tokens(subject, JOBS_PREFIX, 3)
+    if kind not in JOB_KINDS:
+        raise Rejected("bad_subject", subject[:MAX_SAMPLE])
+    msg = _message(data, node_token)
+    job = msg["details"].get("job")
+    if not isinstance(job, str) or encode_token(job) != job_token:
+        raise Rejected("job_mismatch", f"subject names job {job_token[:80]!r}, payload {str(job)[:80]!r}")
+    if (msg["type"] in JOB_FACT_TYPES) != (kind == "member"):
+        raise Rejected("subject_mismatch", f"{msg['type'][:80]} on {subject[:120]}")
+    return msg
+
+
+def _message(data: bytes, node_token: str) -> dict[str, Any]:
     try:
         msg = wire_message.decode(data)
     except msgspec.ValidationError as exc:
@@ -99,8 +122,6 @@ def decode_event(subject: str, data: bytes) -> dict[str, Any]:
         raise Rejected("not_json", str(exc)) from exc
     if msg.node != _node_of(node_token):
         raise Rejected("node_mismatch", f"subject names {_node_of(node_token)!r}, payload {msg.node[:80]!r}")
-    if msg.collector != collector or msg.severity != severity:
-        raise Rejected("subject_mismatch", f"payload {msg.collector}/{msg.severity} on {subject[:120]}")
     if (msg.kind == "condition") != (msg.status is not None):
         raise Rejected("schema", "conditions carry a status, events do not")
     if not wire_message.TYPE_NAME.match(msg.type):

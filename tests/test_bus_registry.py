@@ -94,3 +94,29 @@ def test_third_party_remediation_and_broken_plugins(tmp_path: Path, monkeypatch:
     cols = registry.collector_classes()
     assert "gpu_devices" in cols, "built-ins still load"
     assert "broken" not in cols and "Bad.Name" not in cols
+
+
+async def test_a_jobs_facts_go_under_the_job_and_its_evidence_under_both(tmp_path: Path) -> None:
+    """docs/subjects.md: membership only on gna.jobs.<job>.<node>.member; a job's symptom on the node's
+    events and, with the same Msg-Id, on gna.jobs.<job>.<node>.evidence; anything else only on events."""
+    sp = Spool(tmp_path / "spool", fsync=False)
+    sp.open()
+    bus = LocalBus(sp)
+    job = {"job": "0x5c1f7e0a9b3d8c00", "host": "gpu-1", "pid": 7}
+
+    def msg(type_: str, severity: str, details: dict[str, object]) -> Message:
+        return make_message(node="gpu-1.dc", collector="nccl_logs", kind="event", type=type_, severity=severity,
+                            entity="nccl:gpu-1:7", reason="R", message="m", details=details)
+
+    sent = [msg("NCCLJobMember", "info", job), msg("NCCLCollectiveTimeout", "critical", job),
+            msg("NCCLWarning", "warning", {"host": "gpu-1"}), msg("NCCLWatchdogProgress", "warning", {**job, "job": 5})]
+    for m in sent:
+        assert await bus.publish(m)
+    got = [split_record(r.payload)[:2] for r in sp.read(0, 100)]
+    member, timeout, warning, bad_job = (m.id for m in sent)
+    assert got == [("gna.jobs.0x5c1f7e0a9b3d8c00.gpu-1=dc.member", member),
+                   ("gna.events.gpu-1=dc.nccl_logs.critical", timeout),
+                   ("gna.jobs.0x5c1f7e0a9b3d8c00.gpu-1=dc.evidence", timeout),
+                   ("gna.events.gpu-1=dc.nccl_logs.warning", warning),
+                   ("gna.events.gpu-1=dc.nccl_logs.warning", bad_job)]  # a job that is not a string: events only
+    assert bus.accepted == 4 and bus.refused == bus.copies_refused == 0

@@ -14,9 +14,9 @@ import pytest
 from nats.js.api import StreamConfig
 
 from agent import config as configmod
-from agent.nats_link import STREAM_SUBJECTS
+from agent.nats_link import JOBS_STREAM_SUBJECTS, STREAM_SUBJECTS
 from agent.nats_server import NatsServerProcess
-from agent.subjects import event_subject
+from agent.subjects import event_subject, job_subject, subjects_for
 from fleet.incidents import INCIDENTS_BUCKET, IncidentService, IncidentTracker, owner
 from sim.scenarios import generate
 
@@ -66,8 +66,8 @@ async def test_partitions_split_the_jobs(tmp_path: Path) -> None:
 
 async def _publish(js: Any, msgs: list[dict[str, Any]]) -> None:
     for m in msgs:
-        await js.publish(event_subject(m["node"], m["collector"], m["severity"]), json.dumps(m).encode(),
-                         headers={"Nats-Msg-Id": m["id"]})
+        for subject in subjects_for(m["node"], m["collector"], m["severity"], m["type"], m["details"]):
+            await js.publish(subject, json.dumps(m).encode(), headers={"Nats-Msg-Id": m["id"]})
 
 
 async def test_live_incident_within_seconds_and_rebuilt_after_a_restart(tmp_path: Path,
@@ -77,6 +77,7 @@ async def test_live_incident_within_seconds_and_rebuilt_after_a_restart(tmp_path
     nc = await nats.connect(nats_server.url)
     js = nc.jetstream()
     await js.add_stream(StreamConfig(name="GNA_EVENTS", subjects=STREAM_SUBJECTS))
+    await js.add_stream(StreamConfig(name="GNA_JOBS", subjects=JOBS_STREAM_SUBJECTS))
     got: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
 
     async def on_incident(msg: Any) -> None:
@@ -118,6 +119,7 @@ async def test_spoofed_and_broken_messages_are_counted_not_used(tmp_path: Path,
     nc = await nats.connect(nats_server.url)
     js = nc.jetstream()
     await js.add_stream(StreamConfig(name="GNA_EVENTS", subjects=STREAM_SUBJECTS))
+    await js.add_stream(StreamConfig(name="GNA_JOBS", subjects=JOBS_STREAM_SUBJECTS))
     svc = IncidentService([nats_server.url], debounce=0.02)
     await svc.start()
     try:
@@ -125,11 +127,16 @@ async def test_spoofed_and_broken_messages_are_counted_not_used(tmp_path: Path,
         await js.publish(event_subject("someone-else", member["collector"], member["severity"]),
                          json.dumps(member).encode())  # payload names another node
         await js.publish(event_subject("n1", "nccl_logs", "critical"), b"{not json")
+        job, node = member["details"]["job"], member["node"]
+        await js.publish(job_subject(job, "someone-else", "member"), json.dumps(member).encode())
+        await js.publish(job_subject("0xbad", node, "member"), json.dumps(member).encode())  # another job's subject
+        await js.publish(job_subject(job, node, "evidence"), json.dumps(member).encode())  # a fact as evidence
         for _ in range(100):
-            if sum(svc.rejections.counts.values()) >= 2:
+            if sum(svc.rejections.counts.values()) >= 5:
                 break
             await asyncio.sleep(0.05)
-        assert svc.rejections.counts.get("node_mismatch") == 1 and svc.rejections.counts.get("not_json") == 1
+        assert svc.rejections.counts.get("node_mismatch") == 2 and svc.rejections.counts.get("not_json") == 1
+        assert svc.rejections.counts.get("job_mismatch") == 1 and svc.rejections.counts.get("subject_mismatch") == 1
         assert not svc.tracker.jobs
     finally:
         await svc.stop()
@@ -160,6 +167,7 @@ async def test_cordoner_acts_on_the_culprit_and_spares_the_victims(tmp_path: Pat
     nc = await nats.connect(nats_server.url)
     js = nc.jetstream()
     await js.add_stream(StreamConfig(name="GNA_EVENTS", subjects=STREAM_SUBJECTS))
+    await js.add_stream(StreamConfig(name="GNA_JOBS", subjects=JOBS_STREAM_SUBJECTS))
     audits: list[dict[str, Any]] = []
 
     async def on_audit(m: Any) -> None:
