@@ -18,6 +18,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
+import socket
 import time
 import zlib
 from collections import deque
@@ -30,6 +32,7 @@ from agent import natsclient
 from agent.config import NatsConfig
 from agent.subjects import EVENTS_PREFIX, INCIDENTS_PREFIX, JOBS_PREFIX, encode_token
 from fleet.correlator import correlate
+from fleet.leases import LEASES_BUCKET, Leases
 from fleet.wire import Rejected, Rejections, decode_event, decode_job
 from gna_sdk.aio import wait_event, within
 
@@ -60,6 +63,7 @@ class IncidentTracker:
         if not 0 <= partition < partitions:
             raise ValueError(f"partition {partition} is not in 0..{partitions - 1}")
         self.partitions, self.partition = partitions, partition
+        self.owned: set[int] = {partition}  # with leases (fleet.leases), what this replica holds now
         self.resolve_after = resolve_after
         self.max_jobs = max_jobs
         self.jobs: dict[str, _Job] = {}
@@ -74,7 +78,16 @@ class IncidentTracker:
         self.pending: dict[str, float] = {}  # job -> when to judge it again
 
     def owns(self, job: str) -> bool:
-        return owner(job, self.partitions) == self.partition
+        return owner(job, self.partitions) in self.owned
+
+    def lose(self, partition: int) -> None:
+        """Stop judging a partition (its lease went to another replica): forget its jobs, publish nothing."""
+        self.owned.discard(partition)
+        for job in [job for job in self.jobs if owner(job, self.partitions) == partition]:
+            for n in self.jobs[job].nodes:
+                self.node_jobs.get(n, set()).discard(job)
+            del self.jobs[job]
+            self.pending.pop(job, None)
 
     def add(self, msg: dict[str, Any], now: float | None = None) -> set[str]:
         """File one decoded message; the jobs (of this partition) to judge again."""
@@ -194,10 +207,15 @@ def _verdict(record: dict[str, Any] | None) -> Any:
 class IncidentService:
     def __init__(self, servers: list[str], *, nats_cfg: NatsConfig | None = None, partitions: int = 1,
                  partition: int = 0, history_s: float = 6 * 3600.0, resolve_after: float = 600.0,
-                 debounce: float = 0.05) -> None:
+                 debounce: float = 0.05, lease_ttl: float = 15.0) -> None:
         self.servers = servers
         self.nats_cfg = nats_cfg or NatsConfig()
         self.tracker = IncidentTracker(partitions=partitions, partition=partition, resolve_after=resolve_after)
+        # with several replicas, partitions are leased (fleet/leases.py): a lost replica's share is
+        # taken over by a survivor within lease_ttl; 0 keeps the split static
+        self.lease_ttl = lease_ttl if partitions > 1 else 0.0
+        self.leases: Leases | None = None
+        self.replays = 0
         self.history_s = history_s
         self.debounce = debounce
         self.rejections = Rejections()
@@ -207,19 +225,84 @@ class IncidentService:
         self._dirty: set[str] = set()
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[Any]] = []
+        self._following = False
 
     async def start(self) -> None:
         self.nc = await natsclient.connect(self.servers, cfg=self.nats_cfg, name="gpu-node-agent-correlator",
                                            inbox="correlator")
         js = self.nc.jetstream()
         loop = asyncio.get_running_loop()
+        if self.lease_ttl:
+            self.tracker.owned = set()
+            try:
+                kv = await js.key_value(LEASES_BUCKET)
+            except Exception:
+                kv = await js.create_key_value(bucket=LEASES_BUCKET, history=1, ttl=self.lease_ttl,
+                                               replicas=self.nats_cfg.stream_replicas)
+            self.leases = Leases(kv, partitions=self.tracker.partitions, partition=self.tracker.partition,
+                                 holder=f"{socket.gethostname()}:{os.getpid()}:{self.tracker.partition}",
+                                 ttl=self.lease_ttl, on_gain=self._gain, on_loss=self._loss)
+            with contextlib.suppress(Exception):  # NATS trouble: the lease loop retries
+                await self.leases.tick()  # before the history replays: its jobs are kept as they arrive
+            self._tasks.append(loop.create_task(self.leases.run(), name="incidents:leases"))
         # membership lives on the jobs stream, symptoms and hardware findings on the events stream (a
         # job's evidence is on both, the same message id: IncidentTracker.add files it once)
-        self._tasks = [loop.create_task(self._follow(js, f"{JOBS_PREFIX}.>"), name="incidents:jobs"),
-                       loop.create_task(self._follow(js, f"{EVENTS_PREFIX}.>"), name="incidents:events"),
-                       loop.create_task(self._judge_loop(), name="incidents:judge")]
+        self._tasks += [loop.create_task(self._follow(js, f"{JOBS_PREFIX}.>"), name="incidents:jobs"),
+                        loop.create_task(self._follow(js, f"{EVENTS_PREFIX}.>"), name="incidents:events"),
+                        loop.create_task(self._judge_loop(), name="incidents:judge")]
+        self._following = True
+
+    async def _gain(self, partition: int) -> None:
+        self.tracker.owned.add(partition)
+        if self._following:  # a lost replica's partition: its jobs' history was dropped here, replay it
+            loop = asyncio.get_running_loop()
+            js = self.nc.jetstream()
+            for subject, stream in ((f"{JOBS_PREFIX}.>", self.nats_cfg.jobs_stream),
+                                    (f"{EVENTS_PREFIX}.>", self.nats_cfg.stream)):
+                self._tasks.append(loop.create_task(self._replay(js, subject, stream),
+                                                    name=f"incidents:replay:{partition}"))
+
+    async def _loss(self, partition: int) -> None:
+        self.tracker.lose(partition)
+
+    async def _replay(self, js: Any, subject: str, stream: str) -> None:
+        """The stream's history up to now, once (new messages reach the live consumers)."""
+        import datetime as dt
+
+        from nats.js.api import DeliverPolicy
+
+        from fleet.state import start_time_config
+
+        try:
+            last = (await js.stream_info(stream)).state.last_seq
+        except Exception as exc:
+            log.warning("replay_failed", stream=stream, error=repr(exc))
+            return
+        done = asyncio.Event()
+        seen = [time.monotonic()]
+
+        async def on_msg(m: Any) -> None:
+            self.accept(m.subject, m.data)
+            seen[0] = time.monotonic()
+            if m.metadata.sequence.stream >= last:
+                done.set()
+
+        since = dt.datetime.fromtimestamp(time.time() - self.history_s, dt.UTC)
+        sub = await js.subscribe(subject, cb=on_msg, ordered_consumer=True, deliver_policy=DeliverPolicy.BY_START_TIME,
+                                 config=start_time_config(since))
+        try:
+            while not done.is_set() and time.monotonic() - seen[0] < 5.0:  # nothing in the window: stop
+                await wait_event(done, 0.5)
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        self.replays += 1
+        self._wake.set()
 
     async def stop(self) -> None:
+        if self.leases is not None and self.nc is not None:
+            with contextlib.suppress(Exception):  # hand the partitions over at once, not after the TTL
+                await within(self.leases.release_all(), 3.0)
         for t in self._tasks:
             t.cancel()
         await asyncio.wait(self._tasks, timeout=5.0) if self._tasks else None

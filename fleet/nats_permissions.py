@@ -58,6 +58,7 @@ class Names(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     budget_bucket: str = "gna-budget"
     cordoner_durable: str = "gna-cordoner"
     incidents_bucket: str = "gna-incidents"  # fleet.incidents: the correlator's current incident per job
+    leases_bucket: str = "gna-correlator-leases"  # fleet.leases: which correlator replica judges which jobs
 
 
 class Roles(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -214,6 +215,12 @@ def correlator_permissions(layout: Layout) -> Permissions:
         f"{INCIDENTS_PREFIX}.>",
         f"$KV.{n.incidents_bucket}.>",
         *_incidents_read(layout),
+        # partition leases (fleet/leases.py): get, create, compare-and-set, delete
+        f"$KV.{n.leases_bucket}.>",
+        f"{JS_API}.STREAM.CREATE.{_kv_stream(n.leases_bucket)}",
+        f"{JS_API}.STREAM.INFO.{_kv_stream(n.leases_bucket)}",
+        f"{JS_API}.STREAM.MSG.GET.{_kv_stream(n.leases_bucket)}",
+        f"{JS_API}.DIRECT.GET.{_kv_stream(n.leases_bucket)}.>",
     ]
     deny = [f"{JS_API}.CONSUMER.CREATE.{n.stream}.{n.cordoner_durable}",
             f"{JS_API}.CONSUMER.CREATE.{n.stream}.{n.cordoner_durable}.>"]

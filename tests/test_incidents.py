@@ -240,3 +240,64 @@ async def test_the_cordoner_waits_for_a_verdict_only_for_messages_that_would_cor
     t0 = time.monotonic()
     await cord._await_verdict(fallback)
     assert time.monotonic() - t0 >= 2.5
+
+
+async def test_a_lost_replicas_partition_is_taken_over_and_handed_back(tmp_path: Path,
+                                                                       nats_server: NatsServerProcess) -> None:
+    """fleet/leases.py: replica A judges the job's partition; A dies without a word (no lease released);
+    within the lease TTL replica B takes the partition over, replays the membership it had dropped, and
+    publishes the incident when the port goes down. When A is back, B hands the partition back."""
+    from fleet.incidents import owner
+
+    sc, msgs = await _messages(tmp_path, "ib_port_down")
+    want = sc.expected[sc.jobs[0].comm_id]
+    p = owner(sc.jobs[0].comm_id, 2)
+    nc = await nats.connect(nats_server.url)
+    js = nc.jetstream()
+    await js.add_stream(StreamConfig(name="GNA_EVENTS", subjects=STREAM_SUBJECTS))
+    await js.add_stream(StreamConfig(name="GNA_JOBS", subjects=JOBS_STREAM_SUBJECTS))
+    got: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+
+    async def on_incident(msg: Any) -> None:
+        await got.put(json.loads(msg.data))
+
+    await nc.subscribe("gna.incidents.>", cb=on_incident)
+    a = IncidentService([nats_server.url], partitions=2, partition=p, lease_ttl=1.5, debounce=0.02)
+    b = IncidentService([nats_server.url], partitions=2, partition=1 - p, lease_ttl=1.5, debounce=0.02)
+    await a.start()
+    await b.start()
+    a2: IncidentService | None = None
+    try:
+        assert a.leases is not None and b.leases is not None
+        assert set(a.leases.held) == {p} and set(b.leases.held) == {1 - p}
+        await _publish(js, [m for m in msgs if m["type"] == "NCCLJobMember"])
+        await asyncio.sleep(0.3)
+        assert sc.jobs[0].comm_id in a.tracker.jobs and sc.jobs[0].comm_id not in b.tracker.jobs
+        for t in a._tasks:  # a crash: no lease handed back, no alive key removed
+            t.cancel()
+        await asyncio.wait(a._tasks, timeout=5)
+        await a.nc.close()
+        t0 = time.monotonic()
+        while p not in b.leases.held and time.monotonic() - t0 < 10:
+            await asyncio.sleep(0.1)
+        assert p in b.leases.held and b.leases.takeovers == 1, "B did not take the lost partition over"
+        for _ in range(100):
+            if sc.jobs[0].comm_id in b.tracker.jobs:
+                break
+            await asyncio.sleep(0.05)
+        assert sc.jobs[0].comm_id in b.tracker.jobs, "the membership history was not replayed"
+        await _publish(js, [m for m in msgs if _is_symptom_or_fault(m)])
+        rec = await asyncio.wait_for(got.get(), 10)
+        assert {k: rec["culprit"][k] for k in want} == want, rec
+        a2 = IncidentService([nats_server.url], partitions=2, partition=p, lease_ttl=1.5, debounce=0.02)
+        await a2.start()
+        t0 = time.monotonic()
+        while (p in b.leases.held or a2.leases is None or p not in a2.leases.held) and time.monotonic() - t0 < 10:
+            await asyncio.sleep(0.1)
+        assert a2.leases is not None and p in a2.leases.held and p not in b.leases.held
+        assert sc.jobs[0].comm_id not in b.tracker.jobs  # B forgot what it no longer judges
+    finally:
+        await b.stop()
+        if a2 is not None:
+            await a2.stop()
+        await nc.close()

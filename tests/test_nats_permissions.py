@@ -356,17 +356,20 @@ async def test_correlator_and_cordoner_work_on_incidents_with_their_own_permissi
     from nats.js.api import StreamConfig
 
     from agent import config as configmod
-    from agent.nats_link import STREAM_SUBJECTS
-    from agent.subjects import event_subject
+    from agent.nats_link import JOBS_STREAM_SUBJECTS, STREAM_SUBJECTS
+    from agent.subjects import event_subject, subjects_for
     from fleet.cordoner import Cordoner
-    from fleet.incidents import INCIDENTS_BUCKET, IncidentService
+    from fleet.incidents import INCIDENTS_BUCKET, IncidentService, owner
     from sim.scenarios import generate
 
     sc = generate(tmp_path / "fleet", seed=5, nodes=3, fault="gpu_fell_off", job_nodes=2, second_job=False)
     msgs = await sc.messages()
     js = admin.jetstream()
     await js.add_stream(StreamConfig(name="GNA_EVENTS", subjects=STREAM_SUBJECTS))
-    svc = IncidentService([fleet.url], nats_cfg=fleet.cfg("correlator"), debounce=0.02)
+    await js.add_stream(StreamConfig(name="GNA_JOBS", subjects=JOBS_STREAM_SUBJECTS))
+    # two partitions: the replica leases its own (fleet/leases.py) with the correlator's permissions
+    svc = IncidentService([fleet.url], nats_cfg=fleet.cfg("correlator"), debounce=0.02, partitions=2,
+                          partition=owner(sc.jobs[0].comm_id, 2), lease_ttl=2.0)
     cfg = configmod.parse('[remediations]\ncordon_with = "slurm"\n', file="<t>").agent
     cfg.nats = fleet.cfg("cordoner")
     cord = Cordoner(cfg, [fleet.url])
@@ -374,12 +377,14 @@ async def test_correlator_and_cordoner_work_on_incidents_with_their_own_permissi
     await cord.start()
     try:
         for m in msgs:  # as the nodes would have (the admin may publish on any node's subject)
-            await js.publish(event_subject(m["node"], m["collector"], m["severity"]), _json.dumps(m).encode())
+            for subject in subjects_for(m["node"], m["collector"], m["severity"], m["type"], m["details"]):
+                await js.publish(subject, _json.dumps(m).encode())
         for _ in range(200):
             if svc.published and cord.incidents:
                 break
             await asyncio.sleep(0.05)
         assert svc.published and cord.incidents, (svc.published, cord.incidents)
+        assert svc.leases is not None and svc.tracker.partition in svc.leases.held and svc.leases.errors == 0
         reader = await fleet.connect("reader")
         kv = await reader.jetstream().key_value(INCIDENTS_BUCKET)
         rec = _json.loads((await kv.get(sc.jobs[0].comm_id)).value)

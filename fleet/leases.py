@@ -1,0 +1,151 @@
+"""Partition leases: which correlator replica judges which share of the jobs, and takeover of a lost one's.
+
+Replicas split the jobs by a hash of the job (``fleet.incidents.owner``). Each replica holds the
+lease of its own partition in a KV bucket whose entries expire after ``ttl`` unless renewed. A
+partition whose lease expired (its replica died, or lost NATS) is taken by a surviving replica
+with a create-if-absent, so exactly one replica wins it; the winner replays the streams for it and
+judges its jobs from then on (within about two TTLs of the loss: the lost replica's ``alive`` key
+expires, and a survivor waits one more TTL so replicas starting one after another do not grab each
+other's partitions). When the partition's own replica is back (its ``alive`` key is
+present again), the stand-in releases the lease and the owner takes it on its next renewal.
+
+Every write is a compare-and-set on the entry's revision: a replica that lost a lease (expired
+while it was partitioned from NATS) finds out on its next renewal and stops judging.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import structlog
+
+log = structlog.get_logger(__name__)
+
+LEASES_BUCKET = "gna-correlator-leases"
+
+
+def lease_key(partition: int) -> str:
+    return f"partition-{partition}"
+
+
+def alive_key(partition: int) -> str:
+    return f"alive-{partition}"
+
+
+class Leases:
+    """Acquire, renew, take over and release partition leases.
+
+    ``on_gain(p)`` runs when this replica starts judging partition ``p`` (its own at start-up, or a
+    lost replica's); ``on_loss(p)`` when it stops (a lease it could not renew, or one handed back).
+    """
+
+    def __init__(self, kv: Any, *, partitions: int, partition: int, holder: str, ttl: float,
+                 on_gain: Callable[[int], Awaitable[None]], on_loss: Callable[[int], Awaitable[None]],
+                 takeover: bool = True) -> None:
+        self.kv = kv
+        self.partitions, self.partition = partitions, partition
+        self.holder = holder
+        self.ttl = ttl
+        self.on_gain, self.on_loss = on_gain, on_loss
+        self.takeover = takeover
+        self.held: dict[int, int] = {}  # partition -> revision of our lease entry
+        self.takeovers = 0
+        self.errors = 0
+        # when we first saw a partition's replica absent: taken over only after a full ttl more, so
+        # replicas starting one after another do not grab each other's partitions
+        self._absent_since: dict[int, float] = {}
+
+    def _value(self, p: int) -> bytes:
+        return json.dumps({"holder": self.holder, "partition": p, "time": time.time()}).encode()
+
+    async def _get(self, key: str) -> Any | None:
+        from nats.js.errors import KeyDeletedError, KeyNotFoundError
+
+        try:
+            return await self.kv.get(key)
+        except (KeyNotFoundError, KeyDeletedError):
+            return None
+
+    async def _try_create(self, p: int) -> bool:
+        from nats.js.errors import KeyWrongLastSequenceError
+
+        try:
+            self.held[p] = await self.kv.create(lease_key(p), self._value(p))
+            return True
+        except KeyWrongLastSequenceError:
+            return False  # someone holds it
+        except Exception as exc:
+            if "wrong last sequence" in str(exc).lower():
+                return False
+            raise
+
+    async def _renew(self, p: int) -> bool:
+        try:
+            self.held[p] = await self.kv.update(lease_key(p), self._value(p), last=self.held[p])
+            return True
+        except Exception as exc:  # another replica took it after ours expired, or NATS is away
+            log.warning("lease_lost", partition=p, error=repr(exc))
+            return False
+
+    async def tick(self) -> None:
+        """One round: renew what we hold, claim our own, take over expired ones, hand back stand-ins."""
+        await self.kv.put(alive_key(self.partition), self._value(self.partition))
+        for p in sorted(self.held):
+            own_back = p != self.partition and await self._get(alive_key(p)) is not None
+            if own_back:
+                # the partition's own replica is alive again: hand its lease back
+                await self._release(p)
+                continue
+            if not await self._renew(p):
+                del self.held[p]
+                await self.on_loss(p)
+        candidates = [self.partition] if self.partition not in self.held else []
+        if self.takeover:
+            now = time.monotonic()
+            for p in range(self.partitions):
+                if p == self.partition or p in self.held:
+                    continue
+                if await self._get(alive_key(p)) is not None:
+                    self._absent_since.pop(p, None)
+                elif now - self._absent_since.setdefault(p, now) >= self.ttl:
+                    candidates.append(p)
+        for p in candidates:
+            if await self._try_create(p):
+                if p != self.partition:
+                    self.takeovers += 1
+                    log.warning("lease_taken_over", partition=p, holder=self.holder)
+                await self.on_gain(p)
+
+    async def _release(self, p: int) -> None:
+        rev = self.held.pop(p, None)
+        await self.on_loss(p)
+        if rev is not None:
+            try:
+                await self.kv.delete(lease_key(p), last=rev)
+            except Exception as exc:  # expired meanwhile: nothing to hand back
+                log.info("lease_release_failed", partition=p, error=repr(exc))
+
+    async def run(self) -> None:
+        """Tick every ttl/3 until cancelled; a NATS error is logged and retried on the next tick."""
+        while True:
+            try:
+                await self.tick()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self.errors += 1
+                log.warning("lease_tick_failed", error=repr(exc))
+            await asyncio.sleep(self.ttl / 3)
+
+    async def release_all(self) -> None:
+        """At a clean stop: hand every lease back and say we are gone, so another replica takes over at once."""
+        for p in list(self.held):
+            await self._release(p)
+        try:
+            await self.kv.delete(alive_key(self.partition))
+        except Exception as exc:
+            log.info("alive_release_failed", error=repr(exc))
