@@ -27,6 +27,7 @@ from agent.nats_server import NatsServerProcess, free_port
 from agent.natsclient import redact
 from agent.nodestate import NodeStatePublisher
 from agent.registry import collector_classes
+from agent.remediation.incidents import IncidentView
 from agent.sdnotify import Notifier
 from agent.shutdown import EX_SOFTWARE, ShutdownGuard
 from agent.spool import SEVERITY_NAMES, Spool
@@ -58,6 +59,8 @@ class Agent:
         self.tracker: ConditionTracker | None = None
         self.embedded: NatsServerProcess | None = None
         self.link: NatsLink | None = None
+        self.incident_view = IncidentView()
+        self.watching_incidents = False
         self.forwarder: Forwarder | None = None
         self.runners: dict[str, CollectorRunner] = {}
         self._collector_tasks: dict[str, asyncio.Task[None]] = {}
@@ -327,6 +330,10 @@ class Agent:
         self._tasks = [loop.create_task(self.link.connect(), name="nats:connect"),
                        loop.create_task(self.forwarder.run(), name="nats:forwarder"),
                        loop.create_task(nodestate.run(), name="nats:nodestate")]
+        if self.engine is not None and any(p.needs_budget for p in self.engine.plugins.values()):
+            # this node cordons itself: it follows the correlator's incidents so it never cordons as a victim
+            self.watching_incidents = True
+            self._tasks.append(loop.create_task(self._watch_incidents(self.link), name="remediation:incidents"))
         if self.cfg.metrics.listen:
             self.metrics_server = MetricsServer(self.metrics, self.cfg.metrics.listen, self.health,
                                                 self.refresh_metrics)
@@ -401,6 +408,11 @@ class Agent:
                  seconds=round(time.monotonic() - t0, 3), abandoned=self.abandoned)
 
     # -- remediation --------------------------------------------------------------------
+    async def _watch_incidents(self, link: NatsLink) -> None:
+        await link.connected.wait()
+        assert link.js is not None
+        await self.incident_view.watch(link.js)
+
     def _start_remediation(self) -> None:
         from agent.remediation.budget import FleetBudget
         from agent.remediation.engine import Engine
@@ -428,11 +440,16 @@ class Agent:
             await self.emitter_for(AGENT_COLLECTOR).event(type_, severity="critical", entity="fleet:budget",
                                                           reason="BudgetExhausted", message=message, details=details)
 
-        self.engine = Engine(rcfg, plugins, audit=audit, alert=alert, budget=budget, unavailable=loaded.unavailable)
+        self.engine = Engine(rcfg, plugins, audit=audit, alert=alert, budget=budget, unavailable=loaded.unavailable,
+                             spare=self.incident_view.spare)
 
         async def on_message(msg: Message) -> None:
             assert self.engine is not None
-            await self.engine.handle(to_dict(msg))
+            d = to_dict(msg)
+            # per-node mode: a job's first NCCL symptom that would cordon waits for the correlator's verdict,
+            # and a victim of an open incident is spared (agent/remediation/incidents.py)
+            await self.incident_view.await_verdict(d, self.watching_incidents and self.engine.would_take_budget(d))
+            await self.engine.handle(d)
 
         assert self.bus is not None
         if not any(sub.name == "remediation" for sub in self.bus.subscriptions):  # a reload swaps the engine only

@@ -31,9 +31,9 @@ from agent.nats_link import NatsLink
 from agent.natsclient import NatsUnavailable, redact
 from agent.remediation.budget import FleetBudget
 from agent.remediation.engine import Engine
+from agent.remediation.incidents import GRACE, INCIDENTS_BUCKET, IncidentView, parse_incident
 from agent.remediation.loader import load_plugins
 from agent.subjects import EVENTS_PREFIX, action_subject, event_subject
-from fleet.incidents import INCIDENTS_BUCKET
 from fleet.wire import Rejected, Rejections, decode_event
 from gna_sdk.aio import within
 from gna_sdk.hostroot import HostRoot
@@ -43,7 +43,7 @@ log = structlog.get_logger(__name__)
 
 CORDONER_NODE = "cordoner"  # the "node" the cordoner's own alerts come from (docs/nats-security.md)
 MAX_DELIVER = 5
-INCIDENT_GRACE = 3.0  # s: a job's first NCCL message waits this long for the correlator's verdict
+INCIDENT_GRACE = GRACE  # s: a job's first NCCL message waits this long for the correlator's verdict
 CULPRIT_MIN_CONFIDENCE = 0.85
 
 
@@ -63,8 +63,8 @@ class Cordoner:
         self.rejected = self.rejections.counts
         self._sub: Any = None
         self._incident_sub: Any = None
-        self.incidents: dict[str, dict[str, Any]] = {}  # job -> its current incident record
-        self.job_first_seen: dict[str, float] = {}
+        self.view = IncidentView(grace=INCIDENT_GRACE)  # job -> its current incident record
+        self.incidents = self.view.incidents
         self._tasks: list[asyncio.Task[Any]] = []
 
     async def start(self) -> None:
@@ -92,7 +92,7 @@ class Cordoner:
         for name in sorted(set(loaded.available) - set(plugins)):
             loaded.unavailable[name] = f"{name} acts on a node's own host: the node agent runs it, not the cordoner"
         self.engine = Engine(self.cfg.remediations, plugins, audit=audit, alert=alert, budget=lambda: budget,
-                             unavailable=loaded.unavailable, spare=self.spare)
+                             unavailable=loaded.unavailable, spare=self.view.spare)
         self._tasks.append(asyncio.get_running_loop().create_task(self._watch_incidents(js), name="cordoner:incidents"))
         self._sub = await js.subscribe(
             f"{EVENTS_PREFIX}.>", queue=self.queue, durable=self.durable, cb=self._on_msg, manual_ack=True,
@@ -102,32 +102,6 @@ class Cordoner:
                                   max_ack_pending=1000, max_deliver=MAX_DELIVER))
         log.info("cordoner_started", durable=self.durable, queue=self.queue, plugins=sorted(plugins),
                  enforce=self.cfg.remediations.enforce)
-
-    def spare(self, msg: dict[str, Any]) -> str | None:
-        """Why this message must not cordon its node: the node is a victim of an open incident and the
-        message is that job's NCCL symptom."""
-        details = msg.get("details") if isinstance(msg.get("details"), dict) else {}
-        job = details.get("job") if msg.get("collector") == "nccl_logs" else None  # type: ignore[union-attr]
-        inc = self.incidents.get(job) if isinstance(job, str) else None
-        if inc is None or inc.get("status") != "open" or msg.get("node") not in inc.get("victims", []):
-            return None
-        c = inc.get("culprit") or {}
-        who = f"{c.get('node')} {c.get('entity')}" if c else "not yet named"
-        return f"victim of incident {job} (culprit {who}): its symptoms never cordon it"
-
-    async def _await_verdict(self, msg: dict[str, Any]) -> None:
-        """A job's first NCCL message that would cordon its node waits (once per job, at most
-        INCIDENT_GRACE s) for the correlator's verdict. Only those: the rest never delay the consumer."""
-        details = msg.get("details") if isinstance(msg.get("details"), dict) else {}
-        job = details.get("job") if msg.get("collector") == "nccl_logs" else None  # type: ignore[union-attr]
-        if not isinstance(job, str) or job in self.incidents or self.engine is None \
-                or not self.engine.would_take_budget(msg):
-            return
-        first = self.job_first_seen.setdefault(job, time.monotonic())
-        if len(self.job_first_seen) > 100000:
-            self.job_first_seen.clear()
-        while job not in self.incidents and time.monotonic() - first < INCIDENT_GRACE:
-            await asyncio.sleep(0.05)
 
     async def _watch_incidents(self, js: Any) -> None:
         """Every replica keeps the open incidents (for spare()); one replica decides each update."""
@@ -147,29 +121,15 @@ class Cordoner:
                 async for entry in watcher:
                     if entry is None or entry.value is None:
                         continue
-                    rec = self._incident(entry.value)
-                    if rec is not None:
-                        self.incidents[rec["job"]] = rec
+                    self.view.file(entry.value)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 log.info("cordoner_incident_watch_retry", error=repr(exc))
                 await asyncio.sleep(1)
 
-    @staticmethod
-    def _incident(data: bytes) -> dict[str, Any] | None:
-        try:
-            rec = json.loads(data)
-        except ValueError:
-            return None
-        ok = (isinstance(rec, dict) and isinstance(rec.get("job"), str) and rec.get("status") in ("open", "resolved")
-              and isinstance(rec.get("victims", []), list)
-              and (rec.get("culprit") is None or (isinstance(rec["culprit"], dict)
-                                                  and isinstance(rec["culprit"].get("node"), str))))
-        return rec if ok else None
-
     async def _on_incident(self, msg: Any) -> None:
-        rec = self._incident(msg.data)
+        rec = parse_incident(msg.data)
         if rec is None:
             self._reject("bad_incident", msg.subject, msg.data)
             await msg.term()
@@ -215,7 +175,7 @@ class Cordoner:
             return
         if data.get("collector") != "agent":
             assert self.engine is not None
-            await self._await_verdict(data)
+            await self.view.await_verdict(data, self.engine is not None and self.engine.would_take_budget(data))
             try:
                 await self.engine.handle(data)
             except Exception as exc:  # a poison message: decided as rejected, not redelivered for ever

@@ -30,6 +30,7 @@ import structlog
 
 from agent import natsclient
 from agent.config import NatsConfig
+from agent.remediation.incidents import INCIDENTS_BUCKET as INCIDENTS_BUCKET  # re-exported: the correlator writes it
 from agent.subjects import EVENTS_PREFIX, INCIDENTS_PREFIX, JOBS_PREFIX, encode_token
 from fleet.correlator import correlate
 from fleet.leases import LEASES_BUCKET, Leases
@@ -38,7 +39,6 @@ from gna_sdk.aio import wait_event, within
 
 log = structlog.get_logger(__name__)
 
-INCIDENTS_BUCKET = "gna-incidents"
 SYMPTOMS = ("NCCLCollectiveTimeout", "NCCLIBCompletionError", "NCCLSocketFallback", "NCCLWatchdogProgress")
 
 

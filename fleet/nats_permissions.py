@@ -141,6 +141,8 @@ def node_permissions(node: str, layout: Layout) -> Permissions:
     ]
     if layout.node_budget:
         publish += [s for s in _budget_publish(layout) if s not in publish]
+        # a node that cordons itself follows the correlator's incidents (never cordoned as a victim): read only
+        publish += [s for s in _incidents_read(layout) if ".STREAM.CREATE." not in s and s not in publish]
     return Permissions(publish=publish, subscribe=[inbox(token)])
 
 

@@ -26,9 +26,9 @@ import structlog
 from agent import natsclient
 from agent.config import NatsConfig
 from agent.message import rfc3339
+from agent.remediation.incidents import INCIDENTS_BUCKET  # key: the job's token, value: its current record
 from agent.subjects import ACTIONS_PREFIX, EVENTS_PREFIX, HEARTBEAT_PREFIX, decode_token, is_valid_token
 from fleet import timeline
-from fleet.incidents import INCIDENTS_BUCKET  # key: the job's token, value: its current record
 from fleet.wire import Rejected, Rejections, decode_action, decode_event, decode_state
 from gna_sdk import severity_rank
 

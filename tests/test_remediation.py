@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import stat
+import time
 from pathlib import Path
 from typing import Any
 
@@ -436,3 +437,56 @@ def test_remediation_config_errors(tmp_path: Path) -> None:
     cfg = configmod.parse('[remediations]\nenforce = true\n[remediations.plugins.kubernetes]\ndry_run = true\n')
     eng = Engine(cfg.agent.remediations, {}, audit=Audits())
     assert eng.dry_run("kubernetes") and not eng.dry_run("slurm")
+
+
+async def test_per_node_mode_never_cordons_a_victim_of_an_open_incident(tools: Path, tmp_path: Path,
+                                                                       nats_server: NatsServerProcess) -> None:
+    """#15 deliver 4 without the central cordoner: a node agent that cordons itself follows the
+    correlator's incidents (KV gna-incidents); its own watchdog timeout in a job whose open incident
+    names it a victim is audited as skipped, and no cordon runs. Another job's timeout is acted on."""
+    from agent.remediation.incidents import INCIDENTS_BUCKET
+    from tests.conftest import agent_config, running_agent
+
+    node = "node-a.example.com"
+    nc = await nats.connect(nats_server.url)
+    kv = await nc.jetstream().create_key_value(bucket=INCIDENTS_BUCKET, history=5)
+    await kv.put("0x5c1f", json.dumps({"job": "0x5c1f", "status": "open", "victims": [node],
+                                      "culprit": {"node": "gpu-9", "entity": "ib:mlx5_3/1", "kind": "hca_port"}}).encode())
+    host = SimHost.gpu_node(tmp_path / "h", gpus=1)
+    lines = []
+    for job, pid in (("0x5c1f", 77), ("0x9e2d", 78)):
+        pre = f"node-a:{pid}:{pid + 1} [0] NCCL INFO "
+        lines += [pre + f"comm 0x7f00 rank 3 nranks 16 cudaDev 0 nvmlDev 0 busId 18000 commId {job} - Init COMPLETE"]
+    for pid in (77, 78):  # the trainers are running (a process gone from /proc is forgotten)
+        host.write(f"/proc/{pid}/comm", "python\n")
+    log = host.p("/var/log/nccl/node-a.77.log")
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text("\n".join(lines[:1]) + "\n")
+    host.write("/var/log/nccl/node-a.78.log", lines[1] + "\n")
+    cfg = agent_config(tmp_path, servers=[nats_server.url], host_root=host.root, node=node, extra=(
+        '[remediations]\nenforce = true\ncordon_with = "slurm"\n[[remediations.rules]]\nname = "cordon-on-timeout"\n'
+        'action = "cordon"\n[remediations.rules.match]\ntype = ["NCCLCollectiveTimeout"]\nstatus = ["event"]\n'
+        "[collectors.nccl_logs]\ninterval = 0.2\n"))
+    timeout = ("[Rank 3] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=9, OpType=ALLREDUCE, "
+               "NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600081 milliseconds before timing out.\n")
+    async with running_agent(cfg) as agent:
+        for _ in range(100):
+            if agent.watching_incidents and agent.incident_view.incidents:
+                break
+            await asyncio.sleep(0.05)
+        assert agent.incident_view.incidents, "the agent did not read the incidents bucket"
+        with open(log, "a") as fh:
+            fh.write(timeout)
+        with open(host.p("/var/log/nccl/node-a.78.log"), "a") as fh:
+            fh.write(timeout)
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 15:
+            decided = [d for d in (agent.engine.decisions if agent.engine else []) if d["rule"] == "cordon-on-timeout"]
+            if len(decided) >= 2:
+                break
+            await asyncio.sleep(0.1)
+    by_job = {d["reason"].split()[3] if "victim" in d["reason"] else "other": d for d in decided}
+    assert by_job["0x5c1f"]["decision"] == "skipped" and "culprit gpu-9 ib:mlx5_3/1" in by_job["0x5c1f"]["reason"]
+    other = [d for d in decided if d is not by_job["0x5c1f"]]
+    assert other and other[0]["decision"] in ("executed", "failed"), decided  # the other job's timeout is acted on
+    await nc.close()
