@@ -35,11 +35,12 @@ from agent.cliargs import (
     positive_int,
 )
 from agent.natsclient import NatsUnavailable
+from agent.topo_cmd import add_command as add_topo_command
 
 COMMANDS_GROUP = "gpu_node_agent.commands"
 
 
-NODE_COMMANDS = {"run", "check", "config", "warmup"}
+NODE_COMMANDS = {"run", "check", "config", "warmup", "topo"}
 
 
 def build_parser(*, with_commands: bool = True) -> argparse.ArgumentParser:
@@ -80,6 +81,7 @@ def build_parser(*, with_commands: bool = True) -> argparse.ArgumentParser:
     check.set_defaults(handler=cmd_check)
     cc.set_defaults(handler=cmd_config_check)
     warm.set_defaults(handler=cmd_warmup)
+    add_topo_command(sub)
     for ep in sorted(entry_points(group=COMMANDS_GROUP), key=lambda e: e.name) if with_commands else ():
         try:
             ep.load()(sub)

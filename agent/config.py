@@ -54,6 +54,9 @@ class NatsConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     jobs_stream: str = "GNA_JOBS"  # gna.jobs.>: jobs' membership and evidence (docs/subjects.md)
     jobs_stream_max_age: float = 2 * 86400.0
     jobs_max_per_subject: int = 1024  # per gna.jobs.<job>.<node>.<kind>: a job's facts stay bounded
+    signals_stream: str = "GNA_SIGNALS"  # gna.signals.>: straggler vectors, the latest few per node and collector
+    signals_max_per_subject: int = 12
+    signals_stream_max_age: float = 86400.0
     kv_bucket: str = "gna-nodes"
     heartbeat_interval: float = 10.0
     publish_window: int = 1024

@@ -330,8 +330,10 @@ class Agent:
         self._tasks = [loop.create_task(self.link.connect(), name="nats:connect"),
                        loop.create_task(self.forwarder.run(), name="nats:forwarder"),
                        loop.create_task(nodestate.run(), name="nats:nodestate")]
-        if self.engine is not None and any(p.needs_budget for p in self.engine.plugins.values()):
-            # this node cordons itself: it follows the correlator's incidents so it never cordons as a victim
+        if self.engine is not None and any(p.needs_budget and not self.engine.dry_run(name)
+                                           for name, p in self.engine.plugins.items()):
+            # this node really cordons itself (per-node mode, enforced): it follows the correlator's incidents
+            # so it never cordons as a victim; in dry-run nothing is cordoned and no bucket access is needed
             self.watching_incidents = True
             self._tasks.append(loop.create_task(self._watch_incidents(self.link), name="remediation:incidents"))
         if self.cfg.metrics.listen:

@@ -20,13 +20,14 @@ from nats.js.kv import KeyValue
 from agent.config import NatsConfig
 from agent.metrics import AgentMetrics
 from agent.natsclient import redact
-from agent.subjects import ACTIONS_PREFIX, EVENTS_PREFIX, JOBS_PREFIX
+from agent.subjects import ACTIONS_PREFIX, EVENTS_PREFIX, JOBS_PREFIX, SIGNALS_PREFIX
 from gna_sdk.retry import Backoff
 
 log = structlog.get_logger(__name__)
 
 STREAM_SUBJECTS = [f"{EVENTS_PREFIX}.>", f"{ACTIONS_PREFIX}.>"]
 JOBS_STREAM_SUBJECTS = [f"{JOBS_PREFIX}.>"]
+SIGNALS_STREAM_SUBJECTS = [f"{SIGNALS_PREFIX}.>"]
 
 
 def auth_method(cfg: NatsConfig) -> str:
@@ -135,7 +136,12 @@ class NatsLink:
             duplicate_window=self.cfg.duplicate_window, max_age=self.cfg.jobs_stream_max_age,
             max_msgs_per_subject=self.cfg.jobs_max_per_subject, num_replicas=self.cfg.stream_replicas,
             discard=DiscardPolicy.OLD)
-        for config in (want, jobs):
+        signals = StreamConfig(
+            name=self.cfg.signals_stream, subjects=SIGNALS_STREAM_SUBJECTS, storage=StorageType.FILE,
+            duplicate_window=self.cfg.duplicate_window, max_age=self.cfg.signals_stream_max_age,
+            max_msgs_per_subject=self.cfg.signals_max_per_subject, num_replicas=self.cfg.stream_replicas,
+            discard=DiscardPolicy.OLD)
+        for config in (want, jobs, signals):
             try:
                 await self.js.add_stream(config)
             except BadRequestError:

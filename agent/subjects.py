@@ -21,6 +21,8 @@ JOBS_PREFIX = "gna.jobs"  # gna.jobs.<job token>.<node token>.member|evidence (d
 # Messages that are facts about a job, not about the node: published only under the job's subjects
 JOB_FACT_TYPES = frozenset({"NCCLJobMember"})
 JOB_KINDS = ("member", "evidence")
+SIGNALS_PREFIX = "gna.signals"  # gna.signals.<node token>.<collector>: straggler vectors (docs/subjects.md)
+SIGNAL_TYPES = frozenset({"StragglerSignals"})
 
 
 def encode_token(name: str) -> str:
@@ -77,11 +79,17 @@ def job_subject(job: str, node: str, kind: str) -> str:
     return f"{JOBS_PREFIX}.{encode_token(job)}.{encode_token(node)}.{kind}"
 
 
+def signals_subject(node: str, collector: str) -> str:
+    return f"{SIGNALS_PREFIX}.{encode_token(node)}.{check_plugin_name(collector)}"
+
+
 def subjects_for(node: str, collector: str, severity: str, type_: str, details: object) -> list[str]:
     """Where a message is published: a job's membership fact only under the job
     (``gna.jobs.<job>.<node>.member``); a job's symptom (warning or critical, with the job in its
     details) under the node's events and, as evidence, under the job; everything else under the
     node's events. The node token is the publisher's own either way (its NATS permissions)."""
+    if type_ in SIGNAL_TYPES:  # periodic measurements: their own bounded stream, never the event history
+        return [signals_subject(node, collector)]
     job = details.get("job") if isinstance(details, dict) else None
     if isinstance(job, str) and 0 < len(job) <= 128:
         if type_ in JOB_FACT_TYPES:

@@ -4,6 +4,11 @@ Discovery under <host-root>/sys/class/infiniband/<hca>/ports/<n>/, rescanned on 
 ``infiniband`` events and every pass. Counter rates come from deltas between reads, aware of
 each counter's width (saturating PMA counters, wrapping 32-bit hw_counters, resets). Metrics are
 exported with node_exporter's ``node_infiniband_*`` names so existing dashboards map.
+
+Straggler signals (docs/straggler-signals.md): per port, symbol errors per hour, link error
+recoveries per minute and receive errors per second over sliding windows (collectors/counter_window.py)
+that survive counter resets and the first sample; published as a ``StragglerSignals`` event every
+``signals_interval`` and as ``gna_infiniband_straggler_signal``.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from typing import Any, ClassVar
 import msgspec
 import structlog
 
+from collectors.counter_window import CounterWindow, WindowStats
 from collectors.ib_sysfs import (
     COUNTER_BITS,
     HW_COUNTERS,
@@ -49,18 +55,38 @@ class Threshold(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     critical_per_hour: float = 0.0
 
 
-# NVSentinel-like defaults (shared field facts section 4).
+# NVSentinel's nic-health-monitor defaults, the same counters, values and units as its chart's
+# counterDetection.counters (THRESHOLD_SOURCE). NVSentinel measures a velocity over a window as long as
+# its unit (1 s, 60 s, 3600 s): here per-second rules use the last interval, per-minute and per-hour
+# rules a sliding 60 s / 3600 s window (CounterWindow.over).
+THRESHOLD_SOURCE = ("NVIDIA/NVSentinel distros/kubernetes/nvsentinel/charts/nic-health-monitor/values.yaml "
+                    "@07b82dc2 counterDetection.counters")
 DEFAULT_THRESHOLDS: dict[str, Threshold] = {
     "link_downed": Threshold(any_increase=True),
     "excessive_buffer_overrun_errors": Threshold(any_increase=True),
     "local_link_integrity_errors": Threshold(any_increase=True),
     "rnr_nak_retry_err": Threshold(any_increase=True),
     "symbol_error": Threshold(warning_per_s=10, critical_per_hour=120),  # > 120/h breaks the IBTA 1e-12 BER
-    "link_error_recovery": Threshold(warning_per_min=5),
+    "link_error_recovery": Threshold(warning_per_min=5),  # "link retraining / micro-flapping"
     "port_rcv_errors": Threshold(warning_per_s=10),
     "port_xmit_discards": Threshold(warning_per_s=100),
     "local_ack_timeout_err": Threshold(warning_per_s=1),
 }
+
+
+# The per-port straggler vector: counter -> (window s, rate unit s, field). The windows are those of the
+# counters' published rules, so the fleet compares the very rates the thresholds judge.
+SIGNAL_WINDOWS: dict[str, tuple[float, float, str]] = {
+    "symbol_error": (3600.0, 3600.0, "symbol_error_per_h"),
+    "link_error_recovery": (60.0, 60.0, "link_error_recovery_per_min"),
+    "port_rcv_errors": (0.0, 1.0, "port_rcv_errors_per_s"),
+}
+MAX_SIGNAL_PORTS = 128  # a vector stays one small message whatever a hostile sysfs tree holds
+
+
+def rule_windows(th: Threshold) -> float:
+    """How much history a counter's rule needs (0: the last interval only)."""
+    return 3600.0 if th.critical_per_hour else 60.0 if th.warning_per_min else 0.0
 
 
 class CongestionThresholds(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -83,6 +109,7 @@ class InfinibandConfig(CollectorSettings, kw_only=True, forbid_unknown_fields=Tr
     thresholds: dict[str, Threshold] = msgspec.field(default_factory=dict)  # merged over the defaults
     congestion: CongestionThresholds = msgspec.field(default_factory=CongestionThresholds)
     udev: bool = True
+    signals_interval: float = 300.0  # StragglerSignals event every this many seconds; 0: metrics and facts only
 
 
 @dataclass
@@ -92,8 +119,7 @@ class PortState:
     was_active: bool | None = None
     flaps: deque[float] = field(default_factory=deque)
     last_flap: float = 0.0
-    history: dict[str, deque[tuple[float, int]]] = field(default_factory=dict)  # counter -> (t, cumulative)
-    cumulative: dict[str, int] = field(default_factory=dict)  # reset/wrap-corrected running totals
+    windows: dict[str, CounterWindow] = field(default_factory=dict)  # counter key -> reset-aware sliding window
     offending: dict[str, tuple[float, dict[str, Any]]] = field(default_factory=dict)  # counter -> (last t, info)
     rates: dict[str, float] = field(default_factory=dict)
 
@@ -111,6 +137,12 @@ class InfinibandCollector:
         self.thresholds = {**DEFAULT_THRESHOLDS, **config.thresholds}
         self.counters = tuple(sorted(set(COUNTER_BITS)))
         self.hw = tuple(sorted(set(HW_COUNTERS) | {c for c in config.thresholds if c not in COUNTER_BITS}))
+        # counter -> seconds of history its rule and its straggler signal need
+        self.keep = {name: rule_windows(th) for name, th in self.thresholds.items()}
+        for name, (window, _unit, _field) in SIGNAL_WINDOWS.items():
+            self.keep[name] = max(self.keep.get(name, 0.0), window)
+        self._signals_at: float | None = None
+        self.signals: dict[str, dict[str, Any]] = {}  # "hca/port" -> the vector of the last pass
         self.ports: dict[tuple[str, int], PortState] = {}
         self.unreadable: dict[str, int] = {}  # "hca/port/file" -> times skipped
         self._names: dict[str, list[str]] = {}
@@ -196,6 +228,7 @@ class InfinibandCollector:
         self.emit.facts.set("infiniband.ports", {
             s.entity: {"active": s.active, "link_layer": s.link_layer, "rate_gbps": s.rate.gbps if s.rate else None}
             for s in snaps})
+        await self._publish_signals(snaps, now)
 
     async def _port_state(self, snap: PortSnapshot, st: PortState, now: float) -> None:
         active = snap.active
@@ -257,19 +290,20 @@ class InfinibandCollector:
                 if old is None or (not hw and old == _SATURATED.get(name)):
                     continue
                 delta = counter_delta(name, old, value, hw=hw)
-                if delta is None:
-                    continue  # reset or driver reload: new baseline, no negative rate
+                if delta is None:  # reset or driver reload: new baseline, no negative rate
+                    if key in st.windows:
+                        st.windows[key].add_increase(now, None)
+                    st.rates.pop(key, None)
+                    continue
                 st.rates[key] = delta / dt if dt > 0 else 0.0
-                if name in self.thresholds:
-                    total = st.cumulative.get(key, 0) + delta
-                    st.cumulative[key] = total
-                    hist = st.history.get(key)
-                    if hist is None:
-                        hist = st.history[key] = deque([(st.last_t, total - delta)])  # baseline: previous read
-                    hist.append((now, total))
-                    while len(hist) > 1 and now - hist[1][0] >= 3600:
-                        hist.popleft()
-                    self._evaluate(name, delta, dt, hist, st, now)
+                keep = self.keep.get(name)
+                if keep is not None:
+                    win = st.windows.get(key)
+                    if win is None:
+                        win = st.windows[key] = CounterWindow(keep)
+                        win.restart(st.last_t)  # baseline: the previous read
+                    win.add_increase(now, delta)
+                    self._evaluate(name, delta, win, st, now)
         offending = {c: info for c, (t, info) in st.offending.items() if now - t < self.config.counter_hold_down}
         st.offending = {c: v for c, v in st.offending.items() if c in offending}
         if offending:
@@ -289,27 +323,34 @@ class InfinibandCollector:
                 details={"counters": sat, "bits": {c: COUNTER_BITS[c] for c in sat}})
         await self._congestion(snap, st)
 
-    def _evaluate(self, name: str, delta: int, dt: float, hist: deque[tuple[float, int]], st: PortState,
-                  now: float) -> None:
+    def _evaluate(self, name: str, delta: int, win: CounterWindow, st: PortState, now: float) -> None:
         th = self.thresholds.get(name)
         if th is None or delta <= 0:
             return
-        per_s = delta / dt if dt > 0 else float(delta)
-        last_hour = hist[-1][1] - hist[0][1]
+        last = win.stats(0.0)
+        per_s = last.per(1.0) if last else float(delta)
         info: dict[str, Any] | None = None
+        used: WindowStats | None = last
+        hour = win.stats(3600.0) if th.critical_per_hour else None
+        minute = win.stats(60.0) if th.warning_per_min else None
         if th.any_increase:
             info = {"counter": name, "delta": delta, "severity": "critical", "rule": "any increase"}
-        elif th.critical_per_hour and last_hour > th.critical_per_hour:
-            info = {"counter": name, "delta": delta, "last_hour": last_hour, "severity": "critical",
+        elif hour is not None and hour.over(th.critical_per_hour, 3600.0):
+            info = {"counter": name, "delta": delta, "last_hour": hour.count,
+                    "rate_per_hour": round(hour.per(3600.0), 3), "full_window": hour.full, "severity": "critical",
                     "rule": f"> {th.critical_per_hour:g}/hour"}
+            used = hour
         elif th.warning_per_s and per_s > th.warning_per_s:
             info = {"counter": name, "delta": delta, "rate_per_s": round(per_s, 3), "severity": "warning",
                     "rule": f"> {th.warning_per_s:g}/s"}
-        elif th.warning_per_min and per_s * 60 > th.warning_per_min:
-            info = {"counter": name, "delta": delta, "rate_per_min": round(per_s * 60, 3), "severity": "warning",
+        elif minute is not None and minute.over(th.warning_per_min, 60.0):
+            info = {"counter": name, "delta": delta, "last_minute": minute.count,
+                    "rate_per_min": round(minute.per(60.0), 3), "full_window": minute.full, "severity": "warning",
                     "rule": f"> {th.warning_per_min:g}/min"}
+            used = minute
         if info is not None:
-            info["window_s"] = round(dt, 3)
+            info["window_s"] = round(used.span, 3) if used else 0.0
+            info["source"] = "config" if name in self.config.thresholds else THRESHOLD_SOURCE
             st.offending[name] = (now, info)
 
     async def _congestion(self, snap: PortSnapshot, st: PortState) -> None:
@@ -330,6 +371,45 @@ class InfinibandCollector:
                         f"check PFC/ECN settings; AllReduce stalls while nothing fails.",
                 details={"rates_per_s": {k: round(v, 1) for k, (v, _l) in rates.items()}, "over": over,
                          "drop_rate_per_s": round(drops, 3)}, suggested_action="inspect_hardware")
+
+    # -- straggler signals (docs/straggler-signals.md) ------------------------------------
+    def _port_signals(self, snap: PortSnapshot, st: PortState) -> dict[str, Any]:
+        board, _fw, hca_type = self._info.get(snap.hca, ("", "", ""))
+        out: dict[str, Any] = {"active": snap.active, "rate_gbps": snap.rate.gbps if snap.rate else None,
+                               "link_layer": snap.link_layer or None, "hca_type": hca_type or None,
+                               "board_id": board or None}
+        partial = []
+        for counter, (window, unit, name) in SIGNAL_WINDOWS.items():
+            win = st.windows.get(counter)
+            stats = win.stats(window) if win is not None else None
+            out[name] = round(stats.per(unit), 6) if stats is not None else None
+            if stats is not None and not stats.full:
+                partial.append(name)
+        wait = st.rates.get("port_xmit_wait")
+        out["port_xmit_wait_per_s"] = round(wait, 3) if wait is not None else None
+        out["resets"] = sum(w.resets for w in st.windows.values())
+        if partial:
+            out["partial"] = partial  # measured over less than the window: the history is younger than it
+        return out
+
+    async def _publish_signals(self, snaps: list[PortSnapshot], now: float) -> None:
+        self.signals = {f"{s.hca}/{s.port}": self._port_signals(s, self.ports[(s.hca, s.port)])
+                        for s in snaps[:MAX_SIGNAL_PORTS] if (s.hca, s.port) in self.ports}
+        self.emit.facts.set("infiniband.straggler_signals", self.signals)
+        measured = any(v[name] is not None for v in self.signals.values() for _w, _u, name in SIGNAL_WINDOWS.values())
+        interval = self.config.signals_interval
+        if not measured or interval <= 0 or (self._signals_at is not None and now - self._signals_at < interval):
+            return
+        details = {
+            "schema": 1, "ports": self.signals, "truncated": max(0, len(snaps) - MAX_SIGNAL_PORTS),
+            "windows_s": {name: window for window, _u, name in SIGNAL_WINDOWS.values()},
+            "thresholds": {c: msgspec.to_builtins(self.thresholds[c]) for c in SIGNAL_WINDOWS if c in self.thresholds},
+            "threshold_source": THRESHOLD_SOURCE, "interval_s": interval,
+        }
+        if await self.emit.event(
+                "StragglerSignals", severity="info", entity="signals:ib", reason="Periodic",
+                message=f"Straggler signals of {len(self.signals)} InfiniBand/RoCE ports.", details=details):
+            self._signals_at = now
 
     # -- Prometheus (node_exporter names where they overlap) ---------------------------
     def prometheus_families(self) -> list[Any]:
@@ -379,4 +459,12 @@ class InfinibandCollector:
                                       labels=["file"])
         for f, n in sorted(self.unreadable.items()):
             skipped.add_metric([f], n)
-        return [info, state, phys, rate, *fams.values(), hw, rates, skipped]
+        signal = GaugeMetricFamily("gna_infiniband_straggler_signal",
+                                   "Per-port straggler signal vector (docs/straggler-signals.md)",
+                                   labels=[*labels, "signal"])
+        for name, vector in sorted(self.signals.items()):
+            dev, _, port_no = name.rpartition("/")
+            for key, value in vector.items():
+                if isinstance(value, bool | int | float):
+                    signal.add_metric([dev, port_no, key], float(value))
+        return [info, state, phys, rate, *fams.values(), hw, rates, skipped, signal]

@@ -1,18 +1,34 @@
 """NVML health through pynvml (nvidia-ml-py): lost GPUs, ECC, row remapping, NVLink, PCIe width,
 clock slowdowns, MIG mode, and Xid events from NVML event sets (a blocking wait in a thread).
 
+Straggler signals (docs/straggler-signals.md): one slow GPU slows every rank of a synchronous
+ring, so per GPU the collector also measures what makes a device slower than its peers: PCIe
+replay and NVLink error rates (judged by DCGM's health-watch thresholds), clock slowdown reasons
+that persist, thermal margin, and GPM utilisation on Hopper and later. They are exported under
+DCGM's field names (a user looks for DCGM_FI_DEV_PCIE_REPLAY_COUNTER, not for ours), kept in the
+fact ``nvml.straggler_signals``, and published as a ``StragglerSignals`` event every
+``signals_interval`` for the fleet to compare GPUs of one hardware class.
+
 Where libnvidia-ml does not load (no GPU, no driver) the collector says so once and stays quiet.
-Tests inject a small fake with pynvml's call and error shapes (tests/fake_nvml.py).
+A call a GPU answers NOT_SUPPORTED is remembered for that GPU and not asked again (counted in
+``gna_nvml_not_supported``). Tests inject a small fake with pynvml's call and error shapes
+(tests/fake_nvml.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
+import math
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
+import msgspec
 import structlog
 
+from collectors.counter_window import CounterWindow, WindowStats, valid_reading
 from collectors.nvml_lib import (
     NVML_ERROR_FUNCTION_NOT_FOUND,
     NVML_ERROR_GPU_IS_LOST,
@@ -24,7 +40,7 @@ from collectors.nvml_lib import (
     normalize_bus_id,
 )
 from collectors.xid_catalog import classify, emit_xid
-from gna_sdk import Aggregator, CollectorSettings, Emitter, HostPaths
+from gna_sdk import Aggregator, CollectorSettings, Emitter, HostPaths, Severity, severity_rank
 
 log = structlog.get_logger(__name__)
 
@@ -32,16 +48,124 @@ MEMORY_ERROR_TYPE_UNCORRECTED = 1
 VOLATILE_ECC = 0
 NVLINK_MAX_LINKS = 18  # NVML_NVLINK_MAX_LINKS is larger; Hopper has 18, we stop at the first unsupported
 EVENT_XID = 0x8  # nvmlEventTypeXidCriticalError
-SLOWDOWN_REASONS = {0x8: "hw_slowdown", 0x20: "sw_thermal_slowdown", 0x40: "hw_thermal_slowdown",
-                    0x80: "hw_power_brake_slowdown"}
+
+ClockReason = Literal["sw_power_cap", "hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown",
+                      "hw_power_brake_slowdown"]
+# nvmlClocksEventReason* bits (nvml.h, pynvml 13.615; DCGM_CLOCKS_EVENT_REASON_* are the same). GPU idle
+# (0x1), applications clocks (0x2), sync boost (0x10) and display clock (0x100) are idleness or settings:
+# none makes this GPU slower than its peers.
+CLOCK_EVENT_REASONS: dict[int, ClockReason] = {
+    0x4: "sw_power_cap", 0x8: "hw_slowdown", 0x20: "sw_thermal_slowdown", 0x40: "hw_thermal_slowdown",
+    0x80: "hw_power_brake_slowdown"}
+
+DCGM_HEALTH = "NVIDIA/DCGM v4.6.0 modules/health/DcgmHealthWatch.cpp"
+DCGM_LIMITS = "NVIDIA/DCGM v4.6.0 common/DcgmGPUHardwareLimits.h"
+DCGM_GPM = "NVIDIA/DCGM v4.5.3 dcgmlib/src/dcgm_fields.cpp DcgmFieldIdToNvmlGpmMetricId, dcgmlib/src/DcgmGpmManager.cpp"
+TLIMIT_SOURCE = "NVIDIA/NVSentinel docs/designs/042-gpu-temp-limit-field-monitoring.md @35a7ab9e"
+NVML_THRESHOLDS = "nvml.h nvmlTemperatureThresholds_t (nvidia-ml-py 13.615)"
+# DcgmHealthWatch looks one minute back (oneMinuteInUsec) for PCIe replays, NVLink errors and thermal/power
+# violations: the window of the error rates and the persistence a clock slowdown needs.
+HEALTH_WINDOW = 60.0
+
+PCIE_REPLAY_BITS = 32  # nvmlDeviceGetPcieReplayCounter fills an unsigned int
+NVLINK_COUNTER_BITS = 64  # nvmlDeviceGetNvLinkErrorCounter fills an unsigned long long
+# DcgmHealthWatch::GetExpectedPcieReplayRate: lane rate (Gb/s) of PCIe Gen1..Gen6; a later gen is capped to Gen6
+PCIE_LANE_GBPS = (2.5, 5.0, 8.0, 16.0, 32.0, 64.0)
+
+# NVML_NVLINK_ERROR_DL_* -> (our name, the DCGM per-GPU total field DcgmHealthWatch::MonitorNVLink4Fields judges)
+NVLINK_ERRORS: dict[int, tuple[str, str]] = {
+    0: ("replay", "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL"),
+    1: ("recovery", "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL"),
+    2: ("crc_flit", "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL"),
+    3: ("crc_data", "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL"),
+}
+DCGM_LIMIT_MAX_NVLINK_ERROR = 1  # errors in the window: WARN (CRC), FAIL (replay, recovery)
+DCGM_LIMIT_MAX_NVLINK_CRC_ERROR = 100.0  # CRC errors per second: FAIL ("only matter at rates of 100+ per second")
+
+# NVML_GPM_METRIC_* -> (the DCGM profiling field DCGM itself fills from that GPM metric, our name). All are
+# percentages DCGM divides by 100 (isPercentageField), so the values match DCGM's 0..1 ratios.
+GPM_METRICS: dict[int, tuple[str, str]] = {
+    1: ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "gr_engine_active"),
+    2: ("DCGM_FI_PROF_SM_ACTIVE", "sm_active"),
+    3: ("DCGM_FI_PROF_SM_OCCUPANCY", "sm_occupancy"),
+    5: ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "tensor_active"),
+    10: ("DCGM_FI_PROF_DRAM_ACTIVE", "dram_active"),
+    11: ("DCGM_FI_PROF_PIPE_FP64_ACTIVE", "fp64_active"),
+    12: ("DCGM_FI_PROF_PIPE_FP32_ACTIVE", "fp32_active"),
+    13: ("DCGM_FI_PROF_PIPE_FP16_ACTIVE", "fp16_active"),
+}
+NVML_GPM_METRICS_GET_VERSION = 1
+
+NVML_TEMPERATURE_GPU = 0
+# nvmlTemperatureThresholds_t: SHUTDOWN "HW protection", SLOWDOWN "begin HW slowdown", MEM_MAX "memory: begin SW
+# slowdown", GPU_MAX "can be throttled below base clock"
+TEMP_THRESHOLDS = {"shutdown": 0, "slowdown": 1, "memory_max": 2, "gpu_max": 3}
+NVML_FI_DEV_MEMORY_TEMP = 82
+NVML_FI_DEV_TEMPERATURE_SLOWDOWN_TLIMIT = 194  # signed T.Limit offset at which HW slowdown engages (Ada and later)
+TEMP_RANGE = (-100, 250)  # degrees C a sensor, threshold or margin can report; beyond: a broken reading
+# NVML_VALUE_TYPE_* -> the nvmlValue_t member that holds it
+_FIELD_VALUE = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
+MAX_SIGNAL_GPUS = 64
+
+
+def pcie_replay_limit_per_min(gen: object, width: object) -> int | None:
+    """DCGM's expected PCIe replays per minute of a link (DcgmHealthWatch::GetExpectedPcieReplayRate): a
+    1e-12 bit error rate at the lane rate, times 60 s, times the lanes, rounded up; computed with DCGM's own
+    double arithmetic so the rounding agrees. None for an unknown link (DCGM skips the check then)."""
+    for v in (gen, width):
+        if not isinstance(v, int) or isinstance(v, bool) or not 0 < v <= 64:
+            return None
+    assert isinstance(gen, int) and isinstance(width, int)
+    per_lane = PCIE_LANE_GBPS[min(gen, len(PCIE_LANE_GBPS)) - 1] / 1000 * 60
+    return math.ceil(per_lane * width)
+
+
+def field_value(fv: Any) -> int | float | None:
+    """One nvmlFieldValue_t's value, None when NVML did not fill it."""
+    if getattr(fv, "nvmlReturn", None) != 0:
+        return None
+    attr = _FIELD_VALUE.get(getattr(fv, "valueType", -1))
+    value = getattr(getattr(fv, "value", None), attr, None) if attr else None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return value if math.isfinite(value) else None
+
+
+def plausible_temp(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and \
+        TEMP_RANGE[0] <= value <= TEMP_RANGE[1]
 
 
 class NVMLConfig(CollectorSettings, kw_only=True, forbid_unknown_fields=True):
     interval: float = 30.0
     # auto: NVML Xid events only while kmsg_xid is not reading the kernel log (no double reports)
     xid_events: Literal["auto", "on", "off"] = "auto"
-    pcie_gen_check: bool = False  # GPUs drop PCIe gen at idle to save power; width is always checked
     aggregation_window: float = 10.0
+    # GPUThrottled once a slowdown reason held this long across samples (DCGM's one-minute health window)
+    clock_event_persist: float = HEALTH_WINDOW
+    # reasons that raise GPUThrottled; sw_power_cap is in the vector only (a GPU at its configured power
+    # limit runs as designed: only a comparison with its peers makes that a straggler)
+    clock_event_findings: list[ClockReason] = msgspec.field(default_factory=lambda: [
+        "hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown", "sw_thermal_slowdown"])
+    error_hold_down: float = 300.0  # PCIe replay / NVLink error findings stay firing this long after the last
+    thermal_margin_warning_c: float = 0.0  # T.Limit margin at or below: warning (0: at max operating temp)
+    gpm: bool = True  # GPM metrics (Hopper and later) as DCGM_FI_PROF_*
+    signals_interval: float = 300.0  # StragglerSignals event every this many seconds; 0: metrics and facts only
+
+
+@dataclass
+class GPUState:
+    """What the straggler signals of one GPU need from pass to pass."""
+
+    pcie: CounterWindow = field(default_factory=lambda: CounterWindow(HEALTH_WINDOW, PCIE_REPLAY_BITS))
+    nvlink: dict[tuple[int, int], CounterWindow] = field(default_factory=dict)  # (link, NVML counter) -> window
+    reasons_since: dict[str, float] = field(default_factory=dict)  # slowdown reason -> first of its run of samples
+    gpm_supported: bool | None = None
+    gpm_sample: Any = None  # the previous pass's nvmlGpmSample_t
+    name: str | None = None
+    over: dict[str, tuple[float, Severity, str, str, dict[str, Any]]] = field(default_factory=dict)  # held findings
+    metrics: dict[str, Any] = field(default_factory=dict)  # raw values for /metrics
+    vector: dict[str, Any] = field(default_factory=dict)
 
 
 class GPULost(Exception):
@@ -53,15 +177,25 @@ class NVMLCollector:
     config_type: ClassVar[type[NVMLConfig]] = NVMLConfig
     phase: ClassVar[int] = 30
 
-    def __init__(self, config: NVMLConfig, host: HostPaths, emit: Emitter, *, nvml: Any = None) -> None:
+    def __init__(self, config: NVMLConfig, host: HostPaths, emit: Emitter, *, nvml: Any = None,
+                 clock: Callable[[], float] | None = None) -> None:
         self.config = config
         self.host = host
         self.emit = emit
         self._injected = nvml
+        self._clock = clock or time.monotonic
         self._said_unsupported = False
         self.agg = Aggregator(config.aggregation_window)
         self.timings: dict[str, float] = {}
         self.call_errors: dict[str, int] = {}  # "call: error (code)" -> times a check was skipped
+        self.gpus: dict[str, GPUState] = {}  # entity -> straggler state
+        self.unsupported: dict[str, set[str]] = {}  # call -> GPUs that answered NOT_SUPPORTED (not asked again)
+        self.impossible: dict[str, int] = {}  # call -> readings rejected (beyond the counter's width, not a number)
+        self.signals: dict[str, dict[str, Any]] = {}  # bus id -> the vector of the last pass
+        self._passes = 0
+        self._now = 0.0
+        self._signals_at: float | None = None
+        self._export: list[tuple[str, str, dict[str, Any], dict[str, Any]]] = []  # a pass's metrics, for scrapes
 
     def lib(self) -> Any:
         if self._injected is not None:
@@ -73,14 +207,21 @@ class NVMLCollector:
             self.emit.facts.set("nvml.available", False)
         return lib
 
-    def _call(self, name: str, *args: Any, absent: tuple[int, ...] = ()) -> Any:
+    def _call(self, name: str, *args: Any, absent: tuple[int, ...] = (), entity: str | None = None,
+              key: str | None = None) -> Any:
         """A pynvml call. None when the GPU or driver does not have it (NOT_SUPPORTED, FUNCTION_NOT_FOUND,
         or the binding lacks it): nothing to check. GPULost on GPU_IS_LOST. Any other NVML error also
         gives None, but the check it skipped is counted and reported (``check`` lists it under
         not_seen, the daemon logs it): a skipped check never passes for a healthy one. ``absent``: codes
-        that mean "this one does not exist" for this call (INVALID_ARGUMENT for a link past the last)."""
+        that mean "this one does not exist" for this call (INVALID_ARGUMENT for a link past the last).
+        With ``entity``, a NOT_SUPPORTED answer is remembered under ``key`` (default: the call) and that
+        GPU is not asked again: support does not change while the driver stays loaded."""
+        key = key or name
+        if entity is not None and entity in self.unsupported.get(key, ()):
+            return None
         fn = getattr(self.lib(), name, None)
         if fn is None:
+            self._unsupported(entity, key)
             return None
         t0 = time.perf_counter()
         try:
@@ -91,7 +232,9 @@ class NVMLCollector:
                 raise GPULost(name) from exc
             if code is None:
                 raise
-            if code not in (NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_FUNCTION_NOT_FOUND, *absent):
+            if code in (NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_FUNCTION_NOT_FOUND):
+                self._unsupported(entity, key)
+            elif code not in absent:
                 key = f"{name}: {type(exc).__name__} ({code})"
                 self.call_errors[key] = self.call_errors.get(key, 0) + 1
                 self.emit.not_seen(f"NVML {name}", f"{type(exc).__name__} (NVML error {code}): check skipped "
@@ -100,6 +243,19 @@ class NVMLCollector:
         finally:
             self.timings[name] = time.perf_counter() - t0
 
+    def _unsupported(self, entity: str | None, key: str) -> None:
+        if entity is None:
+            return
+        gpus = self.unsupported.setdefault(key, set())
+        if not gpus:  # once per call, not per GPU nor per pass; gna_nvml_not_supported counts the GPUs
+            log.info("nvml_not_supported", call=key, gpu=entity[4:])
+        gpus.add(entity)
+
+    def _impossible(self, entity: str, call: str, value: object) -> None:
+        """A reading no counter or sensor of its kind can hold: skipped and counted, never a rate."""
+        self.impossible[call] = self.impossible.get(call, 0) + 1
+        self.emit.unparsed(f"NVML {call} {entity[4:]}", f"impossible value {value!r}"[:120])
+
     async def collect(self) -> None:
         if self.lib() is None:
             self.emit.not_seen("NVML", f"libnvidia-ml not loadable: {load_nvml()[1]}")
@@ -107,13 +263,17 @@ class NVMLCollector:
         await asyncio.to_thread(self._probe_sync_then_emit_later)
         for item in self._pending:
             await item[0](*item[1], **item[2])
+        await self._publish_signals()
 
     def _probe_sync_then_emit_later(self) -> None:
         """All NVML calls in a worker thread (they can block for seconds on a sick GPU)."""
         self._pending: list[tuple[Any, tuple[Any, ...], dict[str, Any]]] = []
         emit_cond = self.emit.condition
+        now = self._now = self._clock()
+        self._passes += 1
         count = self._call("nvmlDeviceGetCount") or 0
         devices: list[dict[str, Any]] = []
+        seen: set[str] = set()
         for i in range(count):
             entity = f"gpu:nvml{i}"
             try:
@@ -123,14 +283,33 @@ class NVMLCollector:
                     entity = f"gpu:{normalize_bus_id(pci.busId)}"
                 dev = {"index": i, "entity": entity}
                 devices.append(dev)
-                self._checks(h, entity, dev)
+                seen.add(entity)
+                self._checks(h, entity, dev, now)
             except GPULost as lost:
+                self._forget(entity)  # it comes back (reset, reboot) with fresh counters: a new baseline
+                seen.discard(entity)
                 self._pending.append((emit_cond, ("GPULost",), dict(
                     firing=True, severity="critical", entity=entity, reason="GPUIsLost",
                     message=f"NVML reports GPU {entity[4:]} as lost ({lost}): it fell off the bus or hung.",
                     details={"index": i, "call": str(lost)}, suggested_action="reboot")))
+        for gone in set(self.gpus) - seen:
+            self._forget(gone)
+        # a copy: a published message must not change under its readers when the next pass updates the state
+        self.signals = {e[4:]: copy.deepcopy(st.vector) for e, st in list(self.gpus.items())[:MAX_SIGNAL_GPUS]
+                        if st.vector}
+        for st in self.gpus.values():
+            st.metrics["resets"] = {"pcie_replay": st.pcie.resets, "nvlink": sum(w.resets for w in st.nvlink.values())}
+        # scrapes run on the event loop while the next pass mutates the state in this thread: they read a copy
+        self._export = [(e[4:], str(st.vector.get("index", "")), dict(st.metrics), dict(st.vector))
+                        for e, st in self.gpus.items()]
         self.emit.facts.set("nvml.available", True)
         self.emit.facts.set("nvml.devices", devices)
+        self.emit.facts.set("nvml.straggler_signals", self.signals)
+
+    def _forget(self, entity: str) -> None:
+        st = self.gpus.pop(entity, None)
+        if st is not None and st.gpm_sample is not None:
+            self._free_gpm_sample(st.gpm_sample)
 
     def _cond(self, type_: str, entity: str, severity: str, reason: str, message: str, details: dict[str, Any],
               action: str = "none") -> None:
@@ -138,8 +317,9 @@ class NVMLCollector:
             firing=True, severity=severity, entity=entity, reason=reason, message=message, details=details,
             suggested_action=action)))
 
-    def _checks(self, h: Any, entity: str, dev: dict[str, Any]) -> None:
+    def _checks(self, h: Any, entity: str, dev: dict[str, Any], now: float) -> None:
         bus = entity[4:]
+        st = self.gpus.setdefault(entity, GPUState())
         dbe = self._call("nvmlDeviceGetTotalEccErrors", h, MEMORY_ERROR_TYPE_UNCORRECTED, VOLATILE_ECC)
         dev["ecc_volatile_uncorrected"] = dbe
         if dbe:
@@ -168,30 +348,18 @@ class NVMLCollector:
             links += 1
             if not state:
                 links_down.append(link)
+        # NVLinks down and PCIe links below what both ends support are judged in one place, the topology
+        # collector (pairs that should be NV#; sysfs link width/speed, speed only under load): here they are
+        # facts and straggler signals only
         dev["nvlinks"], dev["nvlinks_down"] = links, links_down
-        if links_down:
-            self._cond("GPUNVLinkDown", entity, "critical" if len(links_down) == links else "warning",
-                       "LinkInactive",
-                       f"GPU {bus} has {len(links_down)} of {links} NVLinks down: GPU-to-GPU traffic falls back "
-                       f"to PCIe (topology shows PIX/SYS instead of NV#).", {"links_down": links_down, "links": links},
-                       "inspect_hardware")
         cur_w, max_w = self._call("nvmlDeviceGetCurrPcieLinkWidth", h), self._call("nvmlDeviceGetMaxPcieLinkWidth", h)
         cur_g, max_g = (self._call("nvmlDeviceGetCurrPcieLinkGeneration", h),
                         self._call("nvmlDeviceGetMaxPcieLinkGeneration", h))
         dev["pcie"] = {"width": cur_w, "max_width": max_w, "gen": cur_g, "max_gen": max_g}
-        if (cur_w and max_w and cur_w < max_w) or (self.config.pcie_gen_check and cur_g and max_g and cur_g < max_g):
-            self._cond("GPUPCIeLinkDegraded", entity, "warning", "LinkBelowMax",
-                       f"GPU {bus} PCIe link runs at Gen{cur_g} x{cur_w}, below its Gen{max_g} x{max_w}.",
-                       dev["pcie"], "inspect_hardware")
         reasons = self._call("nvmlDeviceGetCurrentClocksEventReasons", h)
         if reasons is None:
             reasons = self._call("nvmlDeviceGetCurrentClocksThrottleReasons", h)
-        active = [n for bit, n in SLOWDOWN_REASONS.items() if reasons and reasons & bit]
-        dev["slowdown"] = active
-        if active:
-            self._cond("GPUThrottled", entity, "warning", "ClockSlowdown",
-                       f"GPU {bus} clocks are held down by {', '.join(active)}.", {"reasons": active,
-                                                                                   "mask": reasons})
+        dev["slowdown"] = self._clock_events(entity, st, reasons, now)
         mig = self._call("nvmlDeviceGetMigMode", h)
         if mig is not None:
             cur, pend = mig
@@ -199,6 +367,381 @@ class NVMLCollector:
             if cur != pend:
                 self._cond("GPUMIGModePending", entity, "warning", "ResetRequired",
                            f"GPU {bus} MIG mode change ({cur} -> {pend}) waits for a GPU reset.", dev["mig"])
+        self._straggler_signals(h, entity, st, dev, now)
+
+    # -- straggler signals (docs/straggler-signals.md) ------------------------------------
+    def _clock_events(self, entity: str, st: GPUState, reasons: Any, now: float) -> list[str]:
+        """Clock event reasons are a sample of this instant: power capping and short HW slowdowns come and
+        go with load transients and cost a step nothing. A reason that holds in every sample for
+        ``clock_event_persist`` (DCGM's one-minute health window) slows this GPU for many steps."""
+        if reasons is None:
+            return []
+        if not valid_reading(reasons, 64):
+            self._impossible(entity, "nvmlDeviceGetCurrentClocksEventReasons", reasons)
+            return []
+        active: list[str] = [name for bit, name in CLOCK_EVENT_REASONS.items() if reasons & bit]
+        for gone in set(st.reasons_since) - set(active):
+            del st.reasons_since[gone]
+        held = {r: now - st.reasons_since.setdefault(r, now) for r in active}
+        st.metrics["clock_events"] = reasons
+        st.vector["clock_slowdown_reasons"] = active
+        st.vector["clock_slowdown_held_s"] = {r: round(s, 1) for r, s in held.items()}
+        firing = [r for r in active
+                  if r in self.config.clock_event_findings and held[r] >= self.config.clock_event_persist]
+        if firing:
+            self._cond("GPUThrottled", entity, "warning", "ClockSlowdown",
+                       f"GPU {entity[4:]} clocks have been held down by {', '.join(firing)} for "
+                       f"{min(held[r] for r in firing):.0f} s or more.",
+                       {"reasons": firing, "held_s": {r: round(held[r], 1) for r in firing}, "mask": reasons,
+                        "active": active, "persist_s": self.config.clock_event_persist,
+                        "field": "DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
+                        "source": f"persistence: {DCGM_HEALTH} one-minute look-back (MonitorThermal, MonitorPower)"},
+                       "inspect_hardware")
+        return active
+
+    def _straggler_signals(self, h: Any, entity: str, st: GPUState, dev: dict[str, Any], now: float) -> None:
+        if st.name is None:
+            name = self._call("nvmlDeviceGetName", h, entity=entity)
+            st.name = (name.decode("utf-8", "replace") if isinstance(name, bytes) else str(name))[:96] \
+                if name is not None else None
+        pcie = dev.get("pcie") or {}
+        vec = st.vector
+        vec.update({"index": dev["index"], "name": st.name, "pcie_gen": pcie.get("gen"),
+                    "pcie_width": pcie.get("width"), "nvlinks": dev.get("nvlinks", 0),
+                    "nvlinks_down": len(dev.get("nvlinks_down", []))})
+        partial: list[str] = []
+        self._pcie_replays(h, entity, st, pcie, now, partial)
+        self._nvlink_errors(h, entity, st, int(dev.get("nvlinks", 0)), now, partial)
+        self._thermal(h, entity, st)
+        self._gpm(h, entity, st)
+        if partial:
+            vec["partial"] = partial  # measured over less than the window: the history is younger than it
+        else:
+            vec.pop("partial", None)
+        for type_, (t, severity, reason, message, details) in list(st.over.items()):
+            if now - t <= self.config.error_hold_down:
+                self._cond(type_, entity, severity, reason, message, details, "inspect_hardware")
+            else:
+                del st.over[type_]
+
+    def _hold(self, st: GPUState, type_: str, now: float, severity: Severity, reason: str, message: str,
+              details: dict[str, Any]) -> None:
+        """An error-rate finding stays firing ``error_hold_down`` after the last window over its threshold:
+        a sporadic error every few minutes is one condition, not a firing/resolved pair per error."""
+        prev = st.over.get(type_)
+        if prev is not None and now - prev[0] <= self.config.error_hold_down and \
+                severity_rank(prev[1]) > severity_rank(severity):
+            severity = prev[1]
+        st.over[type_] = (now, severity, reason, message, details)
+
+    def _pcie_replays(self, h: Any, entity: str, st: GPUState, pcie: dict[str, Any], now: float,
+                      partial: list[str]) -> None:
+        raw = self._call("nvmlDeviceGetPcieReplayCounter", h, entity=entity)
+        limit = pcie_replay_limit_per_min(pcie.get("gen"), pcie.get("width"))
+        st.vector["pcie_replay_limit_per_min"] = limit
+        if raw is not None and not valid_reading(raw, PCIE_REPLAY_BITS):
+            self._impossible(entity, "nvmlDeviceGetPcieReplayCounter", raw)
+            raw = None
+        if raw is not None:
+            st.pcie.add(now, raw)
+            st.metrics["pcie_replay"] = raw
+        stats = st.pcie.stats(HEALTH_WINDOW) if raw is not None else None
+        st.vector["pcie_replay_per_min"] = round(stats.per(60.0), 3) if stats else None
+        if stats is None:
+            return
+        if not stats.full:
+            partial.append("pcie_replay_per_min")
+        if limit is not None and stats.over(limit, HEALTH_WINDOW):
+            rate = stats.per(60.0)
+            self._hold(st, "GPUPCIeReplayRate", now, "warning", "ReplayRateAboveBER",
+                       f"GPU {entity[4:]} PCIe link replays {rate:.1f}/min at Gen{pcie.get('gen')} "
+                       f"x{pcie.get('width')}, above DCGM's {limit}/min (a 1e-12 bit error rate): its transfers "
+                       f"are retransmitted and every rank waits for them.",
+                       {"replays": stats.count, "window_s": round(stats.span, 3), "full_window": stats.full,
+                        "rate_per_min": round(rate, 3), "limit_per_min": limit, "gen": pcie.get("gen"),
+                        "width": pcie.get("width"), "rule": "replays/min > ceil(1e-12 x lane Gb/s x 1e9 x 60 x lanes)",
+                        "field": "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+                        "source": f"{DCGM_HEALTH} GetExpectedPcieReplayRate, MonitorPcie (WARN)"})
+
+    def _nvlink_errors(self, h: Any, entity: str, st: GPUState, links: int, now: float, partial: list[str]) -> None:
+        raw_total: dict[int, int] = {}
+        per_link: dict[str, int] = {}
+        for link in range(links):
+            for counter, (name, _field) in NVLINK_ERRORS.items():
+                value = self._call("nvmlDeviceGetNvLinkErrorCounter", h, link, counter, entity=entity,
+                                   key=f"nvmlDeviceGetNvLinkErrorCounter:{name}", absent=(NVML_ERROR_INVALID_ARGUMENT,))
+                if value is None:
+                    continue
+                if not valid_reading(value, NVLINK_COUNTER_BITS):
+                    self._impossible(entity, f"nvmlDeviceGetNvLinkErrorCounter:{name}", value)
+                    continue
+                st.nvlink.setdefault((link, counter), CounterWindow(HEALTH_WINDOW, NVLINK_COUNTER_BITS)).add(now, value)
+                raw_total[counter] = raw_total.get(counter, 0) + value
+                per_link[f"{link}:{name}"] = value
+        for key in [k for k in st.nvlink if k[0] >= links]:
+            del st.nvlink[key]  # a link this GPU no longer reports
+        st.metrics["nvlink_total"] = raw_total
+        st.metrics["nvlink_link"] = per_link
+        offending: list[dict[str, Any]] = []
+        for counter, (name, dcgm_field) in NVLINK_ERRORS.items():
+            stats = {link: s for (link, c), w in st.nvlink.items() if c == counter
+                     if (s := w.stats(HEALTH_WINDOW)) is not None}
+            if not stats:
+                st.vector[f"nvlink_{name}_per_min"] = None
+                continue
+            total = WindowStats(sum(s.count for s in stats.values()), max(s.span for s in stats.values()),
+                                all(s.full for s in stats.values()))
+            st.vector[f"nvlink_{name}_per_min"] = round(total.per(60.0), 3)
+            if not total.full:
+                partial.append(f"nvlink_{name}_per_min")
+            if total.count < DCGM_LIMIT_MAX_NVLINK_ERROR:
+                continue
+            severity: Severity = "warning"
+            rule = f">= {DCGM_LIMIT_MAX_NVLINK_ERROR} per minute (DCGM WARN)"
+            if name in ("replay", "recovery"):
+                severity, rule = "critical", f">= {DCGM_LIMIT_MAX_NVLINK_ERROR} per minute (DCGM FAIL)"
+            elif total.per(1.0) >= DCGM_LIMIT_MAX_NVLINK_CRC_ERROR:
+                severity, rule = "critical", f">= {DCGM_LIMIT_MAX_NVLINK_CRC_ERROR:g}/s (DCGM FAIL)"
+            offending.append({"counter": name, "field": dcgm_field, "count": total.count,
+                              "window_s": round(total.span, 3), "full_window": total.full,
+                              "rate_per_min": round(total.per(60.0), 3), "severity": severity, "rule": rule,
+                              "links": {str(link): s.count for link, s in sorted(stats.items()) if s.count}})
+        if offending:
+            worst: Severity = "critical" if any(o["severity"] == "critical" for o in offending) else "warning"
+            names = ", ".join(o["counter"] for o in offending)
+            self._hold(st, "GPUNVLinkErrors", now, worst, "NVLinkErrorRate",
+                       f"GPU {entity[4:]} NVLink {names} errors in the last minute: the links retry and this GPU's "
+                       f"collectives run slower than its peers'.",
+                       {"counters": offending, "source": f"{DCGM_HEALTH} MonitorNVLink4Fields; {DCGM_LIMITS}"})
+
+    def _field_values(self, h: Any, entity: str, ids: tuple[int, ...]) -> dict[int, int | float | None]:
+        values = self._call("nvmlDeviceGetFieldValues", h, list(ids), entity=entity)
+        out: dict[int, int | float | None] = dict.fromkeys(ids)
+        if values is None:
+            return out
+        try:
+            for i, fid in enumerate(ids):
+                out[fid] = field_value(values[i])
+        except (IndexError, TypeError):
+            self._impossible(entity, "nvmlDeviceGetFieldValues", type(values).__name__)
+        return out
+
+    def _temp(self, entity: str, call: str, value: Any) -> int | float | None:
+        if value is None:
+            return None
+        if not plausible_temp(value):
+            self._impossible(entity, call, value)
+            return None
+        out: int | float = value
+        return out
+
+    def _thermal(self, h: Any, entity: str, st: GPUState) -> None:
+        bus = entity[4:]
+        gpu_temp = self._call("nvmlDeviceGetTemperatureV", h, NVML_TEMPERATURE_GPU, entity=entity)
+        if gpu_temp is None:  # drivers before nvmlDeviceGetTemperatureV
+            gpu_temp = self._call("nvmlDeviceGetTemperature", h, NVML_TEMPERATURE_GPU, entity=entity)
+        gpu_temp = self._temp(entity, "nvmlDeviceGetTemperature", gpu_temp)
+        margin = self._temp(entity, "nvmlDeviceGetMarginTemperature",
+                            self._call("nvmlDeviceGetMarginTemperature", h, entity=entity))
+        fields = self._field_values(h, entity, (NVML_FI_DEV_MEMORY_TEMP, NVML_FI_DEV_TEMPERATURE_SLOWDOWN_TLIMIT))
+        mem_temp = self._temp(entity, "NVML_FI_DEV_MEMORY_TEMP", fields[NVML_FI_DEV_MEMORY_TEMP])
+        tlimit = self._temp(entity, "NVML_FI_DEV_TEMPERATURE_SLOWDOWN_TLIMIT",
+                            fields[NVML_FI_DEV_TEMPERATURE_SLOWDOWN_TLIMIT])
+        thr = {k: self._temp(entity, f"nvmlDeviceGetTemperatureThreshold:{k}",
+                             self._call("nvmlDeviceGetTemperatureThreshold", h, v, entity=entity,
+                                        key=f"nvmlDeviceGetTemperatureThreshold:{k}"))
+               for k, v in TEMP_THRESHOLDS.items()}
+        st.metrics.update(gpu_temp=gpu_temp, memory_temp=mem_temp, margin=margin, slowdown=thr["slowdown"],
+                          shutdown=thr["shutdown"])
+        source = None
+        tmargin: int | float | None = None
+        if margin is not None:
+            tmargin, source = margin, "tlimit"  # NVML's signed T.Limit margin (DCGM field 153)
+        elif gpu_temp is not None and thr["slowdown"] is not None:
+            tmargin, source = thr["slowdown"] - gpu_temp, "slowdown_threshold"  # no T.Limit (A100 and older)
+        st.vector.update(thermal_margin_c=tmargin, thermal_margin_source=source, gpu_temp_c=gpu_temp,
+                         memory_temp_c=mem_temp)
+        found: list[dict[str, Any]] = []
+        if margin is not None and tlimit is not None and margin < tlimit:
+            found.append({"severity": "critical", "reason": "PastHWSlowdownTLimit", "margin_c": margin,
+                          "limit_c": tlimit, "rule": "T.Limit margin < slowdown T.Limit offset (NVML field 194)",
+                          "source": TLIMIT_SOURCE})
+        elif margin is not None and margin <= self.config.thermal_margin_warning_c:
+            found.append({"severity": "warning", "reason": "TLimitMarginExhausted", "margin_c": margin,
+                          "limit_c": self.config.thermal_margin_warning_c,
+                          "rule": "T.Limit margin <= 0: at or past max operating temperature, clocks may be reduced",
+                          "source": f"nvidia-smi T.Limit, as tabulated in {TLIMIT_SOURCE}"})
+        elif margin is None and gpu_temp is not None and thr["slowdown"] is not None and gpu_temp >= thr["slowdown"]:
+            found.append({"severity": "critical", "reason": "AtHWSlowdownTemp", "temp_c": gpu_temp,
+                          "limit_c": thr["slowdown"], "rule": "GPU temp >= NVML_TEMPERATURE_THRESHOLD_SLOWDOWN",
+                          "source": NVML_THRESHOLDS})
+        elif margin is None and gpu_temp is not None and thr["gpu_max"] is not None and gpu_temp >= thr["gpu_max"]:
+            found.append({"severity": "warning", "reason": "AtMaxOperatingTemp", "temp_c": gpu_temp,
+                          "limit_c": thr["gpu_max"], "rule": "GPU temp >= NVML_TEMPERATURE_THRESHOLD_GPU_MAX",
+                          "source": NVML_THRESHOLDS})
+        if mem_temp is not None and thr["memory_max"] is not None and mem_temp >= thr["memory_max"]:
+            found.append({"severity": "warning", "reason": "MemoryAtSWSlowdownTemp", "temp_c": mem_temp,
+                          "limit_c": thr["memory_max"], "rule": "memory temp >= NVML_TEMPERATURE_THRESHOLD_MEM_MAX",
+                          "source": NVML_THRESHOLDS})
+        if found:
+            worst = max(found, key=lambda f: severity_rank(f["severity"]))
+            self._cond("GPUThermalMarginLow", entity, worst["severity"], worst["reason"],
+                       f"GPU {bus} runs at its thermal limit ({', '.join(f['reason'] for f in found)}): its clocks "
+                       f"are reduced and it falls behind its peers.",
+                       {"findings": found, "thermal_margin_c": tmargin, "gpu_temp_c": gpu_temp,
+                        "memory_temp_c": mem_temp, "thresholds_c": thr, "slowdown_tlimit_c": tlimit,
+                        "field": "DCGM_FI_DEV_GPU_TEMP_LIMIT"}, "inspect_hardware")
+
+    def _free_gpm_sample(self, sample: Any) -> None:
+        free = getattr(self.lib(), "nvmlGpmSampleFree", None)
+        if free is not None:
+            try:
+                free(sample)
+            except Exception as exc:  # a sample of a GPU that fell off the bus: nothing left to free
+                log.debug("nvml_gpm_free_failed", error=repr(exc))
+
+    def _gpm(self, h: Any, entity: str, st: GPUState) -> None:
+        """GPM (Hopper and later) utilisation between this pass's sample and the previous one, as DCGM
+        computes its DCGM_FI_PROF_* fields on these GPUs (DcgmGpmManager: nvmlGpmMetricsGet over two samples,
+        percentages divided by 100, NaN is blank)."""
+        if not self.config.gpm:
+            return
+        lib = self.lib()
+        if st.gpm_supported is None:
+            support = self._call("nvmlGpmQueryDeviceSupport", h, entity=entity)
+            st.gpm_supported = bool(getattr(support, "isSupportedDevice", 0)) if support is not None else False
+            if not st.gpm_supported:
+                self._unsupported(entity, "nvmlGpmQueryDeviceSupport")
+        if not st.gpm_supported:
+            return
+        sample = self._call("nvmlGpmSampleAlloc", entity=entity)
+        if sample is None:
+            return
+        try:
+            if self._call("nvmlGpmSampleGet", h, sample, entity=entity) is None:
+                self._free_gpm_sample(sample)
+                return
+        except GPULost:
+            self._free_gpm_sample(sample)
+            raise
+        prev, st.gpm_sample = st.gpm_sample, sample
+        if prev is None:
+            return  # the first sample: utilisation needs two
+        try:
+            mg = lib.c_nvmlGpmMetricsGet_t()
+            mg.version = getattr(lib, "NVML_GPM_METRICS_GET_VERSION", NVML_GPM_METRICS_GET_VERSION)
+            ids = list(GPM_METRICS)
+            mg.numMetrics = len(ids)
+            mg.sample1, mg.sample2 = prev, sample
+            for i, metric in enumerate(ids):
+                mg.metrics[i].metricId = metric
+            if self._call("nvmlGpmMetricsGet", mg, entity=entity) is None:
+                return
+            for i, metric in enumerate(ids):
+                dcgm_field, name = GPM_METRICS[metric]
+                m = mg.metrics[i]
+                value = m.value
+                if m.nvmlReturn != 0 or not math.isfinite(value):
+                    st.vector.pop(name, None)
+                    st.metrics.pop(dcgm_field, None)
+                    continue
+                if not 0.0 <= value <= 100.0:
+                    self._impossible(entity, f"nvmlGpmMetricsGet:{name}", value)
+                    continue
+                st.vector[name] = round(value / 100.0, 4)
+                st.metrics[dcgm_field] = value / 100.0
+        finally:
+            self._free_gpm_sample(prev)
+
+    async def _publish_signals(self) -> None:
+        """The per-GPU vector as one info event every ``signals_interval``, from the second pass on (the
+        first has no rates)."""
+        interval = self.config.signals_interval
+        if not self.signals or self._passes < 2 or interval <= 0 or (
+                self._signals_at is not None and self._now - self._signals_at < interval):
+            return
+        details = {
+            "schema": 1, "gpus": self.signals, "truncated": max(0, len(self.gpus) - MAX_SIGNAL_GPUS),
+            "interval_s": interval,
+            "windows_s": {"pcie_replay_per_min": HEALTH_WINDOW, "nvlink_*_per_min": HEALTH_WINDOW,
+                          "clock_slowdown_held_s": self.config.clock_event_persist, "gpm": self.config.interval},
+            "thresholds": {"pcie_replay_per_min": "> pcie_replay_limit_per_min",
+                           "nvlink_crc_flit_per_min": f">= {DCGM_LIMIT_MAX_NVLINK_ERROR} per minute (warning), "
+                                                      f">= {DCGM_LIMIT_MAX_NVLINK_CRC_ERROR:g}/s (critical)",
+                           "nvlink_crc_data_per_min": f">= {DCGM_LIMIT_MAX_NVLINK_ERROR} per minute (warning), "
+                                                      f">= {DCGM_LIMIT_MAX_NVLINK_CRC_ERROR:g}/s (critical)",
+                           "nvlink_replay_per_min": f">= {DCGM_LIMIT_MAX_NVLINK_ERROR} per minute (critical)",
+                           "nvlink_recovery_per_min": f">= {DCGM_LIMIT_MAX_NVLINK_ERROR} per minute (critical)",
+                           "clock_slowdown_held_s": f">= {self.config.clock_event_persist:g} s for "
+                                                    f"{', '.join(self.config.clock_event_findings)}",
+                           "thermal_margin_c": f"< slowdown T.Limit (critical), <= "
+                                               f"{self.config.thermal_margin_warning_c:g} (warning)"},
+            "sources": {"pcie": DCGM_HEALTH, "nvlink": f"{DCGM_HEALTH}; {DCGM_LIMITS}", "thermal": TLIMIT_SOURCE,
+                        "gpm": DCGM_GPM},
+        }
+        if await self.emit.event("StragglerSignals", severity="info", entity="signals:gpu", reason="Periodic",
+                                 message=f"Straggler signals of {len(self.signals)} GPUs.", details=details):
+            self._signals_at = self._now
+
+    # -- Prometheus: DCGM's field names where DCGM has the quantity ------------------------
+    def prometheus_families(self) -> list[Any]:
+        """From the last pass (a scrape never calls NVML). Gauges, as dcgm-exporter exposes these fields: a
+        prometheus_client counter would add ``_total`` and no DCGM dashboard would find the series."""
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        labels = ["gpu", "pci_bus_id"]
+        fams: dict[str, Any] = {}
+
+        def gauge(name: str, doc: str, extra: tuple[str, ...] = ()) -> Any:
+            if name not in fams:
+                fams[name] = GaugeMetricFamily(name, doc, labels=[*labels, *extra])
+            return fams[name]
+
+        plain = {"pcie_replay": ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "PCIe replays since the driver loaded"),
+                 "clock_events": ("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "Clock event reasons (nvmlClocksEventReason)"),
+                 "gpu_temp": ("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (C)"),
+                 "memory_temp": ("DCGM_FI_DEV_MEMORY_TEMP", "Memory temperature (C)"),
+                 "margin": ("DCGM_FI_DEV_GPU_TEMP_LIMIT", "Thermal margin to the T.Limit (C, signed)"),
+                 "slowdown": ("DCGM_FI_DEV_SLOWDOWN_TEMP", "Temperature at which HW slowdown begins (C)"),
+                 "shutdown": ("DCGM_FI_DEV_SHUTDOWN_TEMP", "Temperature at which the GPU shuts down (C)")}
+        for name, doc in plain.values():
+            gauge(name, doc)  # present (without samples) on GPUs that lack them: the name is always there
+        for name, dcgm_field in NVLINK_ERRORS.values():
+            gauge(dcgm_field, f"NVLink {name} errors, all links")
+        for dcgm_field, name in GPM_METRICS.values():
+            gauge(dcgm_field, f"GPM {name} ratio (0-1) over the last interval")
+        per_link = gauge("gna_nvml_nvlink_error_count", "NVLink error counter per link", ("link", "counter"))
+        signal = gauge("gna_nvml_straggler_signal", "Per-GPU straggler signal vector (docs/straggler-signals.md)",
+                       ("signal",))
+        resets = CounterMetricFamily("gna_nvml_counter_resets", "Counter resets seen (driver reload, GPU reset)",
+                                     labels=[*labels, "counter"])
+        for bus, index, metrics, vector in self._export:
+            lv = [index, bus]
+            for metric, (name, _doc) in plain.items():
+                if metrics.get(metric) is not None:
+                    fams[name].add_metric(lv, float(metrics[metric]))
+            for counter, total in metrics.get("nvlink_total", {}).items():
+                fams[NVLINK_ERRORS[counter][1]].add_metric(lv, float(total))
+            for key, value in metrics.get("nvlink_link", {}).items():
+                link, _, name = key.partition(":")
+                per_link.add_metric([*lv, link, name], float(value))
+            for dcgm_field, _name in GPM_METRICS.values():
+                if metrics.get(dcgm_field) is not None:
+                    fams[dcgm_field].add_metric(lv, float(metrics[dcgm_field]))
+            for key, value in vector.items():
+                if isinstance(value, bool | int | float) and key != "index":
+                    signal.add_metric([*lv, key], float(value))
+            for counter, n in metrics.get("resets", {}).items():
+                resets.add_metric([*lv, counter], n)
+        unsupported = GaugeMetricFamily("gna_nvml_not_supported", "GPUs that answered NOT_SUPPORTED, per call "
+                                        "(asked once per GPU)", labels=["call"])
+        for call, gpus in sorted(self.unsupported.items()):
+            unsupported.add_metric([call], len(gpus))
+        impossible = CounterMetricFamily("gna_nvml_impossible_readings", "Readings rejected as impossible, per call",
+                                         labels=["call"])
+        for call, n in sorted(self.impossible.items()):
+            impossible.add_metric([call], n)
+        return [*fams.values(), resets, unsupported, impossible]
 
     # -- Xid events ---------------------------------------------------------------------
     def _xids_wanted(self) -> bool:

@@ -28,6 +28,7 @@ from agent.subjects import (
     HEARTBEAT_PREFIX,
     INCIDENTS_PREFIX,
     JOBS_PREFIX,
+    SIGNALS_PREFIX,
     encode_token,
 )
 
@@ -54,6 +55,7 @@ class Names(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     account: str = "GNA"
     stream: str = "GNA_EVENTS"
     jobs_stream: str = "GNA_JOBS"  # gna.jobs.<job>.<node>.member|evidence
+    signals_stream: str = "GNA_SIGNALS"  # gna.signals.<node>.<collector>: straggler vectors
     nodes_bucket: str = "gna-nodes"
     budget_bucket: str = "gna-budget"
     cordoner_durable: str = "gna-cordoner"
@@ -128,6 +130,7 @@ def node_permissions(node: str, layout: Layout) -> Permissions:
         f"{EVENTS_PREFIX}.{token}.*.*",                 # the spool's events (forwarder, JetStream)
         f"{ACTIONS_PREFIX}.{token}.*",                  # its own remediation audits (via the spool)
         f"{JOBS_PREFIX}.*.{token}.*",                   # its jobs' membership and evidence (via the spool)
+        f"{SIGNALS_PREFIX}.{token}.*",                  # its straggler vectors (via the spool)
         f"{HEARTBEAT_PREFIX}.{token}",                  # core NATS heartbeat
         f"$KV.{n.nodes_bucket}.{token}",               # its own state document
         # NatsLink.ensure_stream on every (re)connect: CREATE is idempotent for an identical config, and the
@@ -136,6 +139,8 @@ def node_permissions(node: str, layout: Layout) -> Permissions:
         f"{JS_API}.STREAM.INFO.{n.stream}",
         f"{JS_API}.STREAM.CREATE.{n.jobs_stream}",
         f"{JS_API}.STREAM.INFO.{n.jobs_stream}",
+        f"{JS_API}.STREAM.CREATE.{n.signals_stream}",
+        f"{JS_API}.STREAM.INFO.{n.signals_stream}",
         f"{JS_API}.STREAM.CREATE.{_kv_stream(n.nodes_bucket)}",  # NatsLink.kv() when the bucket is missing
         f"{JS_API}.STREAM.INFO.{_kv_stream(n.nodes_bucket)}",
     ]
@@ -171,8 +176,10 @@ def cordoner_permissions(layout: Layout) -> Permissions:
         f"{EVENTS_PREFIX}.{CORDONER_TOKEN}.agent.critical",  # RemediationBudgetExhausted alerts
         f"{JS_API}.STREAM.CREATE.{n.stream}",
         f"{JS_API}.STREAM.INFO.{n.stream}",
-        f"{JS_API}.STREAM.CREATE.{n.jobs_stream}",  # NatsLink.ensure_stream creates both streams
+        f"{JS_API}.STREAM.CREATE.{n.jobs_stream}",  # NatsLink.ensure_stream creates every stream
         f"{JS_API}.STREAM.INFO.{n.jobs_stream}",
+        f"{JS_API}.STREAM.CREATE.{n.signals_stream}",
+        f"{JS_API}.STREAM.INFO.{n.signals_stream}",
         f"{JS_API}.STREAM.NAMES",  # js.subscribe() without a stream looks it up by subject
         f"{JS_API}.CONSUMER.INFO.{n.stream}.{n.cordoner_durable}",
         f"{JS_API}.CONSUMER.DURABLE.CREATE.{n.stream}.{n.cordoner_durable}",
@@ -214,6 +221,10 @@ def correlator_permissions(layout: Layout) -> Permissions:
         f"{JS_API}.CONSUMER.CREATE.{n.jobs_stream}",
         f"{JS_API}.CONSUMER.INFO.{n.jobs_stream}.*",
         f"$JS.FC.{n.jobs_stream}.>",
+        f"{JS_API}.STREAM.INFO.{n.signals_stream}",  # and over the straggler vectors (fleet/stragglers.py)
+        f"{JS_API}.CONSUMER.CREATE.{n.signals_stream}",
+        f"{JS_API}.CONSUMER.INFO.{n.signals_stream}.*",
+        f"$JS.FC.{n.signals_stream}.>",
         f"{INCIDENTS_PREFIX}.>",
         f"$KV.{n.incidents_bucket}.>",
         *_incidents_read(layout),
@@ -248,6 +259,12 @@ def reader_permissions(layout: Layout) -> Permissions:
         f"{JS_API}.CONSUMER.INFO.{n.jobs_stream}.*",
         f"{JS_API}.CONSUMER.MSG.NEXT.{n.jobs_stream}.*",
         f"$JS.FC.{n.jobs_stream}.>",
+        f"{JS_API}.STREAM.INFO.{n.signals_stream}",
+        f"{JS_API}.CONSUMER.CREATE.{n.signals_stream}",
+        f"{JS_API}.CONSUMER.CREATE.{n.signals_stream}.>",
+        f"{JS_API}.CONSUMER.INFO.{n.signals_stream}.*",
+        f"{JS_API}.CONSUMER.MSG.NEXT.{n.signals_stream}.*",
+        f"$JS.FC.{n.signals_stream}.>",
         f"{JS_API}.CONSUMER.CREATE.{nodes}",       # the KV watch
         f"{JS_API}.CONSUMER.INFO.{nodes}.*",
         f"$JS.FC.{nodes}.>",

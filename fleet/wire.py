@@ -20,7 +20,16 @@ import msgspec
 import structlog
 
 from agent import message as wire_message
-from agent.subjects import JOB_FACT_TYPES, JOB_KINDS, JOBS_PREFIX, decode_token, encode_token, is_valid_token
+from agent.subjects import (
+    JOB_FACT_TYPES,
+    JOB_KINDS,
+    JOBS_PREFIX,
+    SIGNAL_TYPES,
+    SIGNALS_PREFIX,
+    decode_token,
+    encode_token,
+    is_valid_token,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -110,6 +119,15 @@ def decode_job(subject: str, data: bytes) -> dict[str, Any]:
         raise Rejected("job_mismatch", f"subject names job {job_token[:80]!r}, payload {str(job)[:80]!r}")
     if (msg["type"] in JOB_FACT_TYPES) != (kind == "member"):
         raise Rejected("subject_mismatch", f"{msg['type'][:80]} on {subject[:120]}")
+    return msg
+
+
+def decode_signals(subject: str, data: bytes) -> dict[str, Any]:
+    """A straggler vector from ``gna.signals.<node>.<collector>``: the node and collector are the subject's."""
+    node_token, collector = _subject_tokens(subject, SIGNALS_PREFIX, 2)
+    msg = _message(data, node_token)
+    if msg["collector"] != collector or msg["type"] not in SIGNAL_TYPES:
+        raise Rejected("subject_mismatch", f"{msg['collector'][:40]}/{msg['type'][:80]} on {subject[:120]}")
     return msg
 
 

@@ -120,3 +120,7 @@ async def test_a_jobs_facts_go_under_the_job_and_its_evidence_under_both(tmp_pat
                    ("gna.events.gpu-1=dc.nccl_logs.warning", warning),
                    ("gna.events.gpu-1=dc.nccl_logs.warning", bad_job)]  # a job that is not a string: events only
     assert bus.accepted == 4 and bus.refused == bus.copies_refused == 0
+    vector = make_message(node="gpu-1.dc", collector="nvml", kind="event", type="StragglerSignals", severity="info",
+                          entity="signals:gpu", reason="Periodic", message="m", details={"gpus": {}})
+    assert await bus.publish(vector)
+    assert split_record(sp.read(0, 100)[-1].payload)[0] == "gna.signals.gpu-1=dc.nvml"  # its own bounded stream

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -49,7 +50,7 @@ class Clock:
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     c = Clock()
-    monkeypatch.setattr(ibmod.time, "monotonic", c)
+    monkeypatch.setattr(time, "monotonic", c)  # the module the collector reads its clock from
     return c
 
 
@@ -71,6 +72,10 @@ class Runner:
 
     def firing(self) -> set[tuple[str, str]]:
         return {(c.type, c.entity) for c in self.tracker.active.values()}
+
+    def findings(self) -> list[object]:
+        """Everything but the periodic StragglerSignals vector (docs/straggler-signals.md)."""
+        return [m for m in self.sink.messages if m.type != "StragglerSignals"]
 
 
 # -- value parsers -------------------------------------------------------------------
@@ -152,8 +157,11 @@ async def test_healthy_ndr_node_is_quiet(ndr: SimHost, clock: Clock) -> None:
         for i in range(8):
             ndr.add_counter(f"mlx5_{i}", 1, "port_xmit_data", 10**9)
         await r.tick(clock)
-    assert r.sink.messages == []
+    assert r.findings() == []
     assert len(r.c.ports) == 8  # the storage NIC is excluded
+    (vector,) = r.sink.of("StragglerSignals")  # once rates exist (2nd pass), then every signals_interval
+    assert vector.severity == "info" and sorted(vector.details["ports"]) == [f"mlx5_{i}/1" for i in range(8)]
+    assert vector.details["ports"]["mlx5_0/1"]["symbol_error_per_h"] == 0.0
 
 
 async def test_port_down_flap_and_hold_down(ndr: SimHost, clock: Clock) -> None:
@@ -268,13 +276,13 @@ async def test_unreadable_files_are_skipped_counted_and_shown(ndr: SimHost, cloc
     ndr.write("/sys/class/infiniband/mlx5_0/ports/1/state", "garbage\n")
     await r.tick(clock)
     await r.tick(clock)
-    assert r.sink.messages == []
+    assert r.findings() == []
     assert r.c.unreadable["mlx5_0/1/counters/symbol_error"] == 2
     assert r.c.unreadable["mlx5_0/1/state"] == 2
     # a value beyond the counter's width (2^70 in an 8-bit link_downed, #13 D13) is impossible: skipped too
     ndr.set_counter("mlx5_0", 1, "link_downed", str(1 << 70))
     await r.tick(clock)
-    assert r.sink.messages == [] and r.c.unreadable["mlx5_0/1/counters/link_downed"] == 1
+    assert r.findings() == [] and r.c.unreadable["mlx5_0/1/counters/link_downed"] == 1
     # and shown, not just counted: check lists them with a count, /metrics as gna_source_unparsed_lines
     assert r.em.skipped["/sys/class/infiniband/mlx5_0/ports/1/counters/symbol_error"][0] == 3
     assert r.em.skipped["/sys/class/infiniband/mlx5_0/ports/1/state"][0] == 3
