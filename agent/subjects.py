@@ -23,6 +23,7 @@ JOB_FACT_TYPES = frozenset({"NCCLJobMember"})
 JOB_KINDS = ("member", "evidence")
 SIGNALS_PREFIX = "gna.signals"  # gna.signals.<node token>.<collector>: straggler vectors (docs/subjects.md)
 SIGNAL_TYPES = frozenset({"StragglerSignals"})
+STRAGGLERS_PREFIX = "gna.stragglers"  # fleet/stragglers.py: gna.stragglers.<node token>, the correlator's records
 
 
 def encode_token(name: str) -> str:

@@ -80,6 +80,9 @@ def add_commands(sub: argparse._SubParsersAction[Parser]) -> None:
                       help="with several partitions: seconds after which a silent replica's partition is taken "
                            "over by a survivor (KV bucket gna-correlator-leases); 0 keeps the split static "
                            "(default 15)")
+    corr.add_argument("--straggler-interval", type=positive_float, default=10.0,
+                      help="seconds between judgements of the fleet's straggler vectors (fleet/stragglers.py; "
+                           "default 10)")
     corr.add_argument("--history-hours", type=positive_float, default=6.0,
                       help="stream history replayed at start to rebuild state (default 6)")
     corr.add_argument("--resolve-after", type=positive_float, default=600.0,
@@ -168,7 +171,8 @@ def cmd_correlator(args: argparse.Namespace) -> int:
     async def go() -> int:
         svc = IncidentService(nats_servers(args), nats_cfg=ncfg, partitions=args.partitions,
                               partition=args.partition, history_s=args.history_hours * 3600,
-                              resolve_after=args.resolve_after, lease_ttl=max(0.0, args.lease_ttl))
+                              resolve_after=args.resolve_after, lease_ttl=max(0.0, args.lease_ttl),
+                              straggler_interval=args.straggler_interval)
         await within(svc.start(), ncfg.connect_timeout + 1)
         await until_stopped(None if args.duration is None else max(0.0, start + args.duration - time.monotonic()))
         await svc.stop()

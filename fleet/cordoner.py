@@ -103,6 +103,10 @@ class Cordoner:
         log.info("cordoner_started", durable=self.durable, queue=self.queue, plugins=sorted(plugins),
                  enforce=self.cfg.remediations.enforce)
 
+    async def _await_verdict(self, msg: dict[str, Any]) -> None:
+        """A job's first NCCL message that a rule would cordon on waits for the correlator (IncidentView)."""
+        await self.view.await_verdict(msg, self.engine is not None and self.engine.would_take_budget(msg))
+
     async def _watch_incidents(self, js: Any) -> None:
         """Every replica keeps the open incidents (for spare()); one replica decides each update."""
         while True:
@@ -175,7 +179,7 @@ class Cordoner:
             return
         if data.get("collector") != "agent":
             assert self.engine is not None
-            await self.view.await_verdict(data, self.engine is not None and self.engine.would_take_budget(data))
+            await self._await_verdict(data)
             try:
                 await self.engine.handle(data)
             except Exception as exc:  # a poison message: decided as rejected, not redelivered for ever

@@ -31,10 +31,11 @@ import structlog
 from agent import natsclient
 from agent.config import NatsConfig
 from agent.remediation.incidents import INCIDENTS_BUCKET as INCIDENTS_BUCKET  # re-exported: the correlator writes it
-from agent.subjects import EVENTS_PREFIX, INCIDENTS_PREFIX, JOBS_PREFIX, encode_token
+from agent.subjects import EVENTS_PREFIX, INCIDENTS_PREFIX, JOBS_PREFIX, SIGNALS_PREFIX, STRAGGLERS_PREFIX, encode_token
 from fleet.correlator import correlate
 from fleet.leases import LEASES_BUCKET, Leases
-from fleet.wire import Rejected, Rejections, decode_event, decode_job
+from fleet.stragglers import STRAGGLERS_BUCKET, StragglerWatch
+from fleet.wire import Rejected, Rejections, decode_event, decode_job, decode_signals
 from gna_sdk.aio import wait_event, within
 
 log = structlog.get_logger(__name__)
@@ -207,7 +208,7 @@ def _verdict(record: dict[str, Any] | None) -> Any:
 class IncidentService:
     def __init__(self, servers: list[str], *, nats_cfg: NatsConfig | None = None, partitions: int = 1,
                  partition: int = 0, history_s: float = 6 * 3600.0, resolve_after: float = 600.0,
-                 debounce: float = 0.05, lease_ttl: float = 15.0) -> None:
+                 debounce: float = 0.05, lease_ttl: float = 15.0, straggler_interval: float = 10.0) -> None:
         self.servers = servers
         self.nats_cfg = nats_cfg or NatsConfig()
         self.tracker = IncidentTracker(partitions=partitions, partition=partition, resolve_after=resolve_after)
@@ -216,6 +217,12 @@ class IncidentService:
         self.lease_ttl = lease_ttl if partitions > 1 else 0.0
         self.leases: Leases | None = None
         self.replays = 0
+        # stragglers (fleet/stragglers.py): the straggler vectors and membership of the whole fleet, judged at
+        # most every straggler_interval s; one replica publishes them (the holder of partition 0)
+        self.stragglers = StragglerWatch()
+        self.straggler_interval = straggler_interval
+        self.stragglers_published = 0
+        self._skv: Any = None
         self.history_s = history_s
         self.debounce = debounce
         self.rejections = Rejections()
@@ -249,7 +256,9 @@ class IncidentService:
         # job's evidence is on both, the same message id: IncidentTracker.add files it once)
         self._tasks += [loop.create_task(self._follow(js, f"{JOBS_PREFIX}.>"), name="incidents:jobs"),
                         loop.create_task(self._follow(js, f"{EVENTS_PREFIX}.>"), name="incidents:events"),
-                        loop.create_task(self._judge_loop(), name="incidents:judge")]
+                        loop.create_task(self._follow(js, f"{SIGNALS_PREFIX}.>"), name="incidents:signals"),
+                        loop.create_task(self._judge_loop(), name="incidents:judge"),
+                        loop.create_task(self._straggler_loop(), name="incidents:stragglers")]
         self._following = True
 
     async def _gain(self, partition: int) -> None:
@@ -312,10 +321,14 @@ class IncidentService:
 
     def accept(self, subject: str, data: bytes) -> None:
         try:
+            if subject.startswith(SIGNALS_PREFIX + "."):
+                self.stragglers.add(decode_signals(subject, data))
+                return
             msg = decode_job(subject, data) if subject.startswith(JOBS_PREFIX + ".") else decode_event(subject, data)
         except Rejected as exc:
             self.rejections.record(exc.reason, subject, data, str(exc))
             return
+        self.stragglers.add(msg)  # membership: which GPUs and NICs each job uses
         touched = self.tracker.add(msg)
         if touched:
             self._dirty |= touched
@@ -360,6 +373,35 @@ class IncidentService:
                 last_sweep = time.monotonic()
             for rec in records:
                 await self._publish(rec)
+
+    async def _straggler_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.straggler_interval)
+            if not self.stragglers.changed or 0 not in self.tracker.owned:
+                continue
+            for rec in self.stragglers.evaluate(time.time()):
+                await self._publish_straggler(rec)
+
+    async def _publish_straggler(self, record: dict[str, Any]) -> None:
+        data = json.dumps(record, separators=(",", ":")).encode()
+        node = encode_token(record["node"])
+        try:
+            if self._skv is None:
+                js = self.nc.jetstream()
+                try:
+                    self._skv = await js.key_value(STRAGGLERS_BUCKET)
+                except Exception:
+                    self._skv = await js.create_key_value(bucket=STRAGGLERS_BUCKET, history=5,
+                                                          replicas=self.nats_cfg.stream_replicas)
+            await self._skv.put(f"{node}.{encode_token(record['entity'])}", data)
+            await self.nc.publish(f"{STRAGGLERS_PREFIX}.{node}", data)
+            self.stragglers_published += 1
+            log.info("straggler", node=record["node"], entity=record["entity"], status=record["status"],
+                     signals=[s["signal"] for s in record.get("signals", [])], confidence=record.get("confidence"))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # NATS away: the state is kept; a later change publishes again
+            log.warning("straggler_publish_failed", node=record["node"], error=repr(exc))
 
     async def _publish(self, record: dict[str, Any]) -> None:
         data = json.dumps(record, separators=(",", ":")).encode()

@@ -29,6 +29,7 @@ from agent.subjects import (
     INCIDENTS_PREFIX,
     JOBS_PREFIX,
     SIGNALS_PREFIX,
+    STRAGGLERS_PREFIX,
     encode_token,
 )
 
@@ -61,6 +62,7 @@ class Names(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     cordoner_durable: str = "gna-cordoner"
     incidents_bucket: str = "gna-incidents"  # fleet.incidents: the correlator's current incident per job
     leases_bucket: str = "gna-correlator-leases"  # fleet.leases: which correlator replica judges which jobs
+    stragglers_bucket: str = "gna-stragglers"  # fleet.stragglers: the current straggler records
 
 
 class Roles(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -228,6 +230,11 @@ def correlator_permissions(layout: Layout) -> Permissions:
         f"{INCIDENTS_PREFIX}.>",
         f"$KV.{n.incidents_bucket}.>",
         *_incidents_read(layout),
+        # straggler records (fleet/stragglers.py)
+        f"{STRAGGLERS_PREFIX}.>",
+        f"$KV.{n.stragglers_bucket}.>",
+        f"{JS_API}.STREAM.CREATE.{_kv_stream(n.stragglers_bucket)}",
+        f"{JS_API}.STREAM.INFO.{_kv_stream(n.stragglers_bucket)}",
         # partition leases (fleet/leases.py): get, create, compare-and-set, delete
         f"$KV.{n.leases_bucket}.>",
         f"{JS_API}.STREAM.CREATE.{_kv_stream(n.leases_bucket)}",
@@ -268,6 +275,11 @@ def reader_permissions(layout: Layout) -> Permissions:
         f"{JS_API}.CONSUMER.CREATE.{nodes}",       # the KV watch
         f"{JS_API}.CONSUMER.INFO.{nodes}.*",
         f"$JS.FC.{nodes}.>",
+        f"{JS_API}.STREAM.INFO.{_kv_stream(n.stragglers_bucket)}",  # straggler records: watch, get
+        f"{JS_API}.CONSUMER.CREATE.{_kv_stream(n.stragglers_bucket)}",
+        f"{JS_API}.CONSUMER.INFO.{_kv_stream(n.stragglers_bucket)}.*",
+        f"$JS.FC.{_kv_stream(n.stragglers_bucket)}.>",
+        f"{JS_API}.DIRECT.GET.{_kv_stream(n.stragglers_bucket)}.>",
         # the incidents views: a watch of the bucket (never its creation: that is the correlator's)
         *[s for s in _incidents_read(layout) if ".STREAM.CREATE." not in s],
     ]
