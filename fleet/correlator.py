@@ -14,7 +14,8 @@ authenticated subject). What it reads:
   (``NET/IB : Using ...``), the transport, the bootstrap (OOB) address;
 * symptoms: ``NCCLCollectiveTimeout`` (with the rank PyTorch's watchdog names),
   ``NCCLWatchdogProgress`` (PyTorch's last enqueued / last completed work of a process group, also
-  from a rank that only heard of another's timeout),
+  from a rank that only heard of another's timeout), ``NCCLRASReport`` (what NCCL's RAS thread said
+  when a node asked it: the processes that died, stopped answering or sent no data),
   ``NCCLIBCompletionError`` (with the peer address), ``NCCLSocketFallback``;
 * hardware: critical findings on ``gpu:<pci>`` (Xid, fell off the bus, lost, ECC, ...) and on
   ``ib:<hca>/<port>`` (port down, flapping, error counters).
@@ -153,7 +154,8 @@ def correlate(messages: list[dict[str, Any]]) -> list[Incident]:
     symptoms: dict[str, list[dict[str, Any]]] = defaultdict(list)  # job -> its NCCL symptoms
     for m in messages:
         if m.get("collector") == "nccl_logs" and m.get("type") in (
-                "NCCLCollectiveTimeout", "NCCLIBCompletionError", "NCCLSocketFallback", "NCCLWatchdogProgress") \
+                "NCCLCollectiveTimeout", "NCCLIBCompletionError", "NCCLSocketFallback", "NCCLWatchdogProgress",
+                "NCCLRASReport") \
                 and m.get("status") != "resolved":
             job = _details(m).get("job")
             if isinstance(job, str) and job in jobs:
@@ -209,10 +211,13 @@ def _judge(job: str, members: dict[tuple[str, str], Member], symptoms: list[dict
         return _incident(job, None, 0.0, symptoms, nodes, f"NCCL over sockets on {len(socket_nodes)} nodes")
     if not symptoms:
         return None
-    # 3. a rank that never entered the collective the others wait in, by PyTorch's own numbers
+    # 3. the process NCCL's RAS says died, stopped answering, sent no data or failed
+    if (inc := _ras(job, members, symptoms, nodes)) is not None:
+        return inc
+    # 4. a rank that never entered the collective the others wait in, by PyTorch's own numbers
     if (inc := _behind(job, members, symptoms, nodes)) is not None:
         return inc
-    # 4. a hung rank: every other rank of the job timed out, this one said nothing
+    # 5. a hung rank: every other rank of the job timed out, this one said nothing
     if timeouts:
         ranks = {mem.rank: mem for mem in members.values() if mem.rank is not None}
         size = max((mem.size or 0 for mem in members.values()), default=0)
@@ -231,7 +236,7 @@ def _judge(job: str, members: dict[tuple[str, str], Member], symptoms: list[dict
         elif size and len(ranks) < size:
             return _incident(job, None, 0.0, symptoms, nodes,
                              f"only {len(ranks)} of {size} ranks are known (a node's agent is missing): no verdict")
-    # 5. every IB completion error points at one peer
+    # 6. every IB completion error points at one peer
     ip_node = {mem.oob_ip: mem.node for mem in members.values() if mem.oob_ip}
     peers = {ip_node.get(str(_details(s).get("peer", "")).split("<")[0])
              for s in symptoms if s.get("type") == "NCCLIBCompletionError" and _details(s).get("peer")}
@@ -241,6 +246,66 @@ def _judge(job: str, members: dict[tuple[str, str], Member], symptoms: list[dict
         return _incident(job, {"node": peer_node, "entity": "node", "kind": "link"}, 0.7, symptoms, nodes,
                          "every IB completion error names this node as the peer")
     return _incident(job, None, 0.0, symptoms, nodes, "symptoms, but no resource of the job stands out")
+
+
+RAS_CULPRIT_REASONS = ("dead", "unresponsive", "missing", "error")  # collectors/nccl_ras.py RasSuspect.reason
+
+
+def _ras(job: str, members: dict[tuple[str, str], Member], symptoms: list[dict[str, Any]],
+         nodes: list[str]) -> Incident | None:
+    """RAS names processes (host address and pid, or the rank of a communicator): the ones that died,
+    stopped answering, sent no data or failed on their own (not "remote" errors: those are victims).
+    Mapped to the job's members by the world communicator's rank, else by pid and address; named
+    when they are few (at most size/8) and on one node."""
+    try:
+        job_hash = int(job, 16)
+    except ValueError:
+        job_hash = None
+    by_rank = {mem.rank: mem for mem in members.values() if mem.rank is not None}
+    by_pid: dict[int, list[Member]] = defaultdict(list)
+    for m in members.values():
+        pid = _int(int(m.process.rsplit(":", 1)[-1])) if m.process.rsplit(":", 1)[-1].isdigit() else None
+        if pid is not None:
+            by_pid[pid].append(m)
+    size = max((mem.size or 0 for mem in members.values()), default=0)
+    culprits: dict[tuple[str, str], Member] = {}
+    evidence = []
+    for s in symptoms:
+        if s.get("type") != "NCCLRASReport":
+            continue
+        suspects = _details(s).get("suspects")
+        for sus in suspects[:64] if isinstance(suspects, list) else []:
+            if not isinstance(sus, dict) or sus.get("reason") not in RAS_CULPRIT_REASONS:
+                continue
+            found: Member | None = None
+            rank, comm = _int(sus.get("rank")), sus.get("comm_hash")
+            try:
+                same_comm = job_hash is not None and isinstance(comm, str) and int(comm, 16) == job_hash
+            except ValueError:
+                same_comm = False
+            if rank is not None and same_comm:
+                found = by_rank.get(rank)
+            pid, host = _int(sus.get("pid")), sus.get("host")
+            if found is None and pid is not None:
+                cands = [m for m in by_pid.get(pid, []) if host in (m.oob_ip, m.node, m.process.rsplit(":", 1)[0])]
+                found = cands[0] if len(cands) == 1 else None
+            if found is None:
+                return None  # a suspect we cannot place: no verdict rather than a wrong one
+            culprits[(found.node, found.process)] = found
+        evidence.append(s)
+    if not culprits or not size or len(culprits) > max(1, size // 8) or len({m.node for m in culprits.values()}) != 1:
+        return None
+    ranked = sorted(culprits.values(), key=lambda m: (m.rank is None, m.rank or 0))
+    first = ranked[0]
+    ranks = [m.rank for m in ranked if m.rank is not None]
+    entity = (f"rank:{ranks[0]}" if len(ranks) == 1 else "ranks:" + ",".join(map(str, ranks))) if ranks \
+        else f"process:{first.process}"
+    culprit = {"node": first.node, "entity": entity, "kind": "rank"}
+    if ranks:
+        culprit["rank"] = str(ranks[0])
+    return _incident(job, culprit, 0.9, evidence + [s for s in symptoms if s.get("type") == "NCCLCollectiveTimeout"],
+                     nodes, f"NCCL's RAS names {len(culprits)} process(es) on {first.node} that died, stopped "
+                            f"answering, sent no data or failed")
 
 
 def _rank_index(members: dict[tuple[str, str], Member]) -> dict[tuple[str, str], int]:
@@ -323,10 +388,10 @@ def _behind(job: str, members: dict[tuple[str, str], Member], symptoms: list[dic
 
 def _incident(job: str, culprit: dict[str, str] | None, confidence: float, evidence: list[dict[str, Any]],
               nodes: list[str], reason: str) -> Incident:
-    seen: set[tuple[Any, ...]] = set()
+    seen: set[tuple[str, ...]] = set()
     items: list[dict[str, Any]] = []
     for m in evidence:
-        key = (m.get("node"), m.get("type"), m.get("entity"), m.get("time"))
+        key = tuple(str(m.get(k))[:300] for k in ("node", "type", "entity", "time"))  # hostile values: unhashable
         if key not in seen:
             seen.add(key)
             items.append(m)

@@ -40,7 +40,8 @@ from gna_sdk.aio import wait_event, within
 
 log = structlog.get_logger(__name__)
 
-SYMPTOMS = ("NCCLCollectiveTimeout", "NCCLIBCompletionError", "NCCLSocketFallback", "NCCLWatchdogProgress")
+SYMPTOMS = ("NCCLCollectiveTimeout", "NCCLIBCompletionError", "NCCLSocketFallback", "NCCLWatchdogProgress",
+            "NCCLRASReport")
 
 
 def owner(job: str, partitions: int) -> int:

@@ -286,3 +286,31 @@ def test_a_rank_whose_own_watchdog_fired_is_not_behind() -> None:
     msgs.append(_said(6, "NCCLWatchdogProgress", size, pg_id="0", last_enqueued=-1, last_completed=-1))
     (inc,) = correlate(msgs)
     assert inc.culprit is None
+
+
+def test_the_process_nccl_ras_says_died_is_the_culprit() -> None:
+    """collectors/nccl_live.py asks a hung job's RAS port and publishes its suspects (NCCLRASReport); a
+    dead process of the job's world communicator (RAS prints the commId padded to 16 digits) names its
+    rank; remote errors (victims of someone else's failure) name nobody."""
+    size = 16
+    msgs = _job(size)
+    for r in range(size):
+        if r != 9:
+            msgs.append(_said(r, "NCCLCollectiveTimeout", size, pg_id="0", seq_num=40, rank=r))
+    remote = {"reason": "remote_error", "detail": "x", "host": "10.0.0.1", "pid": 1, "rank": 1,
+              "comm_hash": "0000000000000005"}
+    dead = {"reason": "dead", "detail": "rank 9 of 0000000000000005: its process did not answer",
+            "host": "10.0.0.3", "pid": 9, "rank": 9, "comm_hash": "0000000000000005"}
+    msgs.append(_said(0, "NCCLRASReport", size, suspects=[remote, dead]))
+    (inc,) = correlate(msgs)
+    assert inc.culprit == {"node": "n2", "entity": "rank:9", "kind": "rank", "rank": "9"}
+    assert inc.confidence == 0.9 and "RAS" in inc.reason
+    only_remote = [m for m in msgs if m["type"] != "NCCLRASReport"] + [
+        _said(0, "NCCLRASReport", size, suspects=[remote])]
+    (inc,) = correlate(only_remote)
+    assert "RAS" not in inc.reason  # the silent rank 9 is still found, by the timeouts
+    unplaced = [m for m in msgs if m["type"] != "NCCLRASReport"] + [
+        _said(0, "NCCLRASReport", size, suspects=[{**dead, "rank": None, "comm_hash": "00000000000000ff",
+                                                    "pid": 12345}])]
+    (inc,) = correlate(unplaced)
+    assert "RAS" not in inc.reason  # a suspect no member matches: no RAS verdict, never a guess
