@@ -32,6 +32,7 @@ import msgspec
 import structlog
 
 from collectors.ib_sysfs import parse_enum
+from collectors.nccl_live import RasAsker
 from collectors.nccl_parse import (
     WARNING_RULE,
     Match,
@@ -77,6 +78,10 @@ class NCCLLogsConfig(CollectorSettings, kw_only=True, forbid_unknown_fields=True
     # descriptors held: beyond this, files read to their end are parked (closed, reopened on growth)
     max_open_files: Annotated[int, msgspec.Meta(ge=1)] = 256
     idle_close: Annotated[float, msgspec.Meta(ge=0)] = 300.0  # a read, quiet file gives back its descriptor
+    # NCCL RAS (collectors/nccl_live.py, docs/ras.md): ask a hung job's RAS port, in the daemon only
+    ras: bool = True
+    ras_timeout: Annotated[float, msgspec.Meta(gt=0, le=120)] = 12.0
+    ras_cooldown: Annotated[float, msgspec.Meta(ge=0)] = 300.0  # one question per job in this long
 
 
 class NCCLLogsCollector:
@@ -102,6 +107,8 @@ class NCCLLogsCollector:
         self.file_hosts: dict[str, set[str]] = {}  # tailed file key -> hosts its NCCL lines named
         self.aggregated: set[str] = set()  # file keys that name this node and other hosts
         self.foreign_lines = 0
+        self.ras = RasAsker(host, emit, timeout=config.ras_timeout, cooldown=config.ras_cooldown,
+                            enabled=False)  # on in run(): a snapshot has no live process to ask
 
     # -- node facts ---------------------------------------------------------------------
     def _active_rdma_ports(self) -> list[str]:
@@ -271,6 +278,8 @@ class NCCLLogsCollector:
                         + (f" on GPU {where['pci']}" if where.get("pci") else "") + ".",
                 details={**where, "comm_id": comm, "rank": int(f["rank"]), "size": int(f["nranks"]),
                          "cuda_dev": int(f["cuda"]), "pci": pci_from_nccl_bus_id(f.get("bus"))}, msg_id=msg_id)
+        if m.rule.name in ("watchdog", "pg_progress", "pg_dump_signal") and self._checkable(st):
+            self.ras.on_hang(where.get("job"), st.pid, st.entity, where)  # NCCL's RAS says who stopped
         if m.rule.name == "watchdog":
             details = {**where, "seq_num": int(f["seq"]), "op_type": f["op"], "rank": f.get("rank"),
                        "pg_id": f.get("pg"), "pg_desc": f.get("desc"), "pg_rank": f.get("pg_rank"),
@@ -439,7 +448,11 @@ class NCCLLogsCollector:
             del self.procs[key]
 
     async def run(self) -> None:
-        await self.tailer.run(self._handle)
+        self.ras.enabled = self.config.ras
+        try:
+            await self.tailer.run(self._handle)
+        finally:
+            await self.ras.close()
 
     async def check(self) -> None:
         await self.tailer.read_all_once(self._handle)

@@ -338,3 +338,55 @@ async def test_a_watchdog_line_joins_the_nccl_process_of_its_file(tmp_path: Path
     assert set(timeouts) == {"nccl:gpu-7:501", "nccl:gpu-7:502"}, timeouts
     assert timeouts["nccl:gpu-7:502"]["job"] == "0xabc123" and timeouts["nccl:gpu-7:502"]["world_rank"] == 9
     assert timeouts["nccl:gpu-7:501"]["pci"] == "0000:18:00.0" and timeouts["nccl:gpu-7:501"]["rank"] == 8
+
+
+async def test_a_hung_job_s_ras_port_is_asked_once_and_its_suspects_published(tmp_path: Path) -> None:
+    """#15 deliver 2: the daemon sees rank 7's watchdog fire and asks the RAS port in the process's
+    NCCL_RAS_ADDR (a loopback fake replaying a 2.30.7 report built from NCCL's format: process 4301 on
+    10.10.1.13 dead); NCCLRASReport carries the suspects and the job, once per job per cooldown. An answer
+    about another job on the shared port is dropped."""
+    from agent.emitter import CollectorEmitter, ConditionTracker
+    from agent.facts import FactStore
+    from collectors.nccl_logs import NCCLLogsCollector, NCCLLogsConfig
+    from gna_sdk.hostroot import HostRoot
+    from tests.conftest import Sink
+    from tests.fake_ras import FakeRas
+
+    report = (Path(__file__).parent / "corpus" / "ras" / "v2.30.7-dead-and-timeouts.txt").read_text()
+    host = SimHost.gpu_node(tmp_path / "h", gpus=8, hcas=8)
+    host.write("/proc/sys/kernel/hostname", "gpu-a\n")
+    async with FakeRas(report) as ras:
+        for pid, job in ((4007, "0x5b1e0c3f9a7d2e41"), (5007, "0x77")):
+            host.write(f"/proc/{pid}/environ", f"NCCL_DEBUG=INFO\0NCCL_RAS_ADDR=127.0.0.1:{ras.port}\0")
+            host.write(f"/var/log/nccl/gpu-a.{pid}.log",
+                       f"gpu-a:{pid}:{pid + 1} [7] NCCL INFO comm 0x7f00 rank 7 nranks 32 cudaDev 7 nvmlDev 7 busId "
+                       f"db000 commId {job} - Init COMPLETE\n")
+        sink = Sink()
+        em = CollectorEmitter("gpu-a", "nccl_logs", sink, ConditionTracker(None), facts=FactStore())
+        c = NCCLLogsCollector(NCCLLogsConfig(interval=0.2), HostRoot(host.root), em)
+        task = asyncio.get_running_loop().create_task(c.run())
+        try:
+            for _ in range(100):
+                if len(sink.of("NCCLJobMember")) == 2:
+                    break
+                await asyncio.sleep(0.05)
+            timeout = ("[Rank 7] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=40, OpType=ALLREDUCE, "
+                       "NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600081 milliseconds before timing out.\n")
+            for pid in (4007, 5007):
+                for _ in range(2):  # the second timeout of the same job does not ask again
+                    with open(host.p(f"/var/log/nccl/gpu-a.{pid}.log"), "a") as fh:
+                        fh.write(timeout)
+            for _ in range(200):
+                if c.ras.reports + c.ras.foreign >= 2:
+                    break
+                await asyncio.sleep(0.05)
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    (rep,) = sink.of("NCCLRASReport")
+    assert (rep.entity, rep.severity, rep.details["job"]) == ("nccl:gpu-a:4007", "warning", "0x5b1e0c3f9a7d2e41")
+    first = rep.details["suspects"][0]
+    assert (first["reason"], first["host"], first["pid"]) == ("dead", "10.10.1.13", 4301)
+    assert all(s["reason"] != "remote_error" for s in rep.details["suspects"])
+    assert c.ras.reports == 1 and c.ras.foreign == 1  # job 0x77's answer was about another job
+    assert ras.connections == 2  # one question per job, whatever the number of timeouts
