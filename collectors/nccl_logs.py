@@ -32,7 +32,7 @@ import msgspec
 import structlog
 
 from collectors.ib_sysfs import parse_enum
-from collectors.nccl_live import RasAsker
+from collectors.nccl_live import FlightRecords, RasAsker
 from collectors.nccl_parse import (
     WARNING_RULE,
     Match,
@@ -82,6 +82,9 @@ class NCCLLogsConfig(CollectorSettings, kw_only=True, forbid_unknown_fields=True
     ras: bool = True
     ras_timeout: Annotated[float, msgspec.Meta(gt=0, le=120)] = 12.0
     ras_cooldown: Annotated[float, msgspec.Meta(ge=0)] = 300.0  # one question per job in this long
+    # PyTorch Flight Recorder dumps of a hung rank (collectors/flight_recorder.py): looked for this long
+    flight_recorder: bool = True
+    flight_recorder_wait: Annotated[float, msgspec.Meta(ge=0, le=3600)] = 60.0
 
 
 class NCCLLogsCollector:
@@ -109,6 +112,9 @@ class NCCLLogsCollector:
         self.foreign_lines = 0
         self.ras = RasAsker(host, emit, timeout=config.ras_timeout, cooldown=config.ras_cooldown,
                             enabled=False)  # on in run(): a snapshot has no live process to ask
+        self.flight = FlightRecords(host, emit, wait=config.flight_recorder_wait)
+        self.live = False  # run(): sources are asked as hangs appear; check(): once, at the end
+        self.hung: dict[str, tuple[int, int | None, str, dict[str, Any]]] = {}  # process -> what to look up
 
     # -- node facts ---------------------------------------------------------------------
     def _active_rdma_ports(self) -> list[str]:
@@ -278,8 +284,17 @@ class NCCLLogsCollector:
                         + (f" on GPU {where['pci']}" if where.get("pci") else "") + ".",
                 details={**where, "comm_id": comm, "rank": int(f["rank"]), "size": int(f["nranks"]),
                          "cuda_dev": int(f["cuda"]), "pci": pci_from_nccl_bus_id(f.get("bus"))}, msg_id=msg_id)
-        if m.rule.name in ("watchdog", "pg_progress", "pg_dump_signal") and self._checkable(st):
-            self.ras.on_hang(where.get("job"), st.pid, st.entity, where)  # NCCL's RAS says who stopped
+        if m.rule.name in ("watchdog", "pg_progress", "pg_dump_signal"):
+            # the job hangs here: NCCL's RAS says who stopped, PyTorch's Flight Recorder where each rank waits
+            pid = st.pid if self._checkable(st) else 0
+            rank = f["rank"] if isinstance(f.get("rank"), int) else where.get("world_rank")
+            if self.live:
+                if pid:
+                    self.ras.on_hang(where.get("job"), pid, st.entity, where)
+                if self.config.flight_recorder:
+                    self.flight.on_hang(pid, rank, st.entity, where)
+            elif self.config.flight_recorder and len(self.hung) < 4096:
+                self.hung[st.key] = (pid, rank, st.entity, where)
         if m.rule.name == "watchdog":
             details = {**where, "seq_num": int(f["seq"]), "op_type": f["op"], "rank": f.get("rank"),
                        "pg_id": f.get("pg"), "pg_desc": f.get("desc"), "pg_rank": f.get("pg_rank"),
@@ -449,13 +464,17 @@ class NCCLLogsCollector:
 
     async def run(self) -> None:
         self.ras.enabled = self.config.ras
+        self.live = True
         try:
             await self.tailer.run(self._handle)
         finally:
             await self.ras.close()
+            await self.flight.close()
 
     async def check(self) -> None:
         await self.tailer.read_all_once(self._handle)
+        for pid, rank, entity, where in list(self.hung.values()):  # dumps already written (a snapshot)
+            await self.flight.collect(pid, rank, entity, where)
         if not self.tailer.files:
             self.emit.not_seen(", ".join(self.config.globs), "no NCCL log file matches")
         await self._flush_warnings(everything=True)

@@ -16,6 +16,8 @@ authenticated subject). What it reads:
   ``NCCLWatchdogProgress`` (PyTorch's last enqueued / last completed work of a process group, also
   from a rank that only heard of another's timeout), ``NCCLRASReport`` (what NCCL's RAS thread said
   when a node asked it: the processes that died, stopped answering or sent no data),
+  ``TorchFlightRecord`` (a rank's PyTorch Flight Recorder dump: per process group the collective it
+  waits in and the last one it enqueued),
   ``NCCLIBCompletionError`` (with the peer address), ``NCCLSocketFallback``;
 * hardware: critical findings on ``gpu:<pci>`` (Xid, fell off the bus, lost, ECC, ...) and on
   ``ib:<hca>/<port>`` (port down, flapping, error counters).
@@ -155,7 +157,7 @@ def correlate(messages: list[dict[str, Any]]) -> list[Incident]:
     for m in messages:
         if m.get("collector") == "nccl_logs" and m.get("type") in (
                 "NCCLCollectiveTimeout", "NCCLIBCompletionError", "NCCLSocketFallback", "NCCLWatchdogProgress",
-                "NCCLRASReport") \
+                "NCCLRASReport", "TorchFlightRecord") \
                 and m.get("status") != "resolved":
             job = _details(m).get("job")
             if isinstance(job, str) and job in jobs:
@@ -320,6 +322,29 @@ def _rank_of(s: dict[str, Any], index: dict[tuple[str, str], int]) -> int | None
     return r if r is not None else _int(_details(s).get("rank"))
 
 
+def _flight_record(s: dict[str, Any], d: dict[str, Any], index: dict[tuple[str, str], int], ranks: dict[int, Member],
+                   at: dict[str, dict[int, int]], enq: dict[str, dict[int, int]], self_reported: set[int]) -> None:
+    """A rank's Flight Recorder dump, per process group: the collective it waits in (its first one not
+    completed) and the newest collective it enqueued; with nothing pending and the newest below the
+    collective the others wait in, it never entered it (the rank the others wait for)."""
+    r = _rank_of(s, index)
+    pgs = d.get("pgs")
+    if r is None or r not in ranks or not isinstance(pgs, dict):
+        return
+    for pg, v in list(pgs.items())[:32]:
+        if not isinstance(v, dict):
+            continue
+        pending = v.get("first_not_completed")
+        seq = _int(pending.get("collective_seq_id")) if isinstance(pending, dict) else None
+        newest = _int(v.get("entries_last_enqueued"))
+        if seq is not None and seq >= 0:
+            at[str(pg)][r] = min(seq, at[str(pg)].get(r, seq))
+        if newest is not None:
+            enq[str(pg)][r] = min(newest, enq[str(pg)].get(r, newest))
+            if seq is None:
+                self_reported.add(r)
+
+
 def _behind(job: str, members: dict[tuple[str, str], Member], symptoms: list[dict[str, Any]],
             nodes: list[str]) -> Incident | None:
     """The rank(s) that never joined the collective the job waits in: PyTorch's watchdog says where
@@ -335,10 +360,13 @@ def _behind(job: str, members: dict[tuple[str, str], Member], symptoms: list[dic
     self_reported: set[int] = set()
     # PyTorch 2.5-2.13 print a timeout as "[Rank r]" whatever its group: where a progress line (which
     # names the group) came from a rank, its timeout lines' sequence numbers are not compared
-    with_progress = {_rank_of(s, index) for s in symptoms if s.get("type") == "NCCLWatchdogProgress"
-                     and _int(_details(s).get("at_seq")) is not None}
+    with_progress = {_rank_of(s, index) for s in symptoms if (s.get("type") == "NCCLWatchdogProgress"
+                     and _int(_details(s).get("at_seq")) is not None) or s.get("type") == "TorchFlightRecord"}
     for s in symptoms:
         d = _details(s)
+        if s.get("type") == "TorchFlightRecord":
+            _flight_record(s, d, index, ranks, at, enq, self_reported)
+            continue
         if s.get("type") not in ("NCCLCollectiveTimeout", "NCCLWatchdogProgress") or d.get("implausible"):
             continue
         r = _rank_of(s, index)

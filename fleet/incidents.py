@@ -41,7 +41,7 @@ from gna_sdk.aio import wait_event, within
 log = structlog.get_logger(__name__)
 
 SYMPTOMS = ("NCCLCollectiveTimeout", "NCCLIBCompletionError", "NCCLSocketFallback", "NCCLWatchdogProgress",
-            "NCCLRASReport")
+            "NCCLRASReport", "TorchFlightRecord")
 
 
 def owner(job: str, partitions: int) -> int:

@@ -314,3 +314,39 @@ def test_the_process_nccl_ras_says_died_is_the_culprit() -> None:
                                                     "pid": 12345}])]
     (inc,) = correlate(unplaced)
     assert "RAS" not in inc.reason  # a suspect no member matches: no RAS verdict, never a guess
+
+
+def test_flight_recorder_dumps_in_node_snapshots_name_the_rank_the_others_wait_for(tmp_path: Path) -> None:
+    """#15 deliver 2, offline: two node snapshots, each with its rank's NCCL log and the Flight Recorder
+    dump torch 2.13 itself wrote (tests/corpus/flight_recorder: rank 0 waits in all_reduce #6, rank 1
+    never enqueued it) at torch's default path. `check` reads each dump (TorchFlightRecord), and the
+    correlator names rank 1 from the dumps' own numbers."""
+    import shutil
+
+    from sim.host import SimHost
+
+    corpus = Path(__file__).parent / "corpus" / "flight_recorder"
+    roots = []
+    for r in (0, 1):
+        name = f"fr-{r}"
+        h = SimHost.gpu_node(tmp_path / name, gpus=1)
+        h.write("/etc/hostname", f"{name}\n")
+        h.write("/proc/sys/kernel/hostname", f"{name}\n")
+        lines = [f"{name}:{700 + r}:{701 + r} [0] NCCL INFO comm 0x7f00 rank {r} nranks 2 cudaDev 0 nvmlDev 0 busId "
+                 f"18000 commId 0xabc - Init COMPLETE"]
+        if r == 0:
+            lines.append("[rank0]:[E1203 07:44:26.1 701 ProcessGroupNCCL.cpp:655] [Rank 0] Watchdog caught collective "
+                         "operation timeout: WorkNCCL(SeqNum=6, OpType=ALLREDUCE, NumelIn=4, NumelOut=4, "
+                         "Timeout(ms)=60000) ran for 60081 milliseconds before timing out.")
+        h.write(f"/var/log/nccl/{name}.{700 + r}.log", "\n".join(lines) + "\n")
+        (h.p("/tmp")).mkdir(parents=True, exist_ok=True)
+        shutil.copy(corpus / f"hang_rank_{r}", h.p(f"/tmp/nccl_trace_rank_{r}"))
+        roots.append(h.root)
+    from agent.check import check_roots
+
+    reports = asyncio.run(check_roots(roots))
+    msgs = [m for rep in reports for m in rep["conditions"] + rep["events"]]
+    records = [m for m in msgs if m["type"] == "TorchFlightRecord"]
+    assert [m["details"]["rank"] for m in records] == [0]  # only the hung rank's dump is looked up in a snapshot
+    (inc,) = correlate(msgs)
+    assert inc.culprit is not None and (inc.culprit["node"], inc.culprit["entity"]) == ("fr-1", "rank:1"), inc

@@ -390,3 +390,49 @@ async def test_a_hung_job_s_ras_port_is_asked_once_and_its_suspects_published(tm
     assert all(s["reason"] != "remote_error" for s in rep.details["suspects"])
     assert c.ras.reports == 1 and c.ras.foreign == 1  # job 0x77's answer was about another job
     assert ras.connections == 2  # one question per job, whatever the number of timeouts
+
+
+async def test_the_daemon_picks_up_the_flight_recorder_dump_written_after_the_timeout(tmp_path: Path) -> None:
+    """torch writes the dump after its watchdog fired (15 s and more): the daemon keeps looking for it at
+    the paths the process's environment names (TORCH_FR_DUMP_TEMP_FILE here), and reads it once."""
+    import shutil
+
+    from agent.emitter import CollectorEmitter, ConditionTracker
+    from agent.facts import FactStore
+    from collectors.nccl_logs import NCCLLogsCollector, NCCLLogsConfig
+    from gna_sdk.hostroot import HostRoot
+    from tests.conftest import Sink
+
+    host = SimHost.gpu_node(tmp_path / "h", gpus=1)
+    host.write("/proc/sys/kernel/hostname", "gpu-a\n")
+    host.write("/proc/4007/environ", "RANK=0\0TORCH_FR_DUMP_TEMP_FILE=/scratch/fr/trace_\0NCCL_RAS_ENABLE=0\0")
+    host.write("/var/log/nccl/gpu-a.4007.log", "gpu-a:4007:4008 [0] NCCL INFO comm 0x7f00 rank 0 nranks 2 cudaDev 0 "
+                                               "busId 18000 commId 0xabc - Init COMPLETE\n")
+    sink = Sink()
+    em = CollectorEmitter("gpu-a", "nccl_logs", sink, ConditionTracker(None), facts=FactStore())
+    c = NCCLLogsCollector(NCCLLogsConfig(interval=0.2), HostRoot(host.root), em)
+    c.flight.poll = 0.1
+    task = asyncio.get_running_loop().create_task(c.run())
+    try:
+        for _ in range(100):
+            if sink.of("NCCLJobMember"):
+                break
+            await asyncio.sleep(0.05)
+        with open(host.p("/var/log/nccl/gpu-a.4007.log"), "a") as fh:
+            fh.write("[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=6, OpType=ALLREDUCE, "
+                     "NumelIn=4, NumelOut=4, Timeout(ms)=60000) ran for 60081 milliseconds before timing out.\n")
+        await asyncio.sleep(0.5)
+        assert not sink.of("TorchFlightRecord")
+        host.p("/scratch/fr").mkdir(parents=True)
+        shutil.copy(Path(__file__).parent / "corpus" / "flight_recorder" / "hang_rank_0",
+                    host.p("/scratch/fr/trace_0"))
+        for _ in range(100):
+            if sink.of("TorchFlightRecord"):
+                break
+            await asyncio.sleep(0.05)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    (rec,) = sink.of("TorchFlightRecord")
+    assert rec.details["job"] == "0xabc" and rec.details["pgs"]["0"]["first_not_completed"]["collective_seq_id"] == 6
+    assert rec.details["dump"].endswith("/scratch/fr/trace_0")
