@@ -8,7 +8,16 @@ from __future__ import annotations
 import sys
 
 from agent.spool import decode_frames
-from collectors import ib_sysfs, juicefs_parse, kernel_modules, kmsg_parse, nccl_env, nccl_parse, nccl_ras
+from collectors import (
+    flight_recorder,
+    ib_sysfs,
+    juicefs_parse,
+    kernel_modules,
+    kmsg_parse,
+    nccl_env,
+    nccl_parse,
+    nccl_ras,
+)
 
 
 def fuzz_one(data: bytes) -> None:
@@ -31,6 +40,10 @@ def fuzz_one(data: bytes) -> None:
     for off, raw in nccl_parse.candidate_lines(data, 0):
         nccl_parse.match_line(nccl_parse.parse_line(off, raw))
     nccl_parse.match_line(nccl_parse.parse_line(0, data))
+    try:
+        flight_recorder.load_dump(data)
+    except flight_recorder.FRDumpError:
+        pass  # refusing is the expected answer to most bytes
     nccl_ras.parse_status_text(text)
     nccl_ras.parse_status_json(data)
     nccl_ras.ras_address({"NCCL_RAS_ADDR": text, "NCCL_RAS_ENABLE": text[:4]})
