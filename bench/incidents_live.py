@@ -32,12 +32,17 @@ import nats
 from nats.js.api import StreamConfig
 
 from agent.logsetup import configure
-from agent.nats_link import STREAM_SUBJECTS
+from agent.nats_link import JOBS_STREAM_SUBJECTS, SIGNALS_STREAM_SUBJECTS, STREAM_SUBJECTS
 from agent.nats_server import NatsServerProcess
-from agent.subjects import event_subject
+from agent.subjects import subjects_for
 from sim.scenarios import generate
 
 KINDS = ("ib_port_down_early", "gpu_fell_off", "hung_rank", "socket_node", "ib_port_down")
+
+
+async def publish(js: Any, m: dict[str, Any]) -> None:
+    for subject in subjects_for(m["node"], m["collector"], m["severity"], m["type"], m["details"]):
+        await js.publish(subject, json.dumps(m).encode())
 
 
 async def trial(js: Any, got: asyncio.Queue[dict[str, Any]], work: Path, seed: int, nodes: int,
@@ -47,14 +52,14 @@ async def trial(js: Any, got: asyncio.Queue[dict[str, Any]], work: Path, seed: i
     want = sc.expected[sc.jobs[0].comm_id]
     members = [m for m in msgs if m["type"] == "NCCLJobMember"]
     evidence = sorted((m for m in msgs if m["type"] != "NCCLJobMember"), key=lambda m: m["time"])
-    for m in members:
-        await js.publish(event_subject(m["node"], m["collector"], m["severity"]), json.dumps(m).encode())
+    for m in members:  # on the subjects an agent uses: membership under the job (gna.jobs.<job>.<node>.member)
+        await publish(js, m)
     await asyncio.sleep(1.0)
     while not got.empty():
         got.get_nowait()
     t0 = time.monotonic()
-    for m in evidence:
-        await js.publish(event_subject(m["node"], m["collector"], m["severity"]), json.dumps(m).encode())
+    for m in evidence:  # events, and a job's symptoms also as evidence under the job
+        await publish(js, m)
     deadline = t0 + 15
     first_node: float | None = None  # the culprit's node named (what a cordon acts on)
     while time.monotonic() < deadline:
@@ -92,6 +97,8 @@ async def main() -> None:
         try:
             js = nc.jetstream()
             await js.add_stream(StreamConfig(name="GNA_EVENTS", subjects=STREAM_SUBJECTS))
+            await js.add_stream(StreamConfig(name="GNA_JOBS", subjects=JOBS_STREAM_SUBJECTS))
+            await js.add_stream(StreamConfig(name="GNA_SIGNALS", subjects=SIGNALS_STREAM_SUBJECTS))
             got: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
 
             async def on_incident(m: Any) -> None:
