@@ -106,7 +106,14 @@ async def stream_messages(url: str, subject: str = "gna.events.>", *, expect: in
             if expect is None or info.state.messages >= expect or loop.time() > deadline:
                 break
             await asyncio.sleep(0.1)
-        sub = await js.pull_subscribe(subject, durable=None, stream=stream)
+        while True:
+            try:  # right after a cluster lost a server the stream may still be electing a leader
+                sub = await js.pull_subscribe(subject, durable=None, stream=stream)
+                break
+            except (nats.errors.TimeoutError, TimeoutError):
+                if loop.time() > deadline + 30:
+                    raise
+                await asyncio.sleep(0.5)
         out: list[dict[str, Any]] = []
         while True:
             try:
