@@ -29,9 +29,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 # The same needles as collectors/nccl_parse.PREFILTER, in ERE (no look-ahead: `$` instead).
-GREP_PATTERN = (r"Using network |NET/IB(/GIN)? ?:|NET/Socket : Using|GPU Direct RDMA|via SHM/|via direct shared memory"
-                r"|via NET/IB[A-Za-z0-9_]*/[0-9]+$|via NET/Socket|Init COMPLETE|NCCL_IB_HCA set"
-                r"|set by environment to|Failed to open libibverbs|NCCL WARN|Watchdog caught")
+GREP_PATTERN = (r"Using network |NET/IB : |NET/IB: |NET/IB/GIN|NET/Socket : Using|GPU Direct RDMA|via SHM/"
+                r"|via direct shared memory|via NET/|Init COMPLETE|NCCL_IB_HCA set|set by environment to"
+                r"|Failed to open libibverbs|NCCL WARN|Watchdog caught|ast enqueued |NCCL INFO NCCL version ")
 
 # What a training job mostly writes: its own progress, not NCCL's (--nccl-fraction of lines are NCCL's).
 TRAINER = [

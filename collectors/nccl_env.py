@@ -14,9 +14,9 @@ from typing import Any, ClassVar
 
 from collectors.ib_sysfs import parse_enum
 from collectors.nccl_parse import exact_hca_value, natural_key
+from collectors.nccl_paths import nccl_ladder, parse_gdr_level
 from gna_sdk import CollectorSettings, Emitter, HostPaths, Severity
 
-GDR_LEVELS = ("LOC", "PIX", "PXB", "PHB", "SYS")
 IB_TIMEOUT_DEFAULT = 20  # NCCL >= 2.23 (18 before, 14 earlier)
 
 
@@ -84,11 +84,23 @@ def lint(env: dict[str, str], *, hcas: list[str], active_ib: bool, ifaces: list[
                     f"itself and a fixed index breaks on nodes whose GID table differs.",
                     {"value": env["NCCL_IB_GID_INDEX"]}))
     v = env.get("NCCL_NET_GDR_LEVEL")
-    if v is not None and v.strip().upper() not in GDR_LEVELS:
-        integer = v.strip().isdigit()
-        out.append(("NCCL_NET_GDR_LEVEL", "warning", "IntegerLevel" if integer else "InvalidLevel",
-                    f"NCCL_NET_GDR_LEVEL={v} is {'an integer (discouraged)' if integer else 'not a level'}; "
-                    f"use one of {', '.join(GDR_LEVELS)}.", {"value": v, "valid": list(GDR_LEVELS)}))
+    if v is not None:
+        # as ncclGetLevel (src/graph/paths.cc, 2.6-2.30) reads it: an exact, case-sensitive name of the ladder,
+        # else a legacy integer, else ignored; the job's NCCL version is not in its environment, so the newest
+        # ladder applies here (nccl_logs judges it again with the version and the rank's GPU and NIC)
+        gdr = parse_gdr_level(v, None)
+        names = [n for n in nccl_ladder(None) if n not in ("NVL", "NVB", "C2C", "LOC")]
+        info = {"value": v[:200], "valid": names, "parsed_as": gdr.form, "effective_level": gdr.effective,
+                "note": gdr.note}
+        if gdr.form == "integer":
+            out.append(("NCCL_NET_GDR_LEVEL", "warning", "IntegerLevel",
+                        f"NCCL_NET_GDR_LEVEL={v[:60]} is a legacy integer ({gdr.note}); the numbers NCCL logs as "
+                        f"'distance %d' are path types that moved with each release: write the name "
+                        f"({', '.join(names)}).", info))
+        elif gdr.form == "ignored":
+            out.append(("NCCL_NET_GDR_LEVEL", "warning", "InvalidLevel",
+                        f"NCCL_NET_GDR_LEVEL={v[:60]!r} is not a level NCCL reads ({gdr.note}): it keeps its default "
+                        f"{gdr.effective}; use one of {', '.join(names)}.", info))
     v = env.get("NCCL_IB_TIMEOUT")
     if v is not None:
         try:
@@ -168,6 +180,9 @@ class NCCLEnvCollector:
         procs, hcas, active, ifaces = await asyncio.to_thread(self._scan)
         self.emit.facts.set("nccl_env.ib_hca", {str(p): e["NCCL_IB_HCA"] for p, e in procs.items()
                                                 if "NCCL_IB_HCA" in e})
+        # the value as the job wrote it (its log echoes only what NCCL made of it): nccl_logs' NCCLGDRLevel
+        self.emit.facts.set("nccl_env.gdr_level", {str(p): e["NCCL_NET_GDR_LEVEL"] for p, e in procs.items()
+                                                   if "NCCL_NET_GDR_LEVEL" in e})
         # the job's own transport choices: nccl_logs then calls a socket fallback a job setting, not a node fault
         self.emit.facts.set("nccl_env.net_choice", {str(p): {k: e[k] for k in JOB_NET_CHOICES if k in e}
                                                     for p, e in procs.items() if any(k in e for k in JOB_NET_CHOICES)})

@@ -22,6 +22,7 @@ their log goes quiet or is deleted; the per-collector condition cap bounds what 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import re
 import time
@@ -44,6 +45,8 @@ from collectors.nccl_parse import (
     parse_line,
     pci_from_nccl_bus_id,
 )
+from collectors.nccl_paths import Unjudged, far_nic_finding, nearest_nic_names, parse_nccl_version, rank_gdr_finding
+from collectors.pcie_paths import Finding, Topology, read_topology
 from collectors.verdicts import verdict
 from gna_sdk import CollectorSettings, Emitter, HostPaths, Severity, SuggestedAction
 from gna_sdk.hostroot import HostRoot
@@ -115,6 +118,7 @@ class NCCLLogsCollector:
         self.flight = FlightRecords(host, emit, wait=config.flight_recorder_wait)
         self.live = False  # run(): sources are asked as hangs appear; check(): once, at the end
         self.hung: dict[str, tuple[int, int | None, str, dict[str, Any]]] = {}  # process -> what to look up
+        self.topo: tuple[float, Topology] | None = None  # the node's PCIe tree, re-read every `interval`
 
     # -- node facts ---------------------------------------------------------------------
     def _active_rdma_ports(self) -> list[str]:
@@ -386,6 +390,47 @@ class NCCLLogsCollector:
                            ": a storage NIC excluded by config") + ".",
                 details={**base, "selected": selected, "nccl_ib_hca": env or None, "unintended": surprises,
                          "storage_nics": storage}, suggested_action="fix_config")
+        ok &= await self._topology_checks(st, base, env)
+        return ok
+
+    async def _topology_checks(self, st: ProcessState, base: dict[str, Any], env_hca: str) -> bool:
+        """The rank's GPU and NICs against this node's PCIe tree (docs/topology.md, "NCCL ranks and the tree"):
+        NCCLFarNIC when its own channels use a NIC farther than the GPU's nearest one, NCCLGDRLevel when
+        NCCL_NET_GDR_LEVEL (its environ as written, else its log's echo) turns GPUDirect RDMA off for that pair
+        or is a form NCCL misreads. A log here is taken as this node's job, like every check above."""
+        gpus = {g for c in st.comms.values() if (g := pci_from_nccl_bus_id(c.get("bus_id")))}
+        used = st.direct_nics()
+        facts = self.emit.facts.get("nccl_env.gdr_level") or {}
+        level = (facts.get(str(st.pid)) if self._checkable(st) else None) or st.env.get("NCCL_NET_GDR_LEVEL")
+        if len(gpus) != 1 or (used is None and level is None) or st.transport() == "Socket":
+            return True  # no rank yet, one process driving several GPUs, nothing to judge, or no NIC in use
+        gpu = next(iter(gpus))
+        now = time.monotonic()
+        if self.topo is None or now - self.topo[0] > self.config.interval:
+            self.topo = (now, await asyncio.to_thread(read_topology, self.host))
+        topo = self.topo[1]
+        active = {e.split(":", 1)[-1].rsplit("/", 1)[0] for e in self._active_rdma_ports()}
+        ok = True
+        found: list[Finding] = []
+        checked = far_nic_finding(topo, gpu, used or [], listed=[d["name"] for d in st.ib_devices], active=active,
+                                  hca_filter=env_hca or None, exclude=self.config.storage_hcas,
+                                  version=parse_nccl_version(st.version))
+        if isinstance(checked, Unjudged):
+            self.emit.not_seen("PCIe topology (NCCL ranks' NICs)",
+                               f"{checked.why}: NCCLFarNIC and NCCLGDRLevel are not judged")
+            return True
+        if checked is not None and used:
+            found.append(checked)
+        if level is not None:
+            nics = used or nearest_nic_names(topo, gpu, self.config.storage_hcas)
+            gdr = rank_gdr_finding(topo, gpu, nics, level, st.version or None)
+            if gdr is not None:
+                found.append(gdr)
+        for f in found:
+            ok &= await self.emit.condition(
+                f.type, firing=True, severity=f.severity, entity=st.entity, reason=f.reason,
+                message=f"NCCL in {st.key} (ranks {st.ranks() or '?'}): {f.message}",
+                details={**base, **f.details, "nccl_version": st.version or None}, suggested_action=f.suggested_action)
         return ok
 
     def _job_choice(self, st: ProcessState) -> tuple[str, str] | None:

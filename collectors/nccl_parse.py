@@ -33,6 +33,7 @@ class Rule:
     severity: Severity
     fields: tuple[str, ...]
     warn_only: bool = False
+    nccl_only: bool = False  # only on a line with NCCL's own prefix (a bare printf of the same text is not)
 
 
 def _r(p: str) -> re.Pattern[str]:
@@ -74,12 +75,16 @@ RULES: tuple[Rule, ...] = (
     Rule("gdr", _r(r"NET/\w+ : GPU Direct RDMA (?:\((?P<how>[\w-]+)\) )?(?P<state>[Ee]nabled|[Dd]isabled) for "
                    r"(?:GPU \S+ / )?HCA (?P<hca>[0-9a-f]+)(?: '(?P<name>[^'\s]+)'?)?"),
          "NCCLNoGDRDMA", "warning", ("state", "hca", "name")),
-    Rule("channel_net", _r(_CHAN + r"\[(?P<dir>send|receive)\] via NET/(?P<net>\w+)/(?P<dev>\d+)(?:\(\d+\))?"
-                                   r"(?P<flags>\S*)"),
-         "NCCLNoGDRDMA", "warning", ("ch", "src", "dst", "dir", "net", "dev", "flags")),
+    # "(proxyRank)" after the device: a PXN send, out through another GPU's NIC (net.cc sendSetup, 2.12+)
+    Rule("channel_net", _r(_CHAN + r"\[(?P<dir>send|receive)\] via NET/(?P<net>\w+)/(?P<dev>\d+)"
+                                   r"(?:\((?P<proxy>\d+)\))?(?P<flags>\S*)"),
+         "NCCLNoGDRDMA", "warning", ("ch", "src", "dst", "dir", "net", "dev", "proxy", "flags")),
     # "via direct shared memory" (2.4-2.12), "via SHM/%s/%s" (2.13-2.30.4), "via SHM/direct" (2.30.7)
     Rule("channel_shm", _r(_CHAN + r"via (?:SHM/(?P<mode>\S+)|direct shared memory)"), "NCCLP2PViaHost", "warning",
          ("ch", "src", "dst", "mode")),
+    # init.cc showVersion (2.4 init.cu): INFO(NCCL_ALL, "%s", VERSION_STRING), "NCCL version 2.21.5+cuda12.4"
+    Rule("version", _r(r"^NCCL version (?P<version>[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}(?![0-9])[^\s]{0,40})"), "",
+         "info", ("version",), nccl_only=True),
     Rule("init", _r(r"comm (?P<comm>0x[0-9a-f]+) rank (?P<rank>\d+) nranks (?P<nranks>\d+) cudaDev (?P<cuda>\d+)"
                     r"(?: nvmlDev (?P<nvml>\d+))?(?: busId (?P<bus>[0-9a-f]+))?(?: commId (?P<commid>0x[0-9a-f]+))?"
                     r".*Init COMPLETE"), "NCCLJobMember", "info", ("comm", "rank", "nranks", "bus", "commid")),
@@ -138,7 +143,7 @@ RULES_BY_NAME = {r.name: r for r in RULES}
 _NEEDLES = (b"Using network ", b"NET/IB : ", b"NET/IB: ", b"NET/IB/GIN", b"NET/Socket : Using", b"GPU Direct RDMA",
             b"via SHM/", b"via direct shared memory", b"via NET/", b"Init COMPLETE", b"NCCL_IB_HCA set",
             b"set by environment to", b"Failed to open libibverbs", b"NCCL WARN", b"Watchdog caught",
-            b"ast enqueued ")
+            b"ast enqueued ", b"NCCL INFO NCCL version ")
 PREFILTER = re.compile(b"|".join(re.escape(n) for n in _NEEDLES))
 
 
@@ -248,7 +253,7 @@ def match_line(line: Line) -> Match | None:
     """The first rule that matches; WARN lines no rule explains become NCCLWarning."""
     msg = line.msg
     for rule in RULES:
-        if rule.warn_only and line.level != "WARN":
+        if (rule.warn_only and line.level != "WARN") or (rule.nccl_only and not line.level):
             continue
         m = rule.pattern.search(msg)
         if m is None:
@@ -375,6 +380,8 @@ class ProcessState:
     # NET/IB/<n> on channel lines: n indexes NCCL's own device list ("NET/IB : Using [0]mlx5_0:1/IB ..."),
     # not the mlx5_<n> number -- the NICs this process's channels really use
     channel_devs: set[int] = field(default_factory=set)
+    direct_devs: set[int] = field(default_factory=set)  # the same without PXN sends: NICs of this rank's own GPU
+    version: str = ""  # "2.21.5+cuda12.4" from "NCCL version ..."
     env_hca: str = ""
     env: dict[str, str] = field(default_factory=dict)  # NCCL_* echoed by "set by environment to"
     # process group -> PyTorch's last word on its progress: {"enqueued", "completed", "at", "world_rank"}
@@ -427,6 +434,8 @@ class ProcessState:
                 self.non_gdr_channels += 1
             if f["net"] != "Socket" and len(self.channel_devs) < 64:
                 self.channel_devs.add(int(f["dev"]))
+                if "proxy" not in f:
+                    self.direct_devs.add(int(f["dev"]))
         elif name == "channel_shm":
             self.shm_channels += 1
         elif name == "init":
@@ -434,6 +443,8 @@ class ProcessState:
             if key in self.comms or len(self.comms) < MAX_COMMS:  # bounded: a job that splits without end
                 self.comms[key] = {"rank": int(f["rank"]), "nranks": int(f["nranks"]), "bus_id": f["bus"],
                                    "comm": f["comm"]}
+        elif name == "version":
+            self.version = f["version"]
         elif name == "env_hca":
             self.env_hca = f["value"]
         elif name == "env_param":
@@ -463,3 +474,16 @@ class ProcessState:
         if not self.channel_devs or not all(i in by_index for i in self.channel_devs):
             return None
         return sorted({by_index[i] for i in self.channel_devs})
+
+    def direct_nics(self) -> list[str] | None:
+        """RDMA device names of the NCCL devices this rank's own channels use (PXN sends left out: they leave
+        through the proxy GPU's NIC). None before any channel line, or when NCCL's list cannot be read index
+        for index: 2.19-2.22 print a merged NIC as "[d]={[i] a:1/IB, [j] b:1/IB}" and number the rest by
+        physical device while channels count merged ones (net_ib.cc ncclIbInit, v2.21.5-1), so only a list
+        numbered 0..n-1 without gaps maps, and every index a channel names must be in it."""
+        by_index = {d["index"]: d["name"] for d in self.ib_devices}
+        if not self.direct_devs or sorted(by_index) != list(range(len(by_index))):
+            return None
+        if not all(i in by_index for i in self.direct_devs):
+            return None
+        return sorted({by_index[i] for i in self.direct_devs}, key=natural_key)

@@ -1,17 +1,10 @@
 """Node topology from sysfs: the PCIe tree, where GPUs, NICs and NVSwitches sit, the distance between
-any two of them in ``nvidia-smi topo -m``'s words, NCCL's own path ladder, and the checks built on it.
+any two of them in ``nvidia-smi topo -m``'s words, NVLinks from NVML, and the checks built on them.
 
-The tree is read, never guessed: ``/sys/bus/pci/devices/<bdf>`` is a symlink whose target spells the
-route from the host bridge (``/sys/devices/pci0000:15/<root port>/<switch up>/<switch down>/<bdf>``).
-Every path is resolved under the host root and a link that leaves it, loops or names another device
-is refused and counted, never followed. Attribute files are read with O_NOFOLLOW|O_NONBLOCK, only
-when they are regular files, and at most a few KiB (docs/topology.md has the sources: the kernel's
-sysfs ABI, NCCL's topo.cc/xml.cc/paths.cc at each tag, nvidia-smi's legend, NVML via nvidia-ml-py).
-
-Distances (nvidia-smi's legend): X self; NV# a bonded set of # NVLinks; PIX at most one PCIe switch;
-PXB several switches below one root port; PHB through a host bridge (same root complex); NODE across
-host bridges of one NUMA node; SYS across the SMP interconnect (or a NUMA node the kernel does not
-know, as nvidia-smi prints SYS there: vllm-project/vllm#11122).
+The tree and its distances are collectors/pcie_paths.py, NCCL's view of it (its path ladder,
+NCCL_NET_GDR_LEVEL) collectors/nccl_paths.py: the NCCL collectors use both, and a collector plugin does
+not import another. docs/topology.md has the sources (the kernel's sysfs ABI, NCCL's topo.cc/xml.cc/paths.cc
+at each tag, nvidia-smi's legend, NVML via nvidia-ml-py).
 """
 
 from __future__ import annotations
@@ -19,16 +12,15 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
-import re
-import stat
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar
 
 import msgspec
 
+from collectors.nccl_paths import nccl_path
 from collectors.nvml_lib import (
     NVML_ERROR_FUNCTION_NOT_FOUND,
     NVML_ERROR_GPU_IS_LOST,
@@ -38,33 +30,28 @@ from collectors.nvml_lib import (
     load_nvml,
     normalize_bus_id,
 )
+from collectors.pcie_paths import (
+    BDF,
+    MAX_PCI_DEVICES,
+    Finding,
+    Topology,
+    bdf_key,
+    bounded_listdir,
+    format_cpulist,
+    is_switch,
+    nearest_nics,
+    nvlink_count,
+    pcie_distance,
+    read_attr,
+    read_topology,
+)
 from gna_sdk import CollectorSettings, Emitter, HostPaths, Severity, SuggestedAction
 from gna_sdk.hostroot import HostRoot
 from gna_sdk.persist import BootScopedSet, boot_id
 
-NVIDIA_VENDOR = 0x10DE
-GPU_CLASSES = (0x0300, 0x0302)  # VGA, 3D controller (class >> 8)
-NVSWITCH_CLASS = 0x0680  # "Bridge: other", vendor NVIDIA (NCCL's kvDictPciClass maps 0x068000 to NVS)
-BRIDGE_CLASSES = (0x0604, 0x0609)
-
-MAX_PCI_DEVICES = 4096  # entries of /sys/bus/pci/devices looked at; a real node has a few hundred
-MAX_CLASS_ENTRIES = 1024  # /sys/class/infiniband, /sys/class/net
-MAX_CHAIN = 16  # PCI functions from a host bridge down to a device; real trees are under 8
-ATTR_LIMIT = 256
-CPULIST_LIMIT = 8192
-MAX_CPU = 65535
 MAX_NVML_GPUS = 64
 MAX_NVLINKS = 64
 
-_BDF = re.compile(r"^[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
-_HOST_BRIDGE = re.compile(r"^pci[0-9a-f]{4,8}:[0-9a-f]{2}$")
-_SPEED = re.compile(r"^([0-9]{1,3}(?:\.[0-9]{1,2})?) GT/s(?: PCIe)?$")
-_HEX = re.compile(r"^0x([0-9a-fA-F]{1,8})$")
-_INT = re.compile(r"^-?[0-9]{1,7}$")
-_NAME = re.compile(r"^[A-Za-z0-9_.:@-]{1,64}$")
-
-Distance = str  # "X", "NV18", "PIX", "PXB", "PHB", "NODE", "SYS"
-PCIE_LADDER: tuple[str, ...] = ("PIX", "PXB", "PHB", "NODE", "SYS")
 LEGEND: dict[str, str] = {
     "X": "Self",
     "SYS": "Connection traversing PCIe as well as the SMP interconnect between NUMA nodes (e.g., QPI/UPI)",
@@ -75,439 +62,6 @@ LEGEND: dict[str, str] = {
     "NV#": "Connection traversing a bonded set of # NVLinks",
 }
 
-
-# -- value parsers (sysfs ABI; each bounded, None for anything else) ------------------------------
-
-def parse_hex(text: str | None, bits: int) -> int | None:
-    """'0x10de' -> 0x10de; None unless a hex number that fits ``bits`` (vendor 16, class 24)."""
-    m = _HEX.match((text or "").strip())
-    if not m:
-        return None
-    value = int(m.group(1), 16)
-    return value if value < (1 << bits) else None
-
-
-def parse_numa(text: str | None) -> int | None:
-    """numa_node: "%d", -1 when the firmware names no node (pci-sysfs.c numa_node_show); None for -1 and junk."""
-    t = (text or "").strip()
-    if not _INT.match(t):
-        return None
-    value = int(t)
-    return value if 0 <= value <= 4095 else None
-
-
-def parse_link_speed(text: str | None) -> float | None:
-    """'32.0 GT/s PCIe' (pci_speed_string, kernel >= 5.7) or '8 GT/s' (older) -> GT/s; None for 'Unknown'."""
-    m = _SPEED.match((text or "").strip())
-    if not m:
-        return None
-    value = float(m.group(1))
-    return value if 0 < value <= 256 else None
-
-
-def parse_link_width(text: str | None) -> int | None:
-    """'16' -> 16 (0 is a link that is down); None beyond x32 or for junk."""
-    t = (text or "").strip()
-    if not (t.isascii() and t.isdigit()) or len(t) > 2:
-        return None
-    value = int(t)
-    return value if value <= 32 else None
-
-
-def parse_cpulist(text: str | None) -> frozenset[int] | None:
-    """A kernel cpulist ('0-55,112-167', cpumap_print_to_pagebuf) -> CPU numbers; None for junk or
-    lists beyond MAX_CPU. An empty list (a memoryless node's) is an empty set."""
-    t = (text or "").strip()
-    if len(t) > CPULIST_LIMIT:
-        return None
-    if not t:
-        return frozenset()
-    cpus: set[int] = set()
-    for part in t.split(","):
-        lo_s, sep, hi_s = part.partition("-")
-        if not (lo_s.isascii() and lo_s.isdigit() and len(lo_s) <= 5) or (
-                sep and not (hi_s.isascii() and hi_s.isdigit() and len(hi_s) <= 5)):
-            return None
-        lo = int(lo_s)
-        hi = int(hi_s) if sep else lo
-        if lo > hi or hi > MAX_CPU:
-            return None
-        cpus.update(range(lo, hi + 1))
-    return frozenset(cpus)
-
-
-def format_cpulist(cpus: frozenset[int] | set[int]) -> str:
-    """CPU numbers -> '0-55,112-167' (the kernel's own rendering)."""
-    out: list[str] = []
-    for _, run in itertools.groupby(enumerate(sorted(cpus)), key=lambda p: p[1] - p[0]):
-        vals = [v for _, v in run]
-        out.append(str(vals[0]) if len(vals) == 1 else f"{vals[0]}-{vals[-1]}")
-    return ",".join(out)
-
-
-def natural_key(name: str) -> tuple[tuple[int, int | str], ...]:
-    """mlx5_2 < mlx5_10 < mlx5_bond_0: nvidia-smi's NIC Legend order (numbers compared as numbers)."""
-    return tuple((0, int(p)) if p.isdigit() else (1, p) for p in re.split(r"(\d+)", name) if p)
-
-
-def bdf_key(bdf: str) -> tuple[int, int, int, int]:
-    dom, bus, rest = bdf.split(":")
-    dev, fn = rest.split(".")
-    return int(dom, 16), int(bus, 16), int(dev, 16), int(fn, 16)
-
-
-# -- the model ------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class PciNode:
-    bdf: str
-    host_bridge: str  # the pci<domain>:<bus> directory's path under /sys/devices (unique per root complex)
-    chain: tuple[str, ...]  # functions from the one under the host bridge down to this one (inclusive)
-    vendor: int | None = None
-    device: int | None = None
-    subsystem_vendor: int | None = None
-    subsystem_device: int | None = None
-    klass: int | None = None  # 24-bit class code
-    numa_node: int | None = None
-    cpus: frozenset[int] | None = None
-    cur_speed: float | None = None
-    max_speed: float | None = None
-    cur_width: int | None = None
-    max_width: int | None = None
-
-    @property
-    def kind(self) -> Literal["gpu", "nvswitch", "bridge", "other"]:
-        base = self.klass >> 8 if self.klass is not None else None
-        if self.vendor == NVIDIA_VENDOR and base in GPU_CLASSES:
-            return "gpu"
-        if self.vendor == NVIDIA_VENDOR and base == NVSWITCH_CLASS:
-            return "nvswitch"
-        return "bridge" if base in BRIDGE_CLASSES else "other"
-
-    @property
-    def parent(self) -> str | None:
-        return self.chain[-2] if len(self.chain) > 1 else None
-
-
-@dataclass(frozen=True)
-class Nic:
-    name: str  # the RDMA device (mlx5_0): nvidia-smi's NIC Legend names these
-    bdf: str
-    netdevs: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class Skip:
-    entry: str
-    reason: str
-
-
-@dataclass
-class Topology:
-    nodes: dict[str, PciNode] = field(default_factory=dict)
-    nics: list[Nic] = field(default_factory=list)
-    netdevs: dict[str, str] = field(default_factory=dict)  # interface -> bdf (RDMA or not)
-    skipped: list[Skip] = field(default_factory=list)
-    bad_values: list[Skip] = field(default_factory=list)  # attribute files present but unparsable
-    pci_bus_readable: bool = True
-
-    @property
-    def gpus(self) -> list[str]:
-        """GPU bus ids in NVML's enumeration order (by PCI bus id): index i is GPU<i>."""
-        return sorted((b for b, n in self.nodes.items() if n.kind == "gpu"), key=bdf_key)
-
-    @property
-    def nvswitches(self) -> list[str]:
-        return sorted((b for b, n in self.nodes.items() if n.kind == "nvswitch"), key=bdf_key)
-
-    def label(self, bdf_or_name: str) -> str:
-        """GPU<i> / NIC<j> for a device in the matrix, else the input."""
-        gpus = self.gpus
-        if bdf_or_name in gpus:
-            return f"GPU{gpus.index(bdf_or_name)}"
-        for j, nic in enumerate(self.nics):
-            if bdf_or_name in (nic.name, nic.bdf):
-                return f"NIC{j}"
-        return bdf_or_name
-
-    def resolve(self, ref: str) -> str:
-        """A PCI function for GPU<i>, NIC<j>, an RDMA device, an interface or a bus id (NVML's 8-digit
-        domain too); KeyError when there is none."""
-        m = re.fullmatch(r"(GPU|NIC)(\d{1,4})", ref)
-        if m:
-            idx = int(m.group(2))
-            if m.group(1) == "GPU" and idx < len(self.gpus):
-                return self.gpus[idx]
-            if m.group(1) == "NIC" and idx < len(self.nics):
-                return self.nics[idx].bdf
-            raise KeyError(ref)
-        for nic in self.nics:
-            if ref == nic.name:
-                return nic.bdf
-        if ref in self.netdevs:
-            return self.netdevs[ref]
-        bdf = normalize_bus_id(ref) if ":" in ref else ref
-        if bdf in self.nodes:
-            return bdf
-        raise KeyError(ref)
-
-
-# -- reading sysfs under a host root ----------------------------------------------------------------
-
-def read_attr(directory: str, name: str, limit: int = ATTR_LIMIT) -> str | None:
-    """A small attribute file as text, or None when absent, a symlink, not a regular file (a FIFO would
-    block a plain open) or unreadable. Never more than ``limit`` bytes."""
-    try:
-        fd = os.open(os.path.join(directory, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        return os.read(fd, limit + 1).decode("ascii", "replace")
-    except OSError:  # EINVAL/EIO: an attribute whose device does not answer
-        return None
-    finally:
-        os.close(fd)
-
-
-def _bounded_listdir(path: str, limit: int) -> tuple[list[str], bool]:
-    """Up to ``limit`` names of a directory (and whether there were more); [] when unreadable."""
-    try:
-        with os.scandir(path) as it:
-            names = [e.name for e in itertools.islice(it, limit + 1)]
-    except OSError:
-        return [], False
-    return sorted(names[:limit]), len(names) > limit
-
-
-class _Reader:
-    def __init__(self, root: str, max_devices: int) -> None:
-        self.root = root
-        self.devroot = os.path.join(root, "sys", "devices")
-        self.max_devices = max_devices
-        self.topo = Topology()
-
-    def skip(self, entry: str, reason: str) -> None:
-        if len(self.topo.skipped) < 1000:
-            self.topo.skipped.append(Skip(entry, reason))
-
-    def resolve(self, link: str, entry: str) -> str | None:
-        """Where ``link`` leads, if that is inside the host root's /sys/devices."""
-        try:
-            real = os.path.realpath(link, strict=True)
-        except OSError as exc:  # ELOOP for a loop, ENOENT for a dangling link
-            self.skip(entry, f"unresolvable link ({exc.strerror or type(exc).__name__})")
-            return None
-        if os.path.commonpath([real, self.devroot]) != self.devroot or real == self.devroot:
-            self.skip(entry, "link leads outside the host root's /sys/devices: refused")
-            return None
-        return real
-
-    def add(self, real: str, entry: str, expect: str | None = None) -> str | None:
-        """Register the PCI function at ``real`` and every bridge above it; its bdf, or None (counted)."""
-        parts = os.path.relpath(real, self.devroot).split(os.sep)
-        hb = max((i for i, p in enumerate(parts) if _HOST_BRIDGE.match(p)), default=-1)
-        if hb < 0:
-            self.skip(entry, "not below a PCI host bridge (pci<domain>:<bus>)")
-            return None
-        chain = tuple(parts[hb + 1:])
-        if not chain or len(chain) > MAX_CHAIN or not all(_BDF.match(p) for p in chain):
-            self.skip(entry, "not a chain of PCI functions below the host bridge")
-            return None
-        if expect is not None and chain[-1] != expect:
-            self.skip(entry, f"links to another device ({chain[-1]})")
-            return None
-        host_bridge = "/".join(parts[:hb + 1])
-        for i, bdf in enumerate(chain):
-            known = self.topo.nodes.get(bdf)
-            if known is not None:
-                if known.chain != chain[:i + 1] or known.host_bridge != host_bridge:
-                    self.skip(entry, f"{bdf} appears at two places in the tree")
-                    return None
-                continue
-            directory = os.path.join(self.devroot, *parts[:hb + 2 + i])
-            self.topo.nodes[bdf] = self.read_node(bdf, host_bridge, chain[:i + 1], directory)
-        return chain[-1]
-
-    def read_node(self, bdf: str, host_bridge: str, chain: tuple[str, ...], directory: str) -> PciNode:
-        def value(name: str, parse: Callable[[str | None], Any], limit: int = ATTR_LIMIT) -> Any:
-            raw = read_attr(directory, name, limit)
-            if raw is None:
-                return None
-            parsed = parse(raw) if len(raw) <= limit else None
-            # "-1" (numa_node: no node) and "Unknown" (a link speed the kernel cannot name) are values, not junk
-            junk = parsed is None and raw.strip() not in ("-1", "Unknown", "Unknown speed")
-            if junk and len(self.topo.bad_values) < 1000:
-                self.topo.bad_values.append(Skip(f"{bdf}/{name}", raw[:80].strip()))
-            return parsed
-
-        return PciNode(
-            bdf=bdf, host_bridge=host_bridge, chain=chain,
-            vendor=value("vendor", lambda t: parse_hex(t, 16)),
-            device=value("device", lambda t: parse_hex(t, 16)),
-            subsystem_vendor=value("subsystem_vendor", lambda t: parse_hex(t, 16)),
-            subsystem_device=value("subsystem_device", lambda t: parse_hex(t, 16)),
-            klass=value("class", lambda t: parse_hex(t, 24)),
-            numa_node=value("numa_node", parse_numa),
-            cpus=value("local_cpulist", parse_cpulist, CPULIST_LIMIT),
-            cur_speed=value("current_link_speed", parse_link_speed),
-            max_speed=value("max_link_speed", parse_link_speed),
-            cur_width=value("current_link_width", parse_link_width),
-            max_width=value("max_link_width", parse_link_width),
-        )
-
-    def scan_pci(self, devices: str) -> None:
-        if not os.path.isdir(devices):
-            self.topo.pci_bus_readable = False
-            return
-        names, more = _bounded_listdir(devices, self.max_devices)
-        if more:
-            self.skip(devices, f"more than {self.max_devices} entries: the rest not read")
-        for name in names:
-            entry = f"/sys/bus/pci/devices/{name}"
-            if not _BDF.match(name):
-                self.skip(entry, "not a PCI bus id")
-                continue
-            real = self.resolve(os.path.join(devices, name), entry)
-            if real is not None:
-                self.add(real, entry, expect=name)
-
-    def scan_class(self, klass: str, directory: str) -> dict[str, str]:
-        """name -> bdf for /sys/class/<klass>/<name>/device links into the PCI tree."""
-        out: dict[str, str] = {}
-        names, more = _bounded_listdir(directory, MAX_CLASS_ENTRIES)
-        if more:
-            self.skip(directory, f"more than {MAX_CLASS_ENTRIES} entries: the rest not read")
-        for name in names:
-            entry = f"/sys/class/{klass}/{name}"
-            if not _NAME.match(name):
-                self.skip(entry, "not a device name")
-                continue
-            link = os.path.join(directory, name, "device")
-            if not os.path.lexists(link):
-                if klass == "infiniband":
-                    self.skip(entry, "no device link")
-                continue  # lo, bonds, bridges: interfaces without a PCI function
-            real = self.resolve(link, entry)
-            if real is None:
-                continue
-            if not _BDF.match(os.path.basename(real)):
-                continue  # a virtual or non-PCI parent (a USB NIC): not part of the PCIe matrix
-            bdf = self.add(real, entry)
-            if bdf is not None:
-                out[name] = bdf
-        return out
-
-
-def read_topology(host: HostPaths, *, max_devices: int = MAX_PCI_DEVICES) -> Topology:
-    """The PCIe tree, GPUs, NVSwitches and NICs under ``host``'s root. Never raises for what it reads:
-    what it refused or could not parse is in ``skipped`` / ``bad_values``."""
-    reader = _Reader(os.path.realpath(str(host.root)), max_devices)
-    reader.scan_pci(str(host.path("/sys/bus/pci/devices")))
-    hcas = reader.scan_class("infiniband", str(host.path("/sys/class/infiniband")))
-    nets = reader.scan_class("net", str(host.path("/sys/class/net")))
-    topo = reader.topo
-    topo.netdevs = dict(sorted(nets.items()))
-    by_bdf: dict[str, list[str]] = {}
-    for ifname, bdf in topo.netdevs.items():
-        by_bdf.setdefault(bdf, []).append(ifname)
-    topo.nics = sorted((Nic(name, bdf, tuple(by_bdf.get(bdf, ()))) for name, bdf in hcas.items()),
-                       key=lambda n: natural_key(n.name))
-    return topo
-
-
-# -- distances -------------------------------------------------------------------------------------
-
-def _usp_positions(chain: Sequence[str]) -> Iterator[int]:
-    """Chain indexes that are switch upstream ports. chain[0] hangs off the host bridge (a root port
-    when it has children); below it PCIe alternates upstream port (a switch's top) and downstream port."""
-    return (i for i in range(1, len(chain) - 1) if i % 2 == 1)
-
-
-def pcie_distance(topo: Topology, a: str, b: str) -> Distance:
-    """nvidia-smi's PCIe distance between two PCI functions (bus ids)."""
-    if a == b:
-        return "X"
-    na, nb = topo.nodes[a], topo.nodes[b]
-    if na.host_bridge != nb.host_bridge:
-        # NVML's NODE needs one NUMA node; where the kernel knows none nvidia-smi prints SYS (vllm#11122)
-        if na.numa_node is not None and na.numa_node == nb.numa_node:
-            return "NODE"
-        return "SYS"
-    k = 0
-    for x, y in zip(na.chain, nb.chain, strict=False):
-        if x != y:
-            break
-        k += 1
-    if k == 0:
-        return "PHB"  # different root ports (or root-complex endpoints) of one host bridge
-    common = k - 1
-    switches: set[str] = set()
-    if common % 2 == 1 and common >= 1:
-        switches.add(na.chain[common])  # across two downstream ports of the switch whose top is common
-    for chain in (na.chain, nb.chain):
-        switches.update(chain[i] for i in _usp_positions(chain) if i > common)
-    return "PIX" if len(switches) <= 1 else "PXB"
-
-
-def _is_switch(topo: Topology, remote: str, switch_remotes: frozenset[str] | set[str]) -> bool:
-    """An NVLink's far end is an NVSwitch when the tree says so, NVML typed it so, or it is no GPU of
-    this tree (NCCL's rule in xml.cc: a remote not visible here is assumed to be an NVSwitch)."""
-    node = topo.nodes.get(remote)
-    if remote in switch_remotes or (node is not None and node.kind == "nvswitch"):
-        return True
-    return remote != "unknown" and (node is None or node.kind != "gpu")
-
-
-def nvlink_count(topo: Topology, nvlinks: Mapping[str, Sequence[str]], a: str, b: str,
-                 switch_remotes: frozenset[str] | set[str] = frozenset()) -> int:
-    """Active NVLinks joining GPUs ``a`` and ``b``: direct links (the fewer that either side reports)
-    plus, through NVSwitches, the smaller of the two GPUs' switch links (every switch link carries
-    traffic to every peer; nvidia-smi prints NV18 for each pair of an HGX H100)."""
-    ra, rb = nvlinks.get(a), nvlinks.get(b)
-    if ra is None or rb is None or a == b:
-        return 0
-    direct = min(sum(1 for r in ra if r == b), sum(1 for r in rb if r == a))
-    sw_a = sum(1 for r in ra if r != b and _is_switch(topo, r, switch_remotes))
-    sw_b = sum(1 for r in rb if r != a and _is_switch(topo, r, switch_remotes))
-    return direct + (min(sw_a, sw_b) if sw_a and sw_b else 0)
-
-
-def distance(topo: Topology, a: str, b: str, nvlinks: Mapping[str, Sequence[str]] | None = None,
-             switch_remotes: frozenset[str] | set[str] = frozenset()) -> Distance:
-    """nvidia-smi's word for the connection between two devices (GPU<i>, NIC<j>, mlx5_0, a bus id)."""
-    ba, bb = topo.resolve(a), topo.resolve(b)
-    if ba == bb:
-        return "X"
-    if nvlinks is not None and topo.nodes[ba].kind == "gpu" and topo.nodes[bb].kind == "gpu":
-        n = nvlink_count(topo, nvlinks, ba, bb, switch_remotes)
-        if n:
-            return f"NV{n}"
-    return pcie_distance(topo, ba, bb)
-
-
-def rank(d: Distance) -> int:
-    """Closeness order: X 0, NV# 1, PIX 2 ... SYS 6 (higher is farther)."""
-    if d == "X":
-        return 0
-    if d.startswith("NV"):
-        return 1
-    return 2 + PCIE_LADDER.index(d)
-
-
-def nic_distance(topo: Topology, gpu: str, nic: str) -> Distance:
-    return distance(topo, gpu, nic)
-
-
-def nearest_nics(topo: Topology, gpu: str) -> list[str]:
-    """RDMA devices at the GPU's smallest PCIe distance (mlx5_0, mlx5_1 ... in legend order)."""
-    g = topo.resolve(gpu)
-    if not topo.nics:
-        return []
-    dists = [(rank(pcie_distance(topo, g, n.bdf)), n.name) for n in topo.nics]
-    best = min(r for r, _ in dists)
-    return [name for r, name in dists if r == best]
 
 
 def matrix(topo: Topology, nvlinks: Mapping[str, Sequence[str]] | None = None, *,
@@ -531,159 +85,6 @@ def matrix(topo: Topology, nvlinks: Mapping[str, Sequence[str]] | None = None, *
     return out
 
 
-# -- NCCL's view: its path ladder, its own PCI tree, NCCL_NET_GDR_LEVEL --------------------------------
-
-# NCCL path types up to PATH_SYS per version (src/graph/topo.h, or src/include/graph.h since 2.24):
-# the names ncclGetLevel (src/graph/paths.cc) accepts in NCCL_NET_GDR_LEVEL, in ladder order.
-_LADDERS: tuple[tuple[tuple[int, int, int], tuple[str, ...]], ...] = (
-    ((2, 6, 0), ("LOC", "NVL", "PIX", "PXB", "PHB", "SYS")),
-    ((2, 8, 0), ("LOC", "NVL", "NVB", "PIX", "PXB", "PHB", "SYS")),
-    ((2, 12, 0), ("LOC", "NVL", "NVB", "PIX", "PXB", "PXN", "PHB", "SYS")),
-    ((2, 26, 0), ("LOC", "NVL", "NVB", "C2C", "PIX", "PXB", "PXN", "PHB", "SYS")),
-    ((2, 27, 0), ("LOC", "NVL", "NVB", "C2C", "PIX", "PXB", "PXN", "P2C", "PHB", "SYS")),
-    ((2, 27, 5), ("LOC", "NVL", "NVB", "C2C", "PIX", "PXB", "P2C", "PXN", "PHB", "SYS")),
-)
-# NCCL 2.4-2.5: enum ncclPathDist in src/include/topo.h / graph.h, compared with ">=" (exclusive)
-OLD_LADDER: tuple[str, ...] = ("PIX", "PXB", "PHB", "NODE", "SYS")
-OLD_DEFAULT = 2  # NCCL_PARAM(NetGdrLevel, "NET_GDR_LEVEL", PATH_PHB)
-LEVELS_OLD_TO_NEW = ("LOC", "PIX", "PXB", "PHB", "SYS", "SYS")  # paths.cc levelsOldToNew[], 2.6-2.30
-LATEST_NCCL = (2, 30, 7)
-_LONG_MAX = (1 << 63) - 1
-
-
-def parse_nccl_version(text: str | None) -> tuple[int, int, int] | None:
-    """'2.21.5', '2.21.5+cuda12.4', 'NCCL version 2.21.5+cuda12.4' -> (2, 21, 5); None otherwise."""
-    m = re.search(r"(?<![0-9])([0-9]{1,3})\.([0-9]{1,3})\.([0-9]{1,3})(?![0-9])", (text or "")[:200])
-    return (int(m.group(1)), int(m.group(2)), int(m.group(3))) if m else None
-
-
-def nccl_ladder(version: tuple[int, int, int] | None) -> tuple[str, ...]:
-    """NCCL's path types LOC..SYS at ``version`` (None: the newest known), or the 2.4-2.5 ladder."""
-    v = version or LATEST_NCCL
-    if v < (2, 6, 0):
-        return OLD_LADDER
-    return [names for since, names in _LADDERS if v >= since][-1]
-
-
-def nccl_default_gdr_level(version: tuple[int, int, int] | None) -> str:
-    """PATH_PXB from 2.6; PATH_P2C from 2.29 (NCCL_NET_GDR_C2C defaults to 1 since 2.27.3); 2.4-2.5: below PHB."""
-    v = version or LATEST_NCCL
-    if v < (2, 6, 0):
-        return "PXB"
-    return "P2C" if v >= (2, 29, 0) else "PXB"
-
-
-_DIGITS = "0123456789"
-
-
-def _c_strtol_magnitude(s: str) -> int:
-    """The number strtol(s, NULL, 0) reads from a string that starts with an ASCII digit: 0x hex, a leading
-    0 octal, else decimal, up to the first character that does not fit. Huge inputs give 2**64 (beyond any
-    C long) rather than a Python int of any size."""
-    if m := re.match(r"0[xX]([0-9a-fA-F]+)", s):
-        digits, base = m.group(1), 16
-    elif s.startswith("0"):
-        digits, base = re.match(r"0([0-7]*)", s).group(1) or "0", 8  # type: ignore[union-attr]
-    else:
-        digits, base = re.match(r"[0-9]+", s).group(0), 10  # type: ignore[union-attr]
-    digits = digits.lstrip("0") or "0"
-    if len(digits) > 24:
-        return 1 << 64
-    return min(int(digits, base), 1 << 64)
-
-
-def _c_strtoll(s: str) -> tuple[int, bool]:
-    """strtoll(s, NULL, 0) as NCCL 2.4-2.5's NCCL_PARAM calls it: (value, ERANGE). Leading blanks and a
-    sign are skipped; no digits at all is 0 with errno untouched (glibc), so any word reads as 0."""
-    t = s.lstrip(" \t\n\v\f\r")
-    negative = t[:1] == "-"
-    if t[:1] in ("+", "-"):
-        t = t[1:]
-    if not t[:1] or t[0] not in _DIGITS:
-        return 0, False
-    mag = _c_strtol_magnitude(t)
-    if negative:
-        return (-(1 << 63), True) if mag > (1 << 63) else (-mag, False)
-    return (_LONG_MAX, True) if mag > _LONG_MAX else (mag, False)
-
-
-@dataclass(frozen=True)
-class GdrLevel:
-    """How NCCL reads one NCCL_NET_GDR_LEVEL value."""
-
-    value: str
-    form: Literal["name", "integer", "ignored", "unread"]
-    effective: str | None  # the NCCL path type it stands for (the default when ignored); None: undefined
-    note: str = ""
-
-
-def parse_gdr_level(value: str, version: tuple[int, int, int] | None) -> GdrLevel:
-    """NCCL_NET_GDR_LEVEL as ncclGetLevel (paths.cc, 2.6-2.30) or NCCL_PARAM (param.h, 2.4-2.5) reads it."""
-    v = version or LATEST_NCCL
-    value = value[:4096]
-    if v < (2, 4, 0):
-        return GdrLevel(value, "unread", None, "NCCL before 2.4 reads NCCL_IB_GDR_LEVEL, not NCCL_NET_GDR_LEVEL")
-    if v < (2, 6, 0):
-        if not value:
-            return GdrLevel(value, "ignored", OLD_LADDER[OLD_DEFAULT - 1], "empty: the default applies")
-        n, over = _c_strtoll(value)
-        if over:
-            return GdrLevel(value, "ignored", OLD_LADDER[OLD_DEFAULT - 1],
-                            "out of range: NCCL logs 'Invalid value' and keeps its default")
-        if n <= 0:
-            return GdrLevel(value, "integer", "NONE", f"parsed as the integer {n}: no distance is below it")
-        if n > len(OLD_LADDER):
-            return GdrLevel(value, "integer", "SYS", f"parsed as the integer {n}")
-        return GdrLevel(value, "integer", OLD_LADDER[n - 1], f"parsed as the integer {n}")
-    names = nccl_ladder(v)
-    if value in names:  # strcmp: exact and case-sensitive
-        return GdrLevel(value, "name", value)
-    if value[:1] and value[0] in _DIGITS:  # `str[0] >= '0' && str[0] <= '9'`
-        n = min(_c_strtol_magnitude(value), _LONG_MAX)
-        as_int = ((n + (1 << 31)) % (1 << 32)) - (1 << 31)  # `int oldLevel = strtol(...)`
-        if as_int < 0:
-            return GdrLevel(value, "integer", None, f"strtol gives {n}, which NCCL stores in an int as {as_int} "
-                                                    f"and then reads levelsOldToNew[{as_int}]: undefined")
-        return GdrLevel(value, "integer", LEVELS_OLD_TO_NEW[min(as_int, len(LEVELS_OLD_TO_NEW) - 1)],
-                        f"the legacy integer {as_int} maps to {LEVELS_OLD_TO_NEW[min(as_int, 5)]} "
-                        f"(levelsOldToNew)")
-    return GdrLevel(value, "ignored", nccl_default_gdr_level(v),
-                    f"not one of {', '.join(names)} (case-sensitive) and not a number: NCCL ignores it")
-
-
-def _nccl_distance(distance_name: str, version: tuple[int, int, int] | None) -> str:
-    """A GPU-NIC distance in nvidia-smi's or NCCL's words, as a path type of that NCCL version."""
-    d = distance_name.strip().upper()
-    ladder = nccl_ladder(version)
-    if ladder is OLD_LADDER:
-        if d not in OLD_LADDER:
-            raise ValueError(f"not a GPU-NIC distance for NCCL 2.4-2.5: {distance_name!r}")
-        return d
-    d = "PHB" if d == "NODE" else d  # 2.6+ joins a NUMA node's host bridges into one CPU node: no NODE
-    if d not in ladder:
-        raise ValueError(f"not a GPU-NIC distance: {distance_name!r}")
-    return d
-
-
-def gdr_enabled(level: str | None, nccl_dist: str, version: tuple[int, int, int] | None) -> bool:
-    """Whether NCCL keeps GPUDirect RDMA at that distance (paths.cc `distance > netGdrLevel` disables it;
-    2.4-2.5's net.cc `distance >= netGdrLevel`, with levels meaning "below this")."""
-    ladder = nccl_ladder(version)
-    if level is None or level == "NONE" or level not in ladder:
-        return False
-    return ladder.index(nccl_dist) <= ladder.index(level)
-
-
-@dataclass(frozen=True)
-class Finding:
-    type: str
-    severity: Severity
-    reason: str
-    message: str
-    entity: str = ""
-    details: Mapping[str, Any] = field(default_factory=dict)
-    suggested_action: SuggestedAction = "none"
-
 
 # (type, reason) -> (severity, suggested action): one table, docs/topology.md prints the same (a test compares).
 # `cordon` only where the node cannot run new GPU work and the evidence is unambiguous (NVML says the fabric
@@ -700,10 +101,6 @@ FINDING_POLICY: dict[tuple[str, str], tuple[Severity, SuggestedAction]] = {
     ("GPUFabricNotReady", "InProgress"): ("critical", "cordon"),
     ("GPUFabricNotReady", "UnknownState"): ("critical", "cordon"),
     ("GPUFabricNotReady", "CompletedWithError"): ("critical", "cordon"),
-    ("NCCLGDRLevel", "GDRDisabledByLevel"): ("warning", "fix_config"),
-    ("NCCLGDRLevel", "InvalidLevel"): ("warning", "fix_config"),
-    ("NCCLGDRLevel", "IntegerLevel"): ("warning", "fix_config"),
-    ("NCCLGDRLevel", "NotReadByThisVersion"): ("info", "fix_config"),
 }
 
 
@@ -711,91 +108,6 @@ def finding(type_: str, reason: str, message: str, *, entity: str = "",
             details: Mapping[str, Any] | None = None) -> Finding:
     severity, action = FINDING_POLICY[(type_, reason)]
     return Finding(type_, severity, reason, message, entity, dict(details or {}), action)
-
-
-def gdr_level_finding(level: str, gpu_nic_distance: str, nccl_version: str | None) -> Finding | None:
-    """What NCCL_NET_GDR_LEVEL=``level`` does to GPUDirect RDMA between a GPU and a NIC at
-    ``gpu_nic_distance`` (nvidia-smi's PIX/PXB/PHB/NODE/SYS or an NCCL path type) under that NCCL.
-
-    A finding when NCCL ignores the value, when it is a legacy integer (its meaning changed at 2.6, and the
-    numbers NCCL logs in "distance %d" are path types that moved with every ladder change), or when the
-    level is tighter than the distance: then NCCL silently stages the NIC's traffic through host memory.
-    ValueError for a distance that is no GPU-NIC distance."""
-    version = parse_nccl_version(nccl_version)
-    shown = ".".join(map(str, version)) if version else "(version unknown: read as the newest)"
-    dist = _nccl_distance(gpu_nic_distance, version)
-    parsed = parse_gdr_level(level, version)
-    details: dict[str, Any] = {"value": level[:200], "nccl_version": nccl_version, "parsed_as": parsed.form,
-                               "effective_level": parsed.effective, "gpu_nic_distance": gpu_nic_distance,
-                               "nccl_distance": dist, "note": parsed.note}
-    if parsed.form == "unread":
-        return finding("NCCLGDRLevel", "NotReadByThisVersion",
-                       f"NCCL {shown} does not read NCCL_NET_GDR_LEVEL ({parsed.note}).", details=details)
-    on = gdr_enabled(parsed.effective, dist, version)
-    details["gdr"] = on
-    old = nccl_ladder(version) is OLD_LADDER
-    if parsed.form == "ignored":
-        return finding("NCCLGDRLevel", "InvalidLevel",
-                       f"NCCL {shown} ignores NCCL_NET_GDR_LEVEL={level[:60]!r} ({parsed.note}) and uses its "
-                       f"default {parsed.effective}: GPUDirect RDMA at {gpu_nic_distance} is "
-                       f"{'on' if on else 'off'}.", details=details)
-    if not on:
-        how = (f"NCCL {shown} reads it as the integer {parsed.note.rsplit(' ', 1)[-1]}" if old
-               else f"NCCL {shown} reads it as {parsed.effective or 'undefined'}"
-               + (f" ({parsed.note})" if parsed.form == "integer" else ""))
-        return finding("NCCLGDRLevel", "GDRDisabledByLevel",
-                       f"NCCL_NET_GDR_LEVEL={level[:60]} is tighter than the GPU-NIC distance {gpu_nic_distance}: "
-                       f"{how}, so GPUDirect RDMA is off for this GPU and NIC and traffic is staged through host "
-                       f"memory (only an INFO line says so).", details=details)
-    if parsed.form == "integer" and not old:
-        return finding("NCCLGDRLevel", "IntegerLevel",
-                       f"NCCL_NET_GDR_LEVEL={level[:60]} is a legacy integer ({parsed.note}); the integers NCCL "
-                       f"logs as 'distance %d' are path types that moved with each release, so write the name "
-                       f"({', '.join(p for p in PCIE_LADDER if p != 'NODE')}).", details=details)
-    return None
-
-
-def _bcm_gen(node: PciNode, level: int) -> int:
-    """NCCL's getBcmGen (topo.cc): Broadcom PEX Gen4/Gen5 switches that present two levels of one chip."""
-    if None in (node.vendor, node.device, node.subsystem_vendor, node.subsystem_device):
-        return 0
-    pid = (node.vendor << 48) | (node.device << 32) | (node.subsystem_vendor << 16) | node.subsystem_device  # type: ignore[operator]
-    if pid & ~0xFFF == 0x1000C0101000A000:
-        return 4
-    if pid & ~0xFFF == 0x1000C03010000000 | (level * 0x1000):
-        return 5
-    return 0
-
-
-def _nccl_parents(topo: Topology, bdf: str) -> tuple[list[str], str]:
-    """NCCL's PCI switch nodes above ``bdf`` (nearest first) and its CPU node (the NUMA id, '-1' unknown).
-    xml.cc ncclTopoGetXmlFromSys rewinds two path components per step, so a switch is its upstream port
-    and root ports vanish into the CPU; topo.cc then folds Broadcom's second switch level into the first."""
-    chain = topo.nodes[bdf].chain
-    parents = [chain[i] for i in range(len(chain) - 3, -1, -2)]
-    flat: list[str] = []
-    for i, p in enumerate(parents):
-        above = topo.nodes[parents[i + 1]] if i + 1 < len(parents) else None
-        gen = _bcm_gen(above, 0) if above is not None else 0
-        if gen and _bcm_gen(topo.nodes[p], 1) == gen:
-            continue
-        flat.append(p)
-    top = topo.nodes[parents[-1] if parents else bdf]
-    return flat, str(top.numa_node if top.numa_node is not None else -1)
-
-
-def nccl_path(topo: Topology, a: str, b: str) -> str:
-    """The path type NCCL (2.6+) computes between two devices of this tree: LOC, PIX, PXB, PHB or SYS."""
-    ba, bb = topo.resolve(a), topo.resolve(b)
-    if ba == bb:
-        return "LOC"
-    pa, ca = _nccl_parents(topo, ba)
-    pb, cb = _nccl_parents(topo, bb)
-    if pa and pb and pa[0] == pb[0]:
-        return "PIX"
-    if set(pa) & set(pb):
-        return "PXB"
-    return "PHB" if ca == cb else "SYS"
 
 
 # -- NVML (pynvml): NVLinks, utilization, fabric state ---------------------------------------------------
@@ -923,7 +235,7 @@ def probe_nvml(lib: Any) -> NvmlView:
             handles[bus] = h
         except _Lost:
             view.lost.append(str(i))
-    view.gpus = sorted(handles, key=lambda b: bdf_key(b) if _BDF.match(b) else (0, 0, 0, 0))
+    view.gpus = sorted(handles, key=lambda b: bdf_key(b) if BDF.match(b) else (0, 0, 0, 0))
     return view
 
 
@@ -940,7 +252,7 @@ class ProcScan:
 
 def scan_fabric_manager(host: HostPaths, max_processes: int = 65536) -> ProcScan:
     proc = str(host.path("/proc"))
-    names, _ = _bounded_listdir(proc, max_processes)
+    names, _ = bounded_listdir(proc, max_processes)
     visible, pids = False, []
     for name in names:
         if not (name.isascii() and name.isdigit()):
@@ -1015,7 +327,7 @@ def nvlink_findings(topo: Topology, view: NvmlView, expected_per_pair: int,
     if nvswitch_system(topo, view):
         want = expected_per_pair or max(view.link_total[g] for g in known)
         for g in known:
-            up = sum(1 for r in view.nvlinks.get(g, []) if _is_switch(topo, r, view.switch_remotes))
+            up = sum(1 for r in view.nvlinks.get(g, []) if is_switch(topo, r, view.switch_remotes))
             if up >= want:
                 continue
             pairs = {topo.label(p): f"NV{nvlink_count(topo, view.nvlinks, g, p, view.switch_remotes)}"

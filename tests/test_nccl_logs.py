@@ -436,3 +436,14 @@ async def test_the_daemon_picks_up_the_flight_recorder_dump_written_after_the_ti
     (rec,) = sink.of("TorchFlightRecord")
     assert rec.details["job"] == "0xabc" and rec.details["pgs"]["0"]["first_not_completed"]["collective_seq_id"] == 6
     assert rec.details["dump"].endswith("/scratch/fr/trace_0")
+
+
+def test_the_ingest_benchmark_greps_for_exactly_the_prefilter_s_needles() -> None:
+    """bench/nccl_ingest.py compares the collector with grep on the same needles: keep them the same."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from bench.nccl_ingest import GREP_PATTERN
+    from collectors.nccl_parse import _NEEDLES
+
+    assert sorted(GREP_PATTERN.split("|")) == sorted(n.decode() for n in _NEEDLES)

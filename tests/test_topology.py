@@ -31,8 +31,11 @@ from hypothesis import strategies as st
 from agent.emitter import CollectorEmitter, ConditionTracker
 from agent.facts import FactStore
 from agent.message import to_dict
+from collectors import nccl_paths as ncclp
+from collectors import pcie_paths as pp
 from collectors import topology as t
-from collectors.topology import PciNode, Topology, TopologyCollector, TopologyConfig
+from collectors.pcie_paths import PciNode, Topology
+from collectors.topology import TopologyCollector, TopologyConfig
 from gna_sdk.hostroot import HostRoot
 from sim.host import SimHost
 from sim.topology import (
@@ -287,29 +290,29 @@ def test_numa_unknown_gives_sys_and_na_like_nvidia_smi(tmp_path: Path) -> None:
 
 def test_api_nearest_nics_and_nic_distance(dgx: tuple[SimHost, TopologyBuilder]) -> None:
     host, _ = dgx
-    topo = t.read_topology(HostRoot(host.root))
-    assert t.nearest_nics(topo, "GPU0") == ["mlx5_0", "mlx5_1", "mlx5_2"]
-    assert t.nearest_nics(topo, "00000000:43:00.0") == ["mlx5_3"]  # NVML's spelling of GPU1
-    assert [t.nearest_nics(topo, g) for g in DGX_GPUS[5:]] == [["mlx5_9"], ["mlx5_10"], ["mlx5_11"]]
-    assert t.nic_distance(topo, "GPU0", "mlx5_0") == "PIX"
-    assert t.nic_distance(topo, "GPU0", "ibp24s0") == "PIX"  # by interface name
-    assert t.nic_distance(topo, "GPU1", "mlx5_0") == "NODE"
-    assert t.nic_distance(topo, "GPU7", "NIC0") == "SYS"
+    topo = pp.read_topology(HostRoot(host.root))
+    assert pp.nearest_nics(topo, "GPU0") == ["mlx5_0", "mlx5_1", "mlx5_2"]
+    assert pp.nearest_nics(topo, "00000000:43:00.0") == ["mlx5_3"]  # NVML's spelling of GPU1
+    assert [pp.nearest_nics(topo, g) for g in DGX_GPUS[5:]] == [["mlx5_9"], ["mlx5_10"], ["mlx5_11"]]
+    assert pp.nic_distance(topo, "GPU0", "mlx5_0") == "PIX"
+    assert pp.nic_distance(topo, "GPU0", "ibp24s0") == "PIX"  # by interface name
+    assert pp.nic_distance(topo, "GPU1", "mlx5_0") == "NODE"
+    assert pp.nic_distance(topo, "GPU7", "NIC0") == "SYS"
     with pytest.raises(KeyError):
-        t.nic_distance(topo, "GPU8", "mlx5_0")
+        pp.nic_distance(topo, "GPU8", "mlx5_0")
     with pytest.raises(KeyError):
-        t.nic_distance(topo, "GPU0", "mlx5_99")
+        pp.nic_distance(topo, "GPU0", "mlx5_99")
 
 
 def test_nccl_path_differs_from_nvidia_smi_where_nccl_differs(dgx: tuple[SimHost, TopologyBuilder],
                                                                tmp_path: Path) -> None:
     host, _ = dgx
-    topo = t.read_topology(HostRoot(host.root))
-    assert t.nccl_path(topo, "GPU0", "mlx5_0") == "PIX"
+    topo = pp.read_topology(HostRoot(host.root))
+    assert ncclp.nccl_path(topo, "GPU0", "mlx5_0") == "PIX"
     # NCCL >= 2.6 hangs all host bridges of a NUMA node off one CPU node: nvidia-smi's NODE is NCCL's PHB
-    assert (t.pcie_distance(topo, DGX_GPUS[0], topo.resolve("mlx5_3")), t.nccl_path(topo, "GPU0", "mlx5_3")) == \
+    assert (pp.pcie_distance(topo, DGX_GPUS[0], topo.resolve("mlx5_3")), ncclp.nccl_path(topo, "GPU0", "mlx5_3")) == \
            ("NODE", "PHB")
-    assert t.nccl_path(topo, "GPU0", "mlx5_6") == "SYS"
+    assert ncclp.nccl_path(topo, "GPU0", "mlx5_6") == "SYS"
     # a Broadcom Gen4 two-level switch (topo.cc getBcmGen: 0x1000 c010 1000 a0xx): nvidia-smi counts two
     # bridges (PXB), NCCL flattens the chip into one switch (PIX)
     h2 = SimHost.gpu_node(tmp_path / "bcm", gpus=0)
@@ -323,8 +326,8 @@ def test_nccl_path_differs_from_nvidia_smi_where_nccl_differs(dgx: tuple[SimHost
                      subsystem=("0x1000", "0xa064"))
     b.gpu(b.bridge(sub, "0000:09:00.0", vendor="0x1000", device="0xc010"), "0000:0a:00.0", 0)
     b.nic(d1, "0000:0b:00.0", "mlx5_0", "ibp11s0")
-    topo2 = t.read_topology(HostRoot(h2.root))
-    assert (t.pcie_distance(topo2, "0000:0a:00.0", "0000:0b:00.0"), t.nccl_path(topo2, "GPU0", "mlx5_0")) == \
+    topo2 = pp.read_topology(HostRoot(h2.root))
+    assert (pp.pcie_distance(topo2, "0000:0a:00.0", "0000:0b:00.0"), ncclp.nccl_path(topo2, "GPU0", "mlx5_0")) == \
            ("PXB", "PIX")
 
 
@@ -405,7 +408,7 @@ def test_hostile_links_are_refused_and_counted(dgx: tuple[SimHost, TopologyBuild
     ib = host.p("/sys/class/infiniband")
     (ib / "mlx5_99").mkdir()
     (ib / "mlx5_99" / "device").symlink_to(outside)
-    topo = t.read_topology(HostRoot(host.root))
+    topo = pp.read_topology(HostRoot(host.root))
     reasons = {s.entry.rsplit("/", 1)[-1]: s.reason for s in topo.skipped}
     assert reasons["0000:f0:00.0"].startswith("unresolvable") and reasons["0000:f1:00.0"].startswith("unresolvable")
     assert "outside the host root" in reasons["0000:f3:00.0"] and "outside the host root" in reasons["0000:f4:00.0"]
@@ -426,7 +429,7 @@ def test_garbage_and_missing_attribute_files(dgx: tuple[SimHost, TopologyBuilder
     host.p(f"{gpu1}/class").unlink()  # no class: not recognised as a GPU
     host.p(f"{b.functions[DGX_GPUS[2]].real}/current_link_width").unlink()
     host.p(f"{b.functions[DGX_GPUS[3]].real}/vendor").write_bytes(b"0x" + b"f" * 100_000)  # huge
-    topo = t.read_topology(HostRoot(host.root))
+    topo = pp.read_topology(HostRoot(host.root))
     bad = {s.entry for s in topo.bad_values}
     assert {f"{DGX_GPUS[0]}/numa_node", f"{DGX_GPUS[0]}/current_link_width", f"{DGX_GPUS[0]}/max_link_speed",
             f"{DGX_GPUS[0]}/local_cpulist", f"{DGX_GPUS[3]}/vendor"} <= bad
@@ -444,25 +447,25 @@ def test_attribute_fifo_symlink_and_size_never_block_or_leak(tmp_path: Path) -> 
     (d / "class").symlink_to(tmp_path / "secret")
     (d / "device").write_text("0x" + "1" * 10_000)
     done: list[Any] = []
-    th = threading.Thread(target=lambda: done.extend(t.read_attr(str(d), n) for n in ("vendor", "class", "device")))
+    th = threading.Thread(target=lambda: done.extend(pp.read_attr(str(d), n) for n in ("vendor", "class", "device")))
     th.start()
     th.join(5)
     assert not th.is_alive(), "reading a FIFO attribute blocked"
     assert done[:2] == [None, None]
-    assert len(done[2]) == t.ATTR_LIMIT + 1  # bounded: the parser then refuses it as too long
-    assert t.parse_hex(done[2], 16) is None
+    assert len(done[2]) == pp.ATTR_LIMIT + 1  # bounded: the parser then refuses it as too long
+    assert pp.parse_hex(done[2], 16) is None
 
 
 def test_entry_limits_and_duplicates(dgx: tuple[SimHost, TopologyBuilder]) -> None:
     host, _ = dgx
-    topo = t.read_topology(HostRoot(host.root), max_devices=10)
+    topo = pp.read_topology(HostRoot(host.root), max_devices=10)
     assert any("more than 10 entries" in s.reason for s in topo.skipped) and len(topo.nodes) < 60
     # the same bus id in two places of the tree is refused, not merged
     other = host.p("/sys/devices/pci0000:e0/0000:e0:01.0/0000:1b:00.0")
     other.mkdir(parents=True)
     (host.p("/sys/class/net") / "evil0").mkdir()
     (host.p("/sys/class/net") / "evil0" / "device").symlink_to(other)
-    topo = t.read_topology(HostRoot(host.root))
+    topo = pp.read_topology(HostRoot(host.root))
     assert any(s.entry == "/sys/class/net/evil0" and "two places" in s.reason for s in topo.skipped)
     assert topo.nodes[DGX_GPUS[0]].host_bridge == "pci0000:15"
 
@@ -532,7 +535,7 @@ async def test_expected_link_is_the_lesser_of_both_ends(tmp_path: Path) -> None:
     c, em = _collector(host, sink, nvml)
     await _run(c, em)
     assert sink.messages == []
-    assert t.expected_link(t.read_topology(HostRoot(host.root)), "0000:18:00.0") == (16.0, 8)
+    assert t.expected_link(pp.read_topology(HostRoot(host.root)), "0000:18:00.0") == (16.0, 8)
 
 
 async def test_nvlink_degraded_on_nvswitch_names_only_the_gpu(dgx: tuple[SimHost, TopologyBuilder]) -> None:
@@ -724,14 +727,14 @@ def test_read_nvlinks_from_pynvml_shapes(pcie: tuple[SimHost, TopologyBuilder]) 
 
     nvml.nvmlDeviceGetNvLinkRemotePciInfo = unnamed  # type: ignore[method-assign]
     host, _ = pcie
-    topo = t.read_topology(HostRoot(host.root))
+    topo = pp.read_topology(HostRoot(host.root))
     view = t.read_nvlinks(nvml, {PCIE_GPUS[0]: 0, PCIE_GPUS[1]: 1})
     assert view.nvlinks[PCIE_GPUS[0]] == ["unknown"] * 4 and view.errors
-    assert t.nvlink_count(topo, view.nvlinks, PCIE_GPUS[0], PCIE_GPUS[1], view.switch_remotes) == 0
+    assert pp.nvlink_count(topo, view.nvlinks, PCIE_GPUS[0], PCIE_GPUS[1], view.switch_remotes) == 0
     for g in nvml.tgpus:
         g.remote_type = 2
     view = t.read_nvlinks(nvml, {PCIE_GPUS[0]: 0, PCIE_GPUS[1]: 1})
-    assert t.nvlink_count(topo, view.nvlinks, PCIE_GPUS[0], PCIE_GPUS[1], view.switch_remotes) == 4
+    assert pp.nvlink_count(topo, view.nvlinks, PCIE_GPUS[0], PCIE_GPUS[1], view.switch_remotes) == 4
 
 
 # -- NCCL_NET_GDR_LEVEL ---------------------------------------------------------------------------------
@@ -770,25 +773,25 @@ def test_read_nvlinks_from_pynvml_shapes(pcie: tuple[SimHost, TopologyBuilder]) 
 ])
 def test_gdr_level_finding(level: str, dist: str, version: str | None, reason: str | None,
                            gdr: bool | None) -> None:
-    f = t.gdr_level_finding(level, dist, version)
+    f = ncclp.gdr_level_finding(level, dist, version)
     assert (f.reason if f else None) == reason
     if f is not None:
         assert f.type == "NCCLGDRLevel" and f.suggested_action == "fix_config"
         if gdr is not None:
             assert f.details["gdr"] is gdr
     else:
-        assert t.gdr_enabled(t.parse_gdr_level(level, t.parse_nccl_version(version)).effective,
-                             t._nccl_distance(dist, t.parse_nccl_version(version)), t.parse_nccl_version(version)) \
+        assert ncclp.gdr_enabled(ncclp.parse_gdr_level(level, ncclp.parse_nccl_version(version)).effective,
+                             ncclp._nccl_distance(dist, ncclp.parse_nccl_version(version)), ncclp.parse_nccl_version(version)) \
                is gdr
 
 
 def test_gdr_defaults_and_bad_distance() -> None:
-    assert t.nccl_default_gdr_level((2, 21, 5)) == "PXB" and t.nccl_default_gdr_level((2, 29, 2)) == "P2C"
-    assert t.nccl_ladder((2, 27, 3)).index("PXN") < t.nccl_ladder((2, 27, 3)).index("P2C")
-    assert t.nccl_ladder((2, 27, 5)).index("P2C") < t.nccl_ladder((2, 27, 5)).index("PXN")
+    assert ncclp.nccl_default_gdr_level((2, 21, 5)) == "PXB" and ncclp.nccl_default_gdr_level((2, 29, 2)) == "P2C"
+    assert ncclp.nccl_ladder((2, 27, 3)).index("PXN") < ncclp.nccl_ladder((2, 27, 3)).index("P2C")
+    assert ncclp.nccl_ladder((2, 27, 5)).index("P2C") < ncclp.nccl_ladder((2, 27, 5)).index("PXN")
     for bad in ("X", "NV18", "banana"):
         with pytest.raises(ValueError):
-            t.gdr_level_finding("PXB", bad, "2.21.5")
+            ncclp.gdr_level_finding("PXB", bad, "2.21.5")
 
 
 @settings(max_examples=300, deadline=None)
@@ -797,13 +800,13 @@ def test_gdr_defaults_and_bad_distance() -> None:
                                                               st.integers(0, 12)).map(lambda v: ".".join(map(str, v)))),
        dist=st.sampled_from(["PIX", "PXB", "PHB", "NODE", "SYS"]))
 def test_gdr_level_parser_never_raises(level: str, version: str | None, dist: str) -> None:
-    v = t.parse_nccl_version(version)
-    parsed = t.parse_gdr_level(level, v)
-    assert parsed.effective in (*t.nccl_ladder(v), None, "NONE")
-    f = t.gdr_level_finding(level, dist, version)
+    v = ncclp.parse_nccl_version(version)
+    parsed = ncclp.parse_gdr_level(level, v)
+    assert parsed.effective in (*ncclp.nccl_ladder(v), None, "NONE")
+    f = ncclp.gdr_level_finding(level, dist, version)
     assert f is None or (f.type == "NCCLGDRLevel" and f.message)
     if f is None:  # no finding: a name NCCL accepts, at least as loose as the distance
-        assert parsed.form == "name" or (parsed.form == "integer" and t.nccl_ladder(v) is t.OLD_LADDER)
+        assert parsed.form == "name" or (parsed.form == "integer" and ncclp.nccl_ladder(v) is ncclp.OLD_LADDER)
 
 
 # -- properties of the distances ---------------------------------------------------------------------------
@@ -861,8 +864,8 @@ def _nearest_switch(topo: Topology, bdf: str) -> str | None:
 def test_distance_properties(tree: tuple[Topology, list[str]]) -> None:
     topo, leaves = tree
     for a, b in itertools.product(leaves, repeat=2):
-        d = t.pcie_distance(topo, a, b)
-        assert d == t.pcie_distance(topo, b, a), "symmetric"
+        d = pp.pcie_distance(topo, a, b)
+        assert d == pp.pcie_distance(topo, b, a), "symmetric"
         assert (d == "X") == (a == b), "X exactly on the diagonal"
         na, nb = topo.nodes[a], topo.nodes[b]
         if a == b:
@@ -881,10 +884,10 @@ def test_distance_properties(tree: tuple[Topology, list[str]]) -> None:
         other_root = (topo.nodes[a].host_bridge, topo.nodes[a].chain[0]) != (topo.nodes[c].host_bridge,
                                                                                topo.nodes[c].chain[0])
         if same_switch and other_root:
-            assert t.rank(t.pcie_distance(topo, a, b)) <= t.rank(t.pcie_distance(topo, a, c))
-        if t.rank(t.pcie_distance(topo, a, b)) < t.rank(t.pcie_distance(topo, a, c)):
+            assert pp.rank(pp.pcie_distance(topo, a, b)) <= pp.rank(pp.pcie_distance(topo, a, c))
+        if pp.rank(pp.pcie_distance(topo, a, b)) < pp.rank(pp.pcie_distance(topo, a, c)):
             # not closer to c than b through NCCL's eyes either (NCCL only merges levels, never splits them)
-            assert t.rank(_smi(t.nccl_path(topo, a, b))) <= t.rank(_smi(t.nccl_path(topo, a, c)))
+            assert pp.rank(_smi(ncclp.nccl_path(topo, a, b))) <= pp.rank(_smi(ncclp.nccl_path(topo, a, c)))
 
 
 def _smi(nccl: str) -> str:
@@ -922,46 +925,46 @@ def test_written_tree_reads_back_exactly(tree: tuple[Topology, list[str]]) -> No
             (real / "class").write_text(f"0x{n.klass:06x}\n")
             (real / "numa_node").write_text(f"{-1 if n.numa_node is None else n.numa_node}\n")
             (bus / bdf).symlink_to(os.path.relpath(real, bus))
-        got = t.read_topology(HostRoot(root))
+        got = pp.read_topology(HostRoot(root))
         assert got.skipped == [] and got.bad_values == []
         assert {b: (n.host_bridge, n.chain, n.numa_node) for b, n in got.nodes.items()} == \
                {b: (n.host_bridge, n.chain, n.numa_node) for b, n in model.nodes.items()}
         for a, b in itertools.combinations(leaves, 2):
-            assert t.pcie_distance(got, a, b) == t.pcie_distance(model, a, b)
+            assert pp.pcie_distance(got, a, b) == pp.pcie_distance(model, a, b)
 
 
 # -- parsers --------------------------------------------------------------------------------------------
 
-@given(st.frozensets(st.integers(0, t.MAX_CPU), max_size=300))
+@given(st.frozensets(st.integers(0, pp.MAX_CPU), max_size=300))
 def test_cpulist_round_trip(cpus: frozenset[int]) -> None:
-    assert t.parse_cpulist(t.format_cpulist(cpus)) == cpus
+    assert pp.parse_cpulist(pp.format_cpulist(cpus)) == cpus
 
 
 @settings(max_examples=500)
 @given(st.one_of(st.text(max_size=60), st.binary(max_size=60).map(lambda b: b.decode("latin-1"))))
 def test_parsers_never_raise_and_stay_in_bounds(text: str) -> None:
-    cpus = t.parse_cpulist(text)
-    assert cpus is None or all(0 <= c <= t.MAX_CPU for c in cpus)
-    assert t.parse_numa(text) is None or 0 <= t.parse_numa(text) <= 4095  # type: ignore[operator]
-    s = t.parse_link_speed(text)
+    cpus = pp.parse_cpulist(text)
+    assert cpus is None or all(0 <= c <= pp.MAX_CPU for c in cpus)
+    assert pp.parse_numa(text) is None or 0 <= pp.parse_numa(text) <= 4095  # type: ignore[operator]
+    s = pp.parse_link_speed(text)
     assert s is None or 0 < s <= 256
-    w = t.parse_link_width(text)
+    w = pp.parse_link_width(text)
     assert w is None or 0 <= w <= 32
-    h = t.parse_hex(text, 16)
+    h = pp.parse_hex(text, 16)
     assert h is None or 0 <= h < 1 << 16
-    assert t.parse_nccl_version(text) is None or len(t.parse_nccl_version(text)) == 3  # type: ignore[arg-type]
+    assert ncclp.parse_nccl_version(text) is None or len(ncclp.parse_nccl_version(text)) == 3  # type: ignore[arg-type]
 
 
 def test_parsers_on_kernel_strings() -> None:
     # drivers/pci/probe.c pci_speed_string (>= 5.7) and the older pci-sysfs.c strings
-    assert [t.parse_link_speed(s) for s in ("2.5 GT/s PCIe", "8.0 GT/s PCIe", "32.0 GT/s PCIe\n", "64.0 GT/s PCIe",
+    assert [pp.parse_link_speed(s) for s in ("2.5 GT/s PCIe", "8.0 GT/s PCIe", "32.0 GT/s PCIe\n", "64.0 GT/s PCIe",
                                             "8 GT/s", "Unknown", "Unknown speed", "32 GT/s PCIE")] == \
            [2.5, 8.0, 32.0, 64.0, 8.0, None, None, None]
-    assert t.parse_numa("-1\n") is None and t.parse_numa("1\n") == 1
-    assert t.parse_cpulist("0-55,112-167\n") == frozenset([*range(56), *range(112, 168)])
-    assert t.parse_cpulist("\n") == frozenset() and t.parse_cpulist("3-1") is None
-    assert t.parse_hex("0x030200\n", 24) == 0x030200 and t.parse_hex("0x1000000", 24) is None
-    assert sorted(["mlx5_10", "mlx5_bond_0", "mlx5_2", "mlx5_1"], key=t.natural_key) == \
+    assert pp.parse_numa("-1\n") is None and pp.parse_numa("1\n") == 1
+    assert pp.parse_cpulist("0-55,112-167\n") == frozenset([*range(56), *range(112, 168)])
+    assert pp.parse_cpulist("\n") == frozenset() and pp.parse_cpulist("3-1") is None
+    assert pp.parse_hex("0x030200\n", 24) == 0x030200 and pp.parse_hex("0x1000000", 24) is None
+    assert sorted(["mlx5_10", "mlx5_bond_0", "mlx5_2", "mlx5_1"], key=pp.natural_key) == \
            ["mlx5_1", "mlx5_2", "mlx5_10", "mlx5_bond_0"]
 
 
