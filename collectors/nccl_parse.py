@@ -473,6 +473,8 @@ class ProcessState:
         by_index = {d["index"]: f"{d['name']}/{d['port']}" for d in self.ib_devices}
         if not self.channel_devs or not all(i in by_index for i in self.channel_devs):
             return None
+        if sorted(by_index) != list(range(len(by_index))):  # a merged-NIC list (2.19-2.22): see direct_nics
+            return None
         return sorted({by_index[i] for i in self.channel_devs})
 
     def direct_nics(self) -> list[str] | None:
