@@ -22,7 +22,7 @@ JOBS_PREFIX = "gna.jobs"  # gna.jobs.<job token>.<node token>.member|evidence (d
 JOB_FACT_TYPES = frozenset({"NCCLJobMember"})
 JOB_KINDS = ("member", "evidence")
 SIGNALS_PREFIX = "gna.signals"  # gna.signals.<node token>.<collector>: straggler vectors (docs/subjects.md)
-SIGNAL_TYPES = frozenset({"StragglerSignals"})
+SIGNAL_TYPES = frozenset({"StragglerSignals", "NCCLInspectorSummary"})
 STRAGGLERS_PREFIX = "gna.stragglers"  # fleet/stragglers.py: gna.stragglers.<node token>, the correlator's records
 
 

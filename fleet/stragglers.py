@@ -192,6 +192,27 @@ def detect(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(found.values(), key=lambda r: (-r["confidence"], r["node"], r["entity"]))
 
 
+def late_ranks(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Ranks NCCL Inspector's per-rank numbers single out (fleet/inspector_compare.py): one that arrives
+    last at its communicator's collectives (the others wait for it), or both ends of a slow point-to-point
+    path. Named as the rank's process on its node, in the straggler records' shape."""
+    from fleet.inspector_compare import comm_summaries, slow_ranks
+
+    out = []
+    for summaries in comm_summaries(messages).values():
+        for f in slow_ranks(summaries):
+            node, pid = f.get("node"), f.get("pid")
+            if not isinstance(node, str) or f.get("rank") is None:
+                continue
+            host = f.get("hostname") or node
+            out.append({"node": node, "entity": f"nccl:{str(host).split('.')[0]}:{pid}", "kind": "rank",
+                        "class": "nccl_inspector", "jobs": [str(f.get("comm_id"))], "confidence": 0.8,
+                        "signals": [{"signal": str(f.get("kind")), "value": None, "peer_median": None,
+                                     "scope": f"communicator {f.get('comm_id')}",
+                                     "reason": str(f.get("message") or "")[:300]}]})
+    return out
+
+
 STRAGGLERS_BUCKET = "gna-stragglers"  # key: <node token>.<entity token>; value: the current record
 MAX_MEMBERS = 200_000
 
@@ -203,6 +224,7 @@ class StragglerWatch:
     def __init__(self) -> None:
         self.vectors: dict[tuple[str, str], dict[str, Any]] = {}
         self.members: dict[tuple[str, str], dict[str, Any]] = {}  # (node, entity) -> its latest NCCLJobMember
+        self.inspector: dict[tuple[str, str], dict[str, Any]] = {}  # (node, process) -> latest NCCLInspectorSummary
         self.open: dict[tuple[str, str], dict[str, Any]] = {}
         self.changed = False
 
@@ -212,6 +234,11 @@ class StragglerWatch:
             return False
         if msg.get("type") == "StragglerSignals" and msg.get("collector") in ("nvml", "infiniband"):
             self.vectors[(node, str(msg["collector"]))] = msg
+        elif msg.get("type") == "NCCLInspectorSummary":
+            key = (node, str(msg.get("entity")))
+            if key not in self.inspector and len(self.inspector) >= MAX_MEMBERS:
+                self.inspector.pop(next(iter(self.inspector)))
+            self.inspector[key] = msg
         elif msg.get("type") == "NCCLJobMember":
             key = (node, str(msg.get("entity")))
             if key not in self.members and len(self.members) >= MAX_MEMBERS:
@@ -226,6 +253,8 @@ class StragglerWatch:
         """Records whose state changed since the last evaluation."""
         self.changed = False
         found = {(r["node"], r["entity"]): r for r in detect([*self.vectors.values(), *self.members.values()])}
+        for r in late_ranks(list(self.inspector.values())):
+            found.setdefault((r["node"], r["entity"]), r)
         out = []
         for key, rec in found.items():
             before = self.open.get(key)
