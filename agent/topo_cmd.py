@@ -61,7 +61,25 @@ def cmd_topo(args: argparse.Namespace) -> int:
     for note in notes:
         print(f"gpu-node-agent topo: {note}", file=sys.stderr)
     if args.format == "json":
-        print(json.dumps(report, indent=2))
+        print(json.dumps(with_nic_names(report), indent=2))
     else:
         sys.stdout.write(plugin.render_text(report))
     return 0
+
+
+def with_nic_names(report: dict[str, Any]) -> dict[str, Any]:
+    """The JSON matrix also under each NIC's RDMA device name (``"mlx5_0"`` beside ``"NIC0"``, as the
+    legend maps them): a consumer looks a GPU-NIC distance up by the name it knows."""
+    devices = report.get("devices")
+    matrix = report.get("matrix")
+    if not isinstance(devices, dict) or not isinstance(matrix, dict):
+        return report
+    alias = {k: d["name"] for k, d in devices.items()
+             if isinstance(d, dict) and d.get("kind") == "nic" and isinstance(d.get("name"), str)
+             and d["name"] not in devices}
+    out = {row: {**cells, **{alias[c]: v for c, v in cells.items() if c in alias}}
+           for row, cells in matrix.items() if isinstance(cells, dict)}
+    for nic, name in alias.items():
+        if nic in out:
+            out[name] = out[nic]
+    return {**report, "matrix": out}

@@ -363,8 +363,14 @@ def test_cli_text_and_json(dgx: tuple[SimHost, TopologyBuilder], plugin_site: Pa
     lines = [ln.split("\t") for ln in DGX_TOPO_MP_TEXT.split("\n\nLegend")[0].splitlines()]
     names = lines[0][1:21]
     mp = {row[0]: {c: v.strip() for c, v in zip(names, row[1:21], strict=True)} for row in lines[1:]}
-    assert doc["matrix"] == mp
-    assert doc["matrix"]["GPU0"]["NIC0"] == "PIX" and doc["matrix"]["GPU0"]["GPU1"] == "NODE"
+    nic_names = {k: d["name"] for k, d in doc["devices"].items() if d["kind"] == "nic"}
+    assert {row: {c: v for c, v in cells.items() if not c.startswith("mlx5_")} for row, cells in doc["matrix"].items()
+            if not row.startswith("mlx5_")} == mp
+    for nic, name in nic_names.items():  # each NIC also under its RDMA device name, row and column
+        assert doc["matrix"][name] == doc["matrix"][nic]
+        assert all(doc["matrix"][g][name] == doc["matrix"][g][nic] for g in mp)
+    assert doc["matrix"]["GPU0"]["NIC0"] == "PIX" and doc["matrix"]["GPU0"]["mlx5_0"] == "PIX"
+    assert doc["matrix"]["GPU0"]["GPU1"] == "NODE"
     assert doc["devices"]["GPU0"]["bus_id"] == "0000:1b:00.0"
     assert doc["devices"]["GPU0"]["nearest_nics"] == ["mlx5_0", "mlx5_1", "mlx5_2"]
     assert doc["nvlink_source"] == "not used (--no-nvml)"
