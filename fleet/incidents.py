@@ -40,6 +40,8 @@ from gna_sdk.aio import wait_event, within
 
 log = structlog.get_logger(__name__)
 
+# the jobs stream's membership facts only: its evidence copies are the events stream's messages again
+MEMBERSHIP = f"{JOBS_PREFIX}.*.*.member"
 SYMPTOMS = ("NCCLCollectiveTimeout", "NCCLIBCompletionError", "NCCLSocketFallback", "NCCLWatchdogProgress",
             "NCCLRASReport", "TorchFlightRecord")
 
@@ -253,9 +255,10 @@ class IncidentService:
             with contextlib.suppress(Exception):  # NATS trouble: the lease loop retries
                 await self.leases.tick()  # before the history replays: its jobs are kept as they arrive
             self._tasks.append(loop.create_task(self.leases.run(), name="incidents:leases"))
-        # membership lives on the jobs stream, symptoms and hardware findings on the events stream (a
-        # job's evidence is on both, the same message id: IncidentTracker.add files it once)
-        self._tasks += [loop.create_task(self._follow(js, f"{JOBS_PREFIX}.>"), name="incidents:jobs"),
+        # membership lives on the jobs stream, symptoms and hardware findings on the events stream (a job's
+        # evidence copies on the jobs stream are not read: the same messages; IncidentTracker.add files a
+        # message id once anyway)
+        self._tasks += [loop.create_task(self._follow(js, MEMBERSHIP), name="incidents:jobs"),
                         loop.create_task(self._follow(js, f"{EVENTS_PREFIX}.>"), name="incidents:events"),
                         loop.create_task(self._follow(js, f"{SIGNALS_PREFIX}.>"), name="incidents:signals"),
                         loop.create_task(self._judge_loop(), name="incidents:judge"),
@@ -267,7 +270,7 @@ class IncidentService:
         if self._following:  # a lost replica's partition: its jobs' history was dropped here, replay it
             loop = asyncio.get_running_loop()
             js = self.nc.jetstream()
-            for subject, stream in ((f"{JOBS_PREFIX}.>", self.nats_cfg.jobs_stream),
+            for subject, stream in ((MEMBERSHIP, self.nats_cfg.jobs_stream),
                                     (f"{EVENTS_PREFIX}.>", self.nats_cfg.stream)):
                 self._tasks.append(loop.create_task(self._replay(js, subject, stream),
                                                     name=f"incidents:replay:{partition}"))
