@@ -17,6 +17,7 @@ from typing import Any
 
 from agent import config as configmod
 from agent.cliargs import EX_NOINPUT, EX_UNAVAILABLE, Parser, load_config
+from gna_sdk import ReportsTopology
 
 COLLECTOR_GROUP = "gpu_node_agent.collectors"
 PLUGIN = "topology"
@@ -53,7 +54,7 @@ def cmd_topo(args: argparse.Namespace) -> int:
         print(f"gpu-node-agent: host root {str(root)!r} does not exist or is not a directory", file=sys.stderr)
         return EX_NOINPUT
     plugin = load_plugin()
-    if plugin is None or not callable(getattr(plugin, "report", None)):
+    if plugin is None or not isinstance(plugin, ReportsTopology):  # a declared capability, not a getattr
         print(f"gpu-node-agent topo: the {PLUGIN!r} collector is not installed (entry point {COLLECTOR_GROUP}:"
               f"{PLUGIN})", file=sys.stderr)
         return EX_UNAVAILABLE

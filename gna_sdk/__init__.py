@@ -259,6 +259,22 @@ class ExportsMetrics(Protocol):
 
 
 @runtime_checkable
+class ReportsTopology(Protocol):
+    """A collector class that prints the node's GPU/NIC matrix (``gpu-node-agent topo``)."""
+
+    @staticmethod
+    def report(host_root: Any, *, use_nvml: bool = True, pcie_only: bool = False,
+               nvml: Any = None) -> tuple[dict[str, Any], list[str]]:
+        """(the report, notes for stderr) for a host root."""
+        ...
+
+    @staticmethod
+    def render_text(report: Any) -> str:
+        """The report as ``nvidia-smi topo -m`` prints it."""
+        ...
+
+
+@runtime_checkable
 class Wakeable(Protocol):
     wakeup: Any  # asyncio.Event, assigned by the framework before run(); set it to get a pass now
 
