@@ -64,6 +64,21 @@ async def test_partitions_split_the_jobs(tmp_path: Path) -> None:
         IncidentTracker(partitions=2, partition=2)
 
 
+async def _fleet_bus(url: str) -> tuple[Any, Any, asyncio.Queue[dict[str, Any]]]:
+    """A connection with the agents' events and jobs streams, and a queue of the incidents published."""
+    nc = await nats.connect(url)
+    js = nc.jetstream()
+    await js.add_stream(StreamConfig(name="GNA_EVENTS", subjects=STREAM_SUBJECTS))
+    await js.add_stream(StreamConfig(name="GNA_JOBS", subjects=JOBS_STREAM_SUBJECTS))
+    got: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+
+    async def on_incident(msg: Any) -> None:
+        await got.put(json.loads(msg.data))
+
+    await nc.subscribe("gna.incidents.>", cb=on_incident)
+    return nc, js, got
+
+
 async def _publish(js: Any, msgs: list[dict[str, Any]]) -> None:
     for m in msgs:
         for subject in subjects_for(m["node"], m["collector"], m["severity"], m["type"], m["details"]):
@@ -74,16 +89,7 @@ async def test_live_incident_within_seconds_and_rebuilt_after_a_restart(tmp_path
                                                                         nats_server: NatsServerProcess) -> None:
     sc, msgs = await _messages(tmp_path, "ib_port_down")
     want = sc.expected[sc.jobs[0].comm_id]
-    nc = await nats.connect(nats_server.url)
-    js = nc.jetstream()
-    await js.add_stream(StreamConfig(name="GNA_EVENTS", subjects=STREAM_SUBJECTS))
-    await js.add_stream(StreamConfig(name="GNA_JOBS", subjects=JOBS_STREAM_SUBJECTS))
-    got: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-
-    async def on_incident(msg: Any) -> None:
-        await got.put(json.loads(msg.data))
-
-    await nc.subscribe("gna.incidents.>", cb=on_incident)
+    nc, js, got = await _fleet_bus(nats_server.url)
     svc = IncidentService([nats_server.url], debounce=0.02)
     await svc.start()
     try:
@@ -116,10 +122,7 @@ async def test_live_incident_within_seconds_and_rebuilt_after_a_restart(tmp_path
 async def test_spoofed_and_broken_messages_are_counted_not_used(tmp_path: Path,
                                                                nats_server: NatsServerProcess) -> None:
     _sc, msgs = await _messages(tmp_path, "healthy")
-    nc = await nats.connect(nats_server.url)
-    js = nc.jetstream()
-    await js.add_stream(StreamConfig(name="GNA_EVENTS", subjects=STREAM_SUBJECTS))
-    await js.add_stream(StreamConfig(name="GNA_JOBS", subjects=JOBS_STREAM_SUBJECTS))
+    nc, js, _got = await _fleet_bus(nats_server.url)
     svc = IncidentService([nats_server.url], debounce=0.02)
     await svc.start()
     try:
@@ -167,10 +170,7 @@ async def test_cordoner_acts_on_the_culprit_and_spares_the_victims(tmp_path: Pat
     cfg = configmod.parse('[remediations]\ncordon_with = "slurm"\n[[remediations.rules]]\nname = "cordon-on-timeout"\n'
                           'action = "cordon"\n[remediations.rules.match]\ntype = ["NCCLCollectiveTimeout"]\n'
                           'status = ["event"]\n', file="<t>").agent
-    nc = await nats.connect(nats_server.url)
-    js = nc.jetstream()
-    await js.add_stream(StreamConfig(name="GNA_EVENTS", subjects=STREAM_SUBJECTS))
-    await js.add_stream(StreamConfig(name="GNA_JOBS", subjects=JOBS_STREAM_SUBJECTS))
+    nc, js, _got = await _fleet_bus(nats_server.url)
     audits: list[dict[str, Any]] = []
 
     async def on_audit(m: Any) -> None:
@@ -255,16 +255,7 @@ async def test_a_lost_replicas_partition_is_taken_over_and_handed_back(tmp_path:
     sc, msgs = await _messages(tmp_path, "ib_port_down")
     want = sc.expected[sc.jobs[0].comm_id]
     p = owner(sc.jobs[0].comm_id, 2)
-    nc = await nats.connect(nats_server.url)
-    js = nc.jetstream()
-    await js.add_stream(StreamConfig(name="GNA_EVENTS", subjects=STREAM_SUBJECTS))
-    await js.add_stream(StreamConfig(name="GNA_JOBS", subjects=JOBS_STREAM_SUBJECTS))
-    got: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-
-    async def on_incident(msg: Any) -> None:
-        await got.put(json.loads(msg.data))
-
-    await nc.subscribe("gna.incidents.>", cb=on_incident)
+    nc, js, got = await _fleet_bus(nats_server.url)
     a = IncidentService([nats_server.url], partitions=2, partition=p, lease_ttl=1.5, debounce=0.02)
     b = IncidentService([nats_server.url], partitions=2, partition=1 - p, lease_ttl=1.5, debounce=0.02)
     await a.start()
