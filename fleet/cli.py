@@ -1,4 +1,4 @@
-"""The central commands: events, top, dashboard, cordoner, budget.
+"""The central commands: events, top, dashboard, cordoner, budget, nats setup.
 
 Added to ``gpu-node-agent`` through the ``gpu_node_agent.commands`` entry point; this module imports
 nothing heavy, so listing the commands costs a node agent nothing. Each command imports its
@@ -109,6 +109,10 @@ def add_commands(sub: argparse._SubParsersAction[Parser]) -> None:
                      "piped: as wide as the content, nothing cut)")
     top.add_argument("--limit", type=positive_int, default=40, help="rows to show, worst first (default 40)")
     top.set_defaults(handler=cmd_top)
+
+    from fleet.nats_setup import add_command as add_nats_command  # `nats setup`: the admin step
+
+    add_nats_command(sub)
 
 
 def cmd_diagnose(args: argparse.Namespace) -> int:

@@ -26,6 +26,22 @@ import structlog
 log = structlog.get_logger(__name__)
 
 LEASES_BUCKET = "gna-correlator-leases"
+DEFAULT_TTL = 15.0  # `gpu-node-agent correlator --lease-ttl` and `nats setup --lease-ttl`: one default
+
+
+def bucket_config(*, ttl: float = DEFAULT_TTL, replicas: int = 1) -> Any:
+    """The leases bucket as `gpu-node-agent nats setup` creates it: one entry per key, expiring after ``ttl``."""
+    from nats.js.api import KeyValueConfig
+
+    return KeyValueConfig(bucket=LEASES_BUCKET, history=1, ttl=ttl, replicas=replicas)
+
+
+async def open_bucket(js: Any, *, ttl: float = DEFAULT_TTL, replicas: int = 1) -> Any:
+    """The leases bucket, its backing stream verified (agent.nats_link.open_kv: a republish, mirror or sources
+    on it is refused, loudly); created only when missing and this connection may (dev set-ups, tests)."""
+    from agent.nats_link import open_kv
+
+    return await open_kv(js, LEASES_BUCKET, create_with=bucket_config(ttl=ttl, replicas=replicas))
 
 
 def lease_key(partition: int) -> str:

@@ -18,6 +18,7 @@ import os
 import re
 import sys
 import tomllib
+import unicodedata
 from pathlib import Path
 
 import msgspec
@@ -35,6 +36,14 @@ from agent.subjects import (
 
 # A user public nkey: 'U' then base32, 56 characters in all.
 _USER_NKEY = re.compile(r"^U[A-Z2-7]{55}$")
+# A node name the layout accepts: a host name (RFC 1123 labels, as agent.config's _HOSTNAME, at most 253 characters),
+# underscores allowed (Slurm and some inventories use them). Nothing else: the name is written into the rendered
+# config (a comment line), and a newline in it would inject a config line that `nats-server -t` accepts (#20).
+_NODE_NAME = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9._-]{0,251}[A-Za-z0-9_])?")
+# [names]: JetStream stream, bucket and consumer names and the account are written unquoted or into subjects; NATS
+# names allow no whitespace, '.', '*', '>' or path separators (https://docs.nats.io/running-a-nats-service/
+# nats_admin/jetstream_admin/naming), and nats-py's bucket names are [a-zA-Z0-9_-]+ (nats/js/kv.py VALID_BUCKET_RE).
+_NATS_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 # The cordoner publishes its own alerts as if it were a node with this token (fleet/cordoner.py).
 CORDONER_TOKEN = "cordoner"
 BUDGET_KEY = "cordons"  # agent.remediation.budget.KEY: the budget bucket's only key
@@ -98,7 +107,25 @@ def load_layout(path: str | Path) -> Layout:
     return layout
 
 
+def bad_name(name: str) -> str | None:
+    """Why ``name`` is not a node name the layout accepts (None: it is)."""
+    for ch in name:
+        if unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp"):
+            return f"it contains the control or format character U+{ord(ch):04X}"
+    if not _NODE_NAME.fullmatch(name):
+        return ("a node name is a host name: letters, digits, '-', '_' and '.', at most 253 characters, "
+                "starting and ending with a letter, digit or '_'")
+    return None
+
+
 def check_layout(layout: Layout) -> None:
+    for field in msgspec.structs.fields(Names):
+        value = getattr(layout.names, field.name)
+        if not _NATS_NAME.fullmatch(value):
+            raise ValueError(f"[names] {field.name} = {value!r}: a NATS name is 1-64 of A-Z a-z 0-9 '_' '-'")
+    for name in layout.nodes:
+        if (why := bad_name(name)) is not None:
+            raise ValueError(f"[nodes] entry {name!r}: refused, {why}")
     seen: dict[str, str] = {}
     for who, key in [*((f"node {n!r}", k) for n, k in layout.nodes.items()),
                      *((f"cordoner #{i}", k) for i, k in enumerate(layout.roles.cordoner)),
@@ -135,31 +162,27 @@ def node_permissions(node: str, layout: Layout) -> Permissions:
         f"{SIGNALS_PREFIX}.{token}.*",                  # its straggler vectors (via the spool)
         f"{HEARTBEAT_PREFIX}.{token}",                  # core NATS heartbeat
         f"$KV.{n.nodes_bucket}.{token}",               # its own state document
-        # NatsLink.ensure_stream on every (re)connect: CREATE is idempotent for an identical config, and the
-        # server refuses it for a different one, so a node cannot reshape a stream the admin created.
-        f"{JS_API}.STREAM.CREATE.{n.stream}",
+        # NatsLink.ensure_stream / NatsLink.kv() on every (re)connect verify each stream and the bucket
+        # (agent.nats_link.verify_stream): INFO only. No role but the admin creates a stream or bucket (`gpu-node-agent
+        # nats setup`): one that could would shape it (a republish onto another node's subjects, #20).
         f"{JS_API}.STREAM.INFO.{n.stream}",
-        f"{JS_API}.STREAM.CREATE.{n.jobs_stream}",
         f"{JS_API}.STREAM.INFO.{n.jobs_stream}",
-        f"{JS_API}.STREAM.CREATE.{n.signals_stream}",
         f"{JS_API}.STREAM.INFO.{n.signals_stream}",
-        f"{JS_API}.STREAM.CREATE.{_kv_stream(n.nodes_bucket)}",  # NatsLink.kv() when the bucket is missing
         f"{JS_API}.STREAM.INFO.{_kv_stream(n.nodes_bucket)}",
     ]
     if layout.node_budget:
         publish += [s for s in _budget_publish(layout) if s not in publish]
         # a node that cordons itself follows the correlator's incidents (never cordoned as a victim): read only
-        publish += [s for s in _incidents_read(layout) if ".STREAM.CREATE." not in s and s not in publish]
+        publish += [s for s in _incidents_read(layout) if s not in publish]
     return Permissions(publish=publish, subscribe=[inbox(token)])
 
 
 def _budget_publish(layout: Layout) -> list[str]:
-    """agent.remediation.budget.FleetBudget: the budget bucket (get, create, compare-and-set) and the node count."""
+    """agent.remediation.budget.FleetBudget: the budget bucket (get, compare-and-set) and the node count."""
     n = layout.names
     budget, nodes = _kv_stream(n.budget_bucket), _kv_stream(n.nodes_bucket)
     return [
         f"{JS_API}.STREAM.INFO.{budget}",
-        f"{JS_API}.STREAM.CREATE.{budget}",
         f"{JS_API}.STREAM.MSG.GET.{budget}",
         f"{JS_API}.DIRECT.GET.{budget}.>",  # a bucket created with allow_direct (e.g. by the nats CLI)
         f"$KV.{n.budget_bucket}.{BUDGET_KEY}",
@@ -176,11 +199,8 @@ def cordoner_permissions(layout: Layout) -> Permissions:
     publish = [
         f"{ACTIONS_PREFIX}.>",  # audits of what it did, for any node
         f"{EVENTS_PREFIX}.{CORDONER_TOKEN}.agent.critical",  # RemediationBudgetExhausted alerts
-        f"{JS_API}.STREAM.CREATE.{n.stream}",
-        f"{JS_API}.STREAM.INFO.{n.stream}",
-        f"{JS_API}.STREAM.CREATE.{n.jobs_stream}",  # NatsLink.ensure_stream creates every stream
+        f"{JS_API}.STREAM.INFO.{n.stream}",  # NatsLink.ensure_stream verifies every stream (never creates one)
         f"{JS_API}.STREAM.INFO.{n.jobs_stream}",
-        f"{JS_API}.STREAM.CREATE.{n.signals_stream}",
         f"{JS_API}.STREAM.INFO.{n.signals_stream}",
         f"{JS_API}.STREAM.NAMES",  # js.subscribe() without a stream looks it up by subject
         f"{JS_API}.CONSUMER.INFO.{n.stream}.{n.cordoner_durable}",
@@ -197,11 +217,10 @@ def cordoner_permissions(layout: Layout) -> Permissions:
 
 
 def _incidents_read(layout: Layout) -> list[str]:
-    """Watching the incidents bucket (an ordered push consumer on its stream); creating it when missing."""
+    """Watching the incidents bucket (an ordered push consumer on its stream), after verifying it (INFO)."""
     inc = _kv_stream(layout.names.incidents_bucket)
     return [
         f"{JS_API}.STREAM.INFO.{inc}",
-        f"{JS_API}.STREAM.CREATE.{inc}",
         f"{JS_API}.CONSUMER.CREATE.{inc}",
         f"{JS_API}.CONSUMER.INFO.{inc}.*",
         f"$JS.FC.{inc}.>",
@@ -233,11 +252,9 @@ def correlator_permissions(layout: Layout) -> Permissions:
         # straggler records (fleet/stragglers.py)
         f"{STRAGGLERS_PREFIX}.>",
         f"$KV.{n.stragglers_bucket}.>",
-        f"{JS_API}.STREAM.CREATE.{_kv_stream(n.stragglers_bucket)}",
         f"{JS_API}.STREAM.INFO.{_kv_stream(n.stragglers_bucket)}",
-        # partition leases (fleet/leases.py): get, create, compare-and-set, delete
+        # partition leases (fleet/leases.py): get, create, compare-and-set, delete of keys (the bucket: the admin's)
         f"$KV.{n.leases_bucket}.>",
-        f"{JS_API}.STREAM.CREATE.{_kv_stream(n.leases_bucket)}",
         f"{JS_API}.STREAM.INFO.{_kv_stream(n.leases_bucket)}",
         f"{JS_API}.STREAM.MSG.GET.{_kv_stream(n.leases_bucket)}",
         f"{JS_API}.DIRECT.GET.{_kv_stream(n.leases_bucket)}.>",
@@ -280,8 +297,8 @@ def reader_permissions(layout: Layout) -> Permissions:
         f"{JS_API}.CONSUMER.INFO.{_kv_stream(n.stragglers_bucket)}.*",
         f"$JS.FC.{_kv_stream(n.stragglers_bucket)}.>",
         f"{JS_API}.DIRECT.GET.{_kv_stream(n.stragglers_bucket)}.>",
-        # the incidents views: a watch of the bucket (never its creation: that is the correlator's)
-        *[s for s in _incidents_read(layout) if ".STREAM.CREATE." not in s],
+        # the incidents views: a watch of the bucket
+        *_incidents_read(layout),
     ]
     # CONSUMER.CREATE.<stream>.<name> creates *or updates* a consumer by that name: without this a
     # reader could repoint the cordoner's durable consumer at itself.

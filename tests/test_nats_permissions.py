@@ -102,9 +102,19 @@ def fleet(tmp_path: Path) -> Iterator[Fleet]:
     server.stop(kill=True)
 
 
+async def set_up(nc: Client) -> list[Any]:
+    """The admin step (`gpu-node-agent nats setup`) with the default names: every stream and bucket."""
+    from agent import config as configmod
+    from fleet.nats_setup import setup, wanted
+
+    return await setup(nc.jetstream(), wanted(configmod.parse("", file="<test>").agent))
+
+
 @pytest.fixture
 async def admin(fleet: Fleet) -> AsyncIterator[Any]:
+    """The admin, after it ran the admin step: no other role may create a stream or bucket (#20)."""
     nc = await fleet.connect("admin")
+    assert {o.status for o in await set_up(nc)} == {"created"}
     yield nc
     await nc.close()
 
@@ -146,8 +156,8 @@ async def _has_state(admin_nc: Any, node: str) -> bool:
 
 async def test_agent_as_node_a_publishes_and_readers_read(tmp_path: Path, fleet: Fleet, admin: Any,
                                                           capfd: pytest.CaptureFixture[str]) -> None:
-    """(a) The real agent with node A's seed creates the stream and bucket, publishes events, heartbeats and
-    its KV state with no violation; the dashboard's feed and `events` read all of it as a reader."""
+    """(a) The real agent with node A's seed verifies the streams and bucket the admin created, publishes events,
+    heartbeats and its KV state with no violation; the dashboard's feed and `events` read all of it as a reader."""
     from fleet.events import EventsQuery, run_events
     from fleet.state import FleetFeed, FleetState
 
@@ -305,8 +315,7 @@ async def test_cordoner_uses_the_budget_and_node_cannot_harm_the_stream(tmp_path
     await _denied(js_a.delete_stream("GNA_EVENTS"))
     await _denied(js_a.purge_stream("GNA_EVENTS"))
     await _denied(js_a.update_stream(StreamConfig(name="GNA_EVENTS", subjects=["gna.>"], max_age=1)))
-    with pytest.raises(nats.js.errors.BadRequestError):  # CREATE is allowed, but never changes a stream
-        await js_a.add_stream(StreamConfig(name="GNA_EVENTS", subjects=["gna.>"], max_age=1))
+    await _denied(js_a.add_stream(StreamConfig(name="GNA_EVENTS", subjects=["gna.>"], max_age=1)))  # no CREATE
     with pytest.raises(BudgetUnavailable):
         await asyncio.wait_for(FleetBudget(js_a).take(NODE_A, "x"), 10)
     info = await admin.jetstream().stream_info("GNA_EVENTS")
@@ -353,10 +362,7 @@ async def test_correlator_and_cordoner_work_on_incidents_with_their_own_permissi
     """#15: the correlator reads the stream and writes incidents only; the cordoner and readers read them."""
     import json as _json
 
-    from nats.js.api import StreamConfig
-
     from agent import config as configmod
-    from agent.nats_link import JOBS_STREAM_SUBJECTS, STREAM_SUBJECTS
     from agent.subjects import event_subject, subjects_for
     from fleet.cordoner import Cordoner
     from fleet.incidents import INCIDENTS_BUCKET, IncidentService, owner
@@ -364,9 +370,7 @@ async def test_correlator_and_cordoner_work_on_incidents_with_their_own_permissi
 
     sc = generate(tmp_path / "fleet", seed=5, nodes=3, fault="gpu_fell_off", job_nodes=2, second_job=False)
     msgs = await sc.messages()
-    js = admin.jetstream()
-    await js.add_stream(StreamConfig(name="GNA_EVENTS", subjects=STREAM_SUBJECTS))
-    await js.add_stream(StreamConfig(name="GNA_JOBS", subjects=JOBS_STREAM_SUBJECTS))
+    js = admin.jetstream()  # the streams and buckets: the admin's (the fixture ran `nats setup`)
     # two partitions: the replica leases its own (fleet/leases.py) with the correlator's permissions
     svc = IncidentService([fleet.url], nats_cfg=fleet.cfg("correlator"), debounce=0.02, partitions=2,
                           partition=owner(sc.jobs[0].comm_id, 2), lease_ttl=2.0)

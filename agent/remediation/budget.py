@@ -15,8 +15,10 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
+from nats.js.api import KeyValueConfig
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 
+from agent.nats_link import StreamMissing, StreamRefused, open_kv
 from gna_sdk.retry import Backoff
 
 if TYPE_CHECKING:
@@ -66,12 +68,18 @@ class FleetBudget:
         return cls(js, bucket=b.bucket, nodes_bucket=cfg.nats.kv_bucket, max_nodes=b.max_nodes,
                    max_percent=b.max_percent, window=b.window, replicas=cfg.nats.stream_replicas)
 
+    def bucket_config(self) -> KeyValueConfig:
+        """The budget bucket as `gpu-node-agent nats setup` creates it (and an unrestricted connection, if missing)."""
+        return KeyValueConfig(bucket=self.bucket_name, history=5, replicas=self.replicas)
+
     async def kv(self) -> Any:
+        """The bucket, its backing stream verified (agent.nats_link.open_kv): a foreign republish, mirror or
+        sources on it makes the budget unavailable (fail safe: no cordon), never used."""
         if self._kv is None:
             try:
-                self._kv = await self.js.key_value(self.bucket_name)
-            except (BucketNotFoundError, NotFoundError):
-                self._kv = await self.js.create_key_value(bucket=self.bucket_name, history=5, replicas=self.replicas)
+                self._kv = await open_kv(self.js, self.bucket_name, create_with=self.bucket_config())
+            except (StreamMissing, StreamRefused) as exc:
+                raise BudgetUnavailable(str(exc)) from None
         return self._kv
 
     async def fleet_size(self) -> int:
@@ -79,7 +87,7 @@ class FleetBudget:
         if time.monotonic() - ts < 30:
             return n
         try:
-            nodes = await self.js.key_value(self.nodes_bucket)
+            nodes = await open_kv(self.js, self.nodes_bucket)  # verified, never created here
             keys = await nodes.keys()
         except Exception:
             keys = []
