@@ -34,6 +34,24 @@ from agent.subjects import (
 log = structlog.get_logger(__name__)
 
 MAX_SAMPLE = 200
+MAX_PAYLOAD = 1 << 20  # bytes: nats-server's default max_payload (a larger message never reached a server)
+MAX_SUBJECT = 2048  # characters: well under nats-server's max_control_line (4 KiB by default)
+# Every string a consumer keys on, bounded: a job id or entity becomes a KV key and a subject token
+# (up to 3 characters per byte, agent/subjects.py encode_token), and a KV key longer than the server's
+# control line makes it close the connection (issue 20, "silencing"). A node name is a DNS name
+# (RFC 1035: 253 characters); a job id is NCCL's commId (0x + 16 hex digits) or an operator's
+# namespace/name (Kubernetes: 253 + 63).
+FIELD_MAX = {"id": 64, "time": 64, "node": 253, "collector": 64, "type": 128, "entity": 512, "reason": 256,
+             "message": 16384}
+JOB_MAX = 320
+# the fields of a NCCL message's process summary and symptoms that the fleet reads (docs/messages.md)
+DETAIL_TEXT_MAX = {"job": JOB_MAX, "comm_id": JOB_MAX, "host": 253, "pci": 32, "transport": 32, "oob": 256,
+                   "pg_id": 128, "peer": 256, "hca": 64}
+DETAIL_INT_RANGE = {"world_rank": (0, (1 << 18) - 1), "world_size": (1, 1 << 18), "rank": (0, (1 << 18) - 1),
+                    "size": (1, 1 << 18), "pid": (0, (1 << 31) - 1), "port": (0, 255)}
+MAX_RANKS = 1 << 18  # 262,144 ranks: larger than any job a fleet of this kind runs
+# list lengths: an HGX node has 8-10 NICs; RAS names at most every process of the job
+LIST_MAX = {"hcas": 64, "nics": 64, "suspects": 4096}
 _STATE_TEXT = ("node", "time", "started", "agent_version")
 _CONDITION_TEXT = ("collector", "type", "entity", "severity", "since", "message_id", "reason", "message",
                    "suggested_action")
@@ -73,6 +91,8 @@ class Rejections:
 
 
 def _subject_tokens(subject: str, prefix: str, n: int) -> list[str]:
+    if len(subject) > MAX_SUBJECT:
+        raise Rejected("too_long", f"subject of {len(subject)} characters")
     parts = subject.split(".")
     head = prefix.split(".")
     if len(parts) != len(head) + n or parts[: len(head)] != head or not all(is_valid_token(p) for p in parts[2:]):
@@ -131,7 +151,31 @@ def decode_signals(subject: str, data: bytes) -> dict[str, Any]:
     return msg
 
 
+def check_bounds(msg: wire_message.Message) -> None:
+    """Every string and number a central consumer keys on is within its bound, or Rejected
+    (``too_long`` / ``out_of_range``, naming the field): never truncated into another valid value."""
+    for name, limit in FIELD_MAX.items():
+        value = getattr(msg, name)
+        if len(value) > limit:
+            raise Rejected("too_long", f"{name} of {len(value)} characters (at most {limit})")
+    d = msg.details
+    for name, limit in DETAIL_TEXT_MAX.items():
+        value = d.get(name)
+        if isinstance(value, str) and len(value) > limit:
+            raise Rejected("too_long", f"details.{name} of {len(value)} characters (at most {limit})")
+    for name, (lo, hi) in DETAIL_INT_RANGE.items():
+        value = d.get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and not lo <= value <= hi:
+            raise Rejected("out_of_range", f"details.{name} = {str(value)[:40]} (not in {lo}..{hi})")
+    for name, most in LIST_MAX.items():
+        value = d.get(name)
+        if isinstance(value, list) and (len(value) > most or any(isinstance(v, str) and len(v) > 64 for v in value)):
+            raise Rejected("too_long", f"details.{name}: {len(value)} items (at most {most} of 64 characters)")
+
+
 def _message(data: bytes, node_token: str) -> dict[str, Any]:
+    if len(data) > MAX_PAYLOAD:
+        raise Rejected("too_long", f"payload of {len(data)} bytes")
     try:
         msg = wire_message.decode(data)
     except msgspec.ValidationError as exc:
@@ -144,6 +188,7 @@ def _message(data: bytes, node_token: str) -> dict[str, Any]:
         raise Rejected("schema", "conditions carry a status, events do not")
     if not wire_message.TYPE_NAME.match(msg.type):
         raise Rejected("schema", f"type {msg.type[:80]!r} is not CamelCase")
+    check_bounds(msg)
     return wire_message.to_dict(msg)
 
 

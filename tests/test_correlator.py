@@ -304,7 +304,15 @@ def test_the_process_nccl_ras_says_died_is_the_culprit() -> None:
     msgs.append(_said(0, "NCCLRASReport", size, suspects=[remote, dead]))
     (inc,) = correlate(msgs)
     assert inc.culprit == {"node": "n2", "entity": "rank:9", "kind": "rank", "rank": "9"}
-    assert inc.confidence == 0.9 and "RAS" in inc.reason
+    # n0's word alone about n2's rank (issue 20): shown below the cordon threshold, never actionable
+    assert inc.confidence == 0.5 and "RAS" in inc.reason and inc.corroboration == "single reporter"
+    assert not inc.actionable and inc.reporters == ["n0"]
+    for second in (4, 8):  # a second, independent node's RAS (n1), or the suspect's own node (n2)
+        (inc,) = correlate([*msgs, _said(second, "NCCLRASReport", size, suspects=[dead])])
+        assert inc.culprit == {"node": "n2", "entity": "rank:9", "kind": "rank", "rank": "9"}
+        assert inc.confidence == 0.9 and "RAS" in inc.reason
+        assert inc.corroboration == ("independent nodes" if second == 4 else "own node")
+        assert not inc.actionable  # RAS answers are the tenant's: a software verdict never cordons alone
     only_remote = [m for m in msgs if m["type"] != "NCCLRASReport"] + [
         _said(0, "NCCLRASReport", size, suspects=[remote])]
     (inc,) = correlate(only_remote)
