@@ -29,10 +29,11 @@ import os
 import pickle
 import pickletools
 import re
-import stat
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, cast
+
+from gna_sdk.hostroot import UnsafePath, UntrustedFile, open_untrusted
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
@@ -49,6 +50,8 @@ __all__ = [
     "dump_prefixes",
     "load_dump",
     "load_file",
+    "load_opened",
+    "load_untrusted",
     "rank_from_path",
     "summarize",
 ]
@@ -560,32 +563,46 @@ def rank_from_path(path: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def load_file(path: str, *, max_bytes: int = DEFAULT_MAX_BYTES, max_entries: int = DEFAULT_MAX_ENTRIES) -> FRDump:
-    """Read a dump file: a regular file only (TORCH_NCCL_DEBUG_INFO_PIPE_FILE's ``<prefix><rank>.pipe``
-    is a FIFO beside the dumps; opening it would block), never more than max_bytes."""
+def load_opened(f: UntrustedFile, *, max_bytes: int = DEFAULT_MAX_BYTES, max_entries: int = DEFAULT_MAX_ENTRIES,
+                rank: int | None = None) -> FRDump:
+    """Parse a dump already opened by gna_sdk.hostroot.open_untrusted (a regular file, checked on its
+    descriptor); never more than max_bytes is read."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
-    except OSError as e:
-        raise FRDumpError(f"cannot open: {e.strerror}") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise FRDumpError("not a regular file")
-        if st.st_size > max_bytes:
-            raise FRDumpError(f"{st.st_size} bytes is over the {max_bytes}-byte limit")
-        chunks: list[bytes] = []
-        left = max_bytes + 1
-        while left > 0:
-            b = os.read(fd, min(left, 1 << 20))
-            if not b:
-                break
-            chunks.append(b)
-            left -= len(b)
+        data = f.read(max_bytes + 1)
     except OSError as e:
         raise FRDumpError(f"cannot read: {e.strerror}") from None
-    finally:
-        os.close(fd)
-    return load_dump(b"".join(chunks), max_bytes=max_bytes, max_entries=max_entries, rank=rank_from_path(path))
+    return load_dump(data, max_bytes=max_bytes, max_entries=max_entries,
+                     rank=rank if rank is not None else rank_from_path(f.path))
+
+
+def load_untrusted(root: str | os.PathLike[str], path: str, *, max_bytes: int = DEFAULT_MAX_BYTES,
+                   max_entries: int = DEFAULT_MAX_ENTRIES) -> FRDump:
+    """Read the dump at ``path`` under the directory ``root`` as a job left it: opened component by
+    component with no symlink followed and nothing above ``root`` (gna_sdk.hostroot.open_untrusted); a
+    regular file only (TORCH_NCCL_DEBUG_INFO_PIPE_FILE's ``<prefix><rank>.pipe`` is a FIFO beside the
+    dumps: opening it would block), with one link, never more than max_bytes."""
+    try:
+        f = open_untrusted(root, path, max_bytes=max_bytes)
+    except UnsafePath as e:
+        raise FRDumpError(_REFUSED.get(e.reason, f"cannot open: {e.reason}")) from None
+    with f:
+        return load_opened(f, max_bytes=max_bytes, max_entries=max_entries)
+
+
+_REFUSED: Final[dict[str, str]] = {
+    "not_regular": "not a regular file", "too_large": "over the size limit", "symlink": "cannot open: a symlink",
+    "escapes_root": "cannot open: the path leaves its root", "hard_linked": "cannot open: more than one hard link",
+    "missing": "cannot open: no such file", "unreadable": "cannot open: unreadable",
+    "bad_name": "cannot open: bad name",
+}
+
+
+def load_file(path: str, *, max_bytes: int = DEFAULT_MAX_BYTES, max_entries: int = DEFAULT_MAX_ENTRIES) -> FRDump:
+    """A dump file named by whoever calls (its directory is trusted, the file itself is not): see
+    load_untrusted."""
+    full = os.path.abspath(path)
+    return load_untrusted(os.path.dirname(full), os.path.basename(full), max_bytes=max_bytes,
+                          max_entries=max_entries)
 
 
 def _truthy(v: str | None) -> bool:

@@ -28,7 +28,7 @@ import json
 import math
 import re
 import socket
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -1392,7 +1392,8 @@ _CHUNK = 65536
 _THREAD_PARSE = 128 * 1024  # answers larger than this are parsed off the event loop (~15 ms of parsing)
 
 
-async def _resolve(host: str, port: int, loopback_only: bool) -> list[str]:
+async def _resolve(host: str, port: int, loopback_only: bool,
+                   allow: Callable[[str], str | None] | None = None) -> list[str]:
     if not host or len(host) > 255 or any(c in _C_SPACE for c in host):
         raise RasError("address", f"not a host: {host!r}")
     try:
@@ -1408,6 +1409,13 @@ async def _resolve(host: str, port: int, loopback_only: bool) -> list[str]:
             ip = str(info[4][0])
             if ip not in ips:
                 ips.append(ip)
+    if allow is not None:  # the caller's own rule (RasAsker: loopback or this node's addresses)
+        verdicts = [(ip, allow(ip)) for ip in ips]
+        ok = [ip for ip, why in verdicts if why is None]
+        if not ok:
+            raise RasError(next(why for _, why in verdicts if why is not None) if verdicts else "address",
+                           f"{host} ({', '.join(ips)[:200]}) is not an address the agent may ask")
+        return ok
     if loopback_only:
         ok = []
         for ip in ips:
@@ -1468,6 +1476,7 @@ async def query_ras(
     max_bytes: int = 4 << 20,
     collective_timeout: int | None = None,
     loopback_only: bool = True,
+    allow: Callable[[str], str | None] | None = None,
     sock: socket.socket | None = None,
 ) -> RasReport:
     """Ask a RAS thread for the job's status, as ``ncclras [-v] [-f json] -t N`` does.
@@ -1480,8 +1489,10 @@ async def query_ras(
     seconds (large answers are parsed in a thread). ``collective_timeout`` is the N of ``TIMEOUT N``: how long
     the server waits for its peers (default: half of ``timeout``, 1-5 s; the server may add up to 5 s more
     before it gives up, so a ``timeout`` of 12+ s lets it always answer). ``loopback_only`` refuses any address
-    that is not loopback; a job's own NCCL_RAS_ADDR may need False. ``sock``: a socket already connected to the
-    RAS port (e.g. made inside a pod's network namespace); host and port then only name it in messages.
+    that is not loopback; a job's own NCCL_RAS_ADDR may need False. ``allow``, when given, replaces that rule: it
+    gets each resolved IP and returns None to allow it or the RasError reason to refuse it with. ``sock``: a
+    socket already connected to the RAS port (e.g. made inside a pod's network namespace); host and port then
+    only name it in messages.
     """
     if sock is None and not 1 <= port <= 65535:
         raise RasError("address", f"port {port} is out of range")
@@ -1504,7 +1515,7 @@ async def query_ras(
             if sock is not None:
                 reader, writer = await asyncio.open_connection(sock=sock, limit=_LINE_LIMIT)
             else:
-                ips = await _resolve(host, port, loopback_only)
+                ips = await _resolve(host, port, loopback_only, allow)
                 reader, writer = await _connect(ips, port)
             stage = "the protocol handshake"
             writer.write(f"CLIENT PROTOCOL {CLIENT_PROTOCOL}\n".encode())

@@ -406,6 +406,8 @@ async def test_the_daemon_picks_up_the_flight_recorder_dump_written_after_the_ti
     host = SimHost.gpu_node(tmp_path / "h", gpus=1)
     host.write("/proc/sys/kernel/hostname", "gpu-a\n")
     host.write("/proc/4007/environ", "RANK=0\0TORCH_FR_DUMP_TEMP_FILE=/scratch/fr/trace_\0NCCL_RAS_ENABLE=0\0")
+    uid = os.getuid()  # the dump must be the process's user's (collectors/nccl_live.py process_uids)
+    host.write("/proc/4007/status", f"Name:\tpython\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n")
     host.write("/var/log/nccl/gpu-a.4007.log", "gpu-a:4007:4008 [0] NCCL INFO comm 0x7f00 rank 0 nranks 2 cudaDev 0 "
                                                "busId 18000 commId 0xabc - Init COMPLETE\n")
     sink = Sink()
@@ -435,7 +437,7 @@ async def test_the_daemon_picks_up_the_flight_recorder_dump_written_after_the_ti
         await asyncio.gather(task, return_exceptions=True)
     (rec,) = sink.of("TorchFlightRecord")
     assert rec.details["job"] == "0xabc" and rec.details["pgs"]["0"]["first_not_completed"]["collective_seq_id"] == 6
-    assert rec.details["dump"].endswith("/scratch/fr/trace_0")
+    assert rec.details["dump"].endswith("/scratch/fr/trace_0") and rec.details["provenance"] == "tenant"
 
 
 def test_the_ingest_benchmark_greps_for_exactly_the_prefilter_s_needles() -> None:
