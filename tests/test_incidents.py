@@ -149,13 +149,17 @@ async def test_spoofed_and_broken_messages_are_counted_not_used(tmp_path: Path,
         await nc.close()
 
 
+@pytest.mark.parametrize("fault", ["ib_port_down", "hung_rank"])
 async def test_cordoner_acts_on_the_culprit_and_spares_the_victims(tmp_path: Path, nats_server: NatsServerProcess,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+                                                                  monkeypatch: pytest.MonkeyPatch, fault: str) -> None:
     """#15 deliver 4: with a rule that would cordon on any timeout, only the culprit's node is acted on;
-    every victim's timeout is audited as spared (victim of the open incident)."""
+    every victim's timeout is audited as spared (victim of the open incident). #20: the culprit becomes an
+    IncidentCulprit trigger exactly when its record is actionable (a hardware culprit is, without the
+    record's ``actionable`` field; a software-only one needs the correlator's ``"actionable": true``)."""
     import os
     import stat
 
+    from agent.remediation.incidents import culprit_actionable
     from fleet.cordoner import Cordoner
 
     bindir = tmp_path / "bin"
@@ -164,13 +168,13 @@ async def test_cordoner_acts_on_the_culprit_and_spares_the_victims(tmp_path: Pat
     fake.write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path / 'argv.log'}\n")
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
-    sc, msgs = await _messages(tmp_path / "fleet", "hung_rank")
+    sc, msgs = await _messages(tmp_path / "fleet", fault)
     culprit = sc.expected[sc.jobs[0].comm_id]
     assert culprit is not None
     cfg = configmod.parse('[remediations]\ncordon_with = "slurm"\n[[remediations.rules]]\nname = "cordon-on-timeout"\n'
                           'action = "cordon"\n[remediations.rules.match]\ntype = ["NCCLCollectiveTimeout"]\n'
                           'status = ["event"]\n', file="<t>").agent
-    nc, js, _got = await _fleet_bus(nats_server.url)
+    nc, js, got = await _fleet_bus(nats_server.url)
     audits: list[dict[str, Any]] = []
 
     async def on_audit(m: Any) -> None:
@@ -186,11 +190,16 @@ async def test_cordoner_acts_on_the_culprit_and_spares_the_victims(tmp_path: Pat
         await asyncio.sleep(0.3)
         await _publish(js, [m for m in msgs if _is_symptom_or_fault(m)])
         timeouts = [m for m in msgs if m["type"] == "NCCLCollectiveTimeout"]
+        records: list[dict[str, Any]] = []
         for _ in range(200):
-            if len([a for a in audits if a["trigger"]["type"] == "NCCLCollectiveTimeout"]) >= len(timeouts) and any(
-                    a["trigger"]["type"] == "IncidentCulprit" for a in audits):
+            while not got.empty():
+                records.append(got.get_nowait())
+            acts = bool(records) and culprit_actionable(records[-1])
+            if len([a for a in audits if a["trigger"]["type"] == "NCCLCollectiveTimeout"]) >= len(timeouts) and (
+                    records and (not acts or any(a["trigger"]["type"] == "IncidentCulprit" for a in audits))):
                 break
             await asyncio.sleep(0.05)
+        await asyncio.sleep(0.3)  # an IncidentCulprit that should not come has had its chance
     finally:
         await cord.stop()
         await svc.stop()
@@ -200,7 +209,14 @@ async def test_cordoner_acts_on_the_culprit_and_spares_the_victims(tmp_path: Pat
     acted = [a for a in audits if a["decision"] in ("dry_run", "executed")
              and (a["trigger"]["type"].startswith("NCCL") or a["trigger"]["type"] == "IncidentCulprit")]
     assert acted and {a["node"] for a in acted} == {culprit["node"]}, [(a["node"], a["trigger"]["type"]) for a in acted]
-    assert any(a["trigger"]["type"] == "IncidentCulprit" for a in acted)
+    assert records and records[-1]["culprit"]["node"] == culprit["node"], records
+    actionable = culprit_actionable(records[-1])
+    if fault == "ib_port_down":
+        assert actionable, records[-1]  # a NIC port of the culprit's own node: acted on
+    # decided through the engine (a cooldown after the port's own IBPortDown drained the node is a decision too)
+    culprit_audits = [a for a in audits if a["trigger"]["type"] == "IncidentCulprit"]
+    assert bool(culprit_audits) == actionable, (records[-1], culprit_audits)
+    assert {a["node"] for a in culprit_audits} <= {culprit["node"]}
     spared = [a for a in audits if a["decision"] == "skipped" and "victim of incident" in a["reason"]]
     victims = set(sc.jobs[0].nodes) - {culprit["node"]}
     assert {a["node"] for a in spared} == victims
@@ -209,7 +225,9 @@ async def test_cordoner_acts_on_the_culprit_and_spares_the_victims(tmp_path: Pat
 async def test_the_cordoner_waits_for_a_verdict_only_for_messages_that_would_cordon(tmp_path: Path,
                                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """A job's NCCL message no rule would cordon on (the default policy ignores timeouts) is decided at once:
-    500 jobs' symptoms never stall the consumer for 500 x the grace period."""
+    500 jobs' symptoms never stall the consumer for 500 x the grace period. A finding about the node's own
+    resources (socket fallback) never waits either, though a rule cordons on it: no verdict can spare it
+    (agent/remediation/incidents.py). A victim's symptom that a rule cordons on waits, once per job."""
     import os
     import stat
 
@@ -239,10 +257,20 @@ async def test_the_cordoner_waits_for_a_verdict_only_for_messages_that_would_cor
         await cord._await_verdict({**timeout, "details": {"job": f"0x{i:x}"}})
     assert time.monotonic() - t0 < 1.0
     fallback = {**timeout, "type": "NCCLSocketFallback", "kind": "condition", "status": "firing"}
-    assert cord.engine.would_take_budget(fallback)  # the default policy cordons this one: it waits
+    assert cord.engine.would_take_budget(fallback)  # the default policy cordons this one, and it does not wait
     t0 = time.monotonic()
     await cord._await_verdict(fallback)
+    assert time.monotonic() - t0 < 0.5
+    strict = configmod.parse('[remediations]\ncordon_with = "slurm"\n[[remediations.rules]]\nname = "t"\n'
+                             'action = "cordon"\n[remediations.rules.match]\ntype = ["NCCLCollectiveTimeout"]\n'
+                             'status = ["event"]\n', file="<t>").agent
+    cord.engine = Engine(strict.remediations, load_plugins(strict.remediations, HostRoot("/")).available, audit=audit)
+    t0 = time.monotonic()
+    await cord._await_verdict({**timeout, "details": {"job": "0xwait"}})
     assert time.monotonic() - t0 >= 2.5
+    t0 = time.monotonic()
+    await cord._await_verdict({**timeout, "details": {"job": "0xwait"}})  # its grace is spent: once per job
+    assert time.monotonic() - t0 < 0.5
 
 
 async def test_a_lost_replicas_partition_is_taken_over_and_handed_back(tmp_path: Path,
