@@ -116,12 +116,13 @@ def foreign_settings(have: StreamConfig, want: StreamConfig) -> list[str]:
     return out
 
 
-def verify_stream(info: StreamInfo, want: StreamConfig, *, what: str = "stream") -> None:
+def verify_stream(info: StreamInfo, want: StreamConfig, *, what: str = "") -> None:
     """Raise ``StreamRefused`` naming the stream and each foreign setting when ``info`` is not the stream ``want``
     describes (operator tuning such as ``max_age``, ``max_bytes`` or replicas is accepted)."""
     found = foreign_settings(info.config, want)
     if found:
-        raise StreamRefused(f"{what} {want.name} exists with settings gna did not ask for: {'; '.join(found)}; "
+        raise StreamRefused(f"{what or f'stream {want.name}'} exists with settings gna did not ask for: "
+                            f"{'; '.join(found)}; "
                             "an admin must inspect it (nats stream info), delete it and run `gpu-node-agent nats "
                             "setup` (docs/nats-security.md)")
 
@@ -216,7 +217,7 @@ async def open_kv(js: JetStreamContext, bucket: str, *, create_with: KeyValueCon
             info = await _info_after_refusal(js, str(want.name), exc)
         except (TimeoutError, NoRespondersError):
             raise _not_created(f"bucket {bucket} (stream {want.name})", _no_answer(str(want.name))) from None
-    verify_stream(info, want, what="bucket")
+    verify_stream(info, want, what=f"bucket {bucket} (stream {want.name})")
     if info.config.max_msgs_per_subject < 1:  # nats-py's own check in key_value(): not a KV bucket
         raise StreamRefused(f"bucket {bucket}: stream {want.name} keeps no history per key: not a KV bucket")
     # the object js.key_value() returns, without asking for the stream info a second time (nats/js/kv.py)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -405,3 +406,122 @@ async def test_correlator_and_cordoner_work_on_incidents_with_their_own_permissi
     assert fleet.violations_of("cordoner") == [] and fleet.violations_of("reader") == []
     assert [v for v in fleet.violations_of("correlator") if "gna.events" not in v] == []
     assert any("gna.events" in v for v in fleet.violations_of("correlator"))
+
+
+NON_ADMIN = ("a", "cordoner", "correlator", "reader")
+
+
+def test_no_role_but_the_admin_may_create_or_change_a_stream_or_bucket() -> None:
+    """#20: every stream and bucket is the admin step's; any other role could shape one (a republish onto another
+    node's subjects). Nodes (with and without node_budget), the cordoner, correlators and readers: INFO at most."""
+    from fleet.nats_permissions import cordoner_permissions, correlator_permissions, reader_permissions
+
+    _, key = new_user_seed()
+    perms = {"node": node_permissions(NODE_A, Layout(nodes={NODE_A: key})),
+             "node with node_budget": node_permissions(NODE_A, Layout(nodes={NODE_A: key}, node_budget=True)),
+             "cordoner": cordoner_permissions(Layout()), "correlator": correlator_permissions(Layout()),
+             "reader": reader_permissions(Layout())}
+    for who, p in perms.items():
+        shaping = [s for s in p.publish if s.startswith(("$JS.API.STREAM.", "$JS.API.>", "$JS.>", ">"))
+                   and not s.startswith(("$JS.API.STREAM.INFO.", "$JS.API.STREAM.MSG.GET.", "$JS.API.STREAM.NAMES"))]
+        assert shaping == [], f"{who} may shape streams: {shaping}"
+    assert "$JS.API.STREAM.INFO.GNA_SIGNALS" in perms["node"].publish  # what the verification needs
+
+
+async def test_no_role_but_the_admin_can_create_any_stream_or_bucket(fleet: Fleet) -> None:
+    """(f) Against the server: each non-admin role's creation of every stream and bucket is refused (no reply, a
+    violation), and nothing was created; the agent's own creation path reports the stream missing."""
+    from agent import config as configmod
+    from agent.nats_link import StreamMissing, ensure_stream
+    from fleet.nats_setup import wanted
+
+    items = wanted(configmod.parse("", file="<test>").agent)
+    conns = {who: await fleet.connect(who) for who in NON_ADMIN}
+    try:
+        attempts = []
+        for nc in conns.values():
+            js = nc.jetstream(timeout=DENIED_WAIT)
+            for item in items:
+                attempts.append(_denied(js.add_stream(item.stream) if item.stream is not None
+                                        else js.create_key_value(item.bucket)))
+        await asyncio.gather(*attempts)
+        with pytest.raises(StreamMissing, match=r"GNA_SIGNALS .*may not create it.*nats setup"):
+            await ensure_stream(conns["a"].jetstream(timeout=DENIED_WAIT), items[2].stream)  # type: ignore[arg-type]
+    finally:
+        for nc in conns.values():
+            await nc.close()
+    admin_nc = await fleet.connect("admin")
+    try:
+        assert await admin_nc.jetstream().streams_info() == []
+    finally:
+        await admin_nc.close()
+    for who in NON_ADMIN:
+        assert len([v for v in fleet.violations_of(who) if "$JS.API.STREAM.CREATE." in v]) >= len(items), who
+
+
+async def test_node_waits_for_the_admin_step_and_loses_nothing(tmp_path: Path, fleet: Fleet,
+                                                               capfd: pytest.CaptureFixture[str]) -> None:
+    """(g) The real agent as node A before the admin ran setup: no crash, a loud line, its event kept in the spool;
+    once the admin ran `nats setup`, the event reaches the stream and its state the bucket."""
+    cfg = agent_config(tmp_path, servers=[fleet.url], node=NODE_A)
+    cfg.agent.nats.nkey_seed = str(fleet.seeds["a"])
+    admin_nc = await fleet.connect("admin")
+    try:
+        async with running_agent(cfg) as agent:
+            assert agent.link is not None and agent.spool is not None
+            await asyncio.wait_for(agent.link.connected.wait(), 15)
+            assert await agent.emitter_for("burst").event("BurstEvent", severity="warning", entity="kept",
+                                                          reason="T", message="before setup")
+            for _ in range(200):
+                said = capfd.readouterr()
+                if "stream_missing" in said.out + said.err:
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                pytest.fail("no loud line for the missing stream")
+            assert agent.spool.depth == 1 and not agent.link.stream_ready
+            assert {o.status for o in await set_up(admin_nc)} == {"created"}
+            for _ in range(300):
+                if agent.spool.depth == 0 and await _has_state(admin_nc, NODE_A):
+                    break
+                await asyncio.sleep(0.05)
+            assert agent.spool.depth == 0, "the spooled event did not reach JetStream after setup"
+            assert await _has_state(admin_nc, NODE_A)
+        assert await _stored(admin_nc, f"gna.events.{encode_token(NODE_A)}.>") == 1
+    finally:
+        await admin_nc.close()
+
+
+@pytest.mark.parametrize("name", ["gpu-001\nlisten: \"0.0.0.0:9999\"", "gpu-001\r", "gpu\t001", "gpu\x00",
+                                  "gpu\x7f", "gpu\u2028x", "gpu\u200f001", "gpu\ufeff", "gpu 001", "gpu/001",
+                                  "gpu\"001", "gpu}001", "", "-gpu", "gpu.", "g" * 254])
+def test_layout_refuses_a_node_name_that_is_no_host_name(tmp_path: Path, name: str,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """#20: a newline in a node name injected a config line into the rendered layout (`nats-server -t` took it).
+    Control and format characters, and anything else that is no host name, are refused with the entry named."""
+    _, key = new_user_seed()
+    with pytest.raises(ValueError, match=r"^\[nodes\] entry " + re.escape(repr(name))):
+        render_config(Layout(nodes={name: key}))
+    layout = tmp_path / "layout.toml"
+    layout.write_text(f"[nodes]\n{json.dumps(name)} = {json.dumps(key)}\n")  # a TOML basic string: JSON's escapes
+    # the loader and the renderer's command line refuse it the same way
+    with pytest.raises(ValueError, match=r"\[nodes\] entry "):
+        load_layout(layout)
+    from fleet.nats_permissions import main as permissions_main
+
+    assert permissions_main(["render", str(layout)]) == 78
+    err = capsys.readouterr().err
+    assert "[nodes] entry" in err and repr(name)[:20] in err
+
+
+def test_layout_accepts_host_names_and_refuses_bad_nats_names() -> None:
+    _, k1 = new_user_seed()
+    _, k2 = new_user_seed()
+    text = render_config(Layout(nodes={"gpu-001.dc1.example.com": k1, "GPU_02": k2}))
+    assert "# node gpu-001.dc1.example.com (token gpu-001=dc1=example=com)" in text
+    from fleet.nats_permissions import Names
+
+    with pytest.raises(ValueError, match=r"\[names\] account"):
+        render_config(Layout(names=Names(account="GNA: {}\nX"), nodes={"a": k1}))
+    with pytest.raises(ValueError, match=r"\[names\] signals_stream"):
+        render_config(Layout(names=Names(signals_stream="GNA.SIGNALS"), nodes={"a": k1}))
