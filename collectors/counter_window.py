@@ -58,13 +58,22 @@ class WindowStats:
         """The rate in events per ``unit`` seconds (unit 60: per minute)."""
         return self.count * unit / self.span
 
+    def sure_per(self, unit: float, window: float) -> float:
+        """The rate per ``unit`` seconds this window is sure of: over a full window the measured rate; over a
+        partial one the counted increase spread over the whole ``window`` (what the rate is if nothing more
+        happens before the window is full), never an extrapolation of the seconds there are. The one place
+        this rule lives on the node side (the fleet's is fleet/stragglers.py ``signal_value``)."""
+        if self.full or window <= 0:
+            return self.per(unit)
+        return self.count * unit / window
+
     def over(self, limit: float, window: float) -> bool:
         """More than ``limit`` events per ``window``: over a full window the measured rate decides (as
         NVSentinel's velocity thresholds do); over a partial one only a count already past the whole
         window's budget does, so a burst in the first seconds after start is not extrapolated."""
-        if self.full and window > 0:
-            return self.per(window) > limit
-        return self.count > limit
+        if window <= 0:
+            return self.count > limit
+        return self.sure_per(window, window) > limit
 
 
 class CounterWindow:

@@ -79,7 +79,9 @@ DEFAULT_THRESHOLDS: dict[str, Threshold] = {
 SIGNAL_WINDOWS: dict[str, tuple[float, float, str]] = {
     "symbol_error": (3600.0, 3600.0, "symbol_error_per_h"),
     "link_error_recovery": (60.0, 60.0, "link_error_recovery_per_min"),
-    "port_rcv_errors": (0.0, 1.0, "port_rcv_errors_per_s"),
+    # per second over at least 10 s (the default interval: the last interval there; a shorter interval does not
+    # make one error a rate of 1/s)
+    "port_rcv_errors": (10.0, 1.0, "port_rcv_errors_per_s"),
 }
 MAX_SIGNAL_PORTS = 128  # a vector stays one small message whatever a hostile sysfs tree holds
 
@@ -378,18 +380,21 @@ class InfinibandCollector:
         out: dict[str, Any] = {"active": snap.active, "rate_gbps": snap.rate.gbps if snap.rate else None,
                                "link_layer": snap.link_layer or None, "hca_type": hca_type or None,
                                "board_id": board or None}
-        partial = []
+        partial: dict[str, int] = {}
         for counter, (window, unit, name) in SIGNAL_WINDOWS.items():
             win = st.windows.get(counter)
             stats = win.stats(window) if win is not None else None
             out[name] = round(stats.per(unit), 6) if stats is not None else None
             if stats is not None and not stats.full:
-                partial.append(name)
+                partial[name] = stats.count
         wait = st.rates.get("port_xmit_wait")
         out["port_xmit_wait_per_s"] = round(wait, 3) if wait is not None else None
         out["resets"] = sum(w.resets for w in st.windows.values())
         if partial:
-            out["partial"] = partial  # measured over less than the window: the history is younger than it
+            # measured over less than the window (the history is younger than it): the rate shown is an
+            # extrapolation; the counted increase is what a comparison may use (docs/straggler-signals.md)
+            out["partial"] = list(partial)
+            out["partial_counts"] = partial
         return out
 
     async def _publish_signals(self, snaps: list[PortSnapshot], now: float) -> None:

@@ -409,15 +409,19 @@ class NVMLCollector:
         vec.update({"index": dev["index"], "name": st.name, "pcie_gen": pcie.get("gen"),
                     "pcie_width": pcie.get("width"), "nvlinks": dev.get("nvlinks", 0),
                     "nvlinks_down": len(dev.get("nvlinks_down", []))})
-        partial: list[str] = []
+        partial: dict[str, int] = {}  # rate -> the count behind it, for the rates measured over a partial window
         self._pcie_replays(h, entity, st, pcie, now, partial)
         self._nvlink_errors(h, entity, st, int(dev.get("nvlinks", 0)), now, partial)
         self._thermal(h, entity, st)
         self._gpm(h, entity, st)
         if partial:
-            vec["partial"] = partial  # measured over less than the window: the history is younger than it
+            # measured over less than the window (the history is younger than it): the rate shown is an
+            # extrapolation; the counted increase is what a comparison may use (docs/straggler-signals.md)
+            vec["partial"] = list(partial)
+            vec["partial_counts"] = partial
         else:
             vec.pop("partial", None)
+            vec.pop("partial_counts", None)
         for type_, (t, severity, reason, message, details) in list(st.over.items()):
             if now - t <= self.config.error_hold_down:
                 self._cond(type_, entity, severity, reason, message, details, "inspect_hardware")
@@ -435,7 +439,7 @@ class NVMLCollector:
         st.over[type_] = (now, severity, reason, message, details)
 
     def _pcie_replays(self, h: Any, entity: str, st: GPUState, pcie: dict[str, Any], now: float,
-                      partial: list[str]) -> None:
+                      partial: dict[str, int]) -> None:
         raw = self._call("nvmlDeviceGetPcieReplayCounter", h, entity=entity)
         limit = pcie_replay_limit_per_min(pcie.get("gen"), pcie.get("width"))
         st.vector["pcie_replay_limit_per_min"] = limit
@@ -450,7 +454,7 @@ class NVMLCollector:
         if stats is None:
             return
         if not stats.full:
-            partial.append("pcie_replay_per_min")
+            partial["pcie_replay_per_min"] = stats.count
         if limit is not None and stats.over(limit, HEALTH_WINDOW):
             rate = stats.per(60.0)
             self._hold(st, "GPUPCIeReplayRate", now, "warning", "ReplayRateAboveBER",
@@ -463,7 +467,8 @@ class NVMLCollector:
                         "field": "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
                         "source": f"{DCGM_HEALTH} GetExpectedPcieReplayRate, MonitorPcie (WARN)"})
 
-    def _nvlink_errors(self, h: Any, entity: str, st: GPUState, links: int, now: float, partial: list[str]) -> None:
+    def _nvlink_errors(self, h: Any, entity: str, st: GPUState, links: int, now: float,
+                       partial: dict[str, int]) -> None:
         raw_total: dict[int, int] = {}
         per_link: dict[str, int] = {}
         for link in range(links):
@@ -493,7 +498,7 @@ class NVMLCollector:
                                 all(s.full for s in stats.values()))
             st.vector[f"nvlink_{name}_per_min"] = round(total.per(60.0), 3)
             if not total.full:
-                partial.append(f"nvlink_{name}_per_min")
+                partial[f"nvlink_{name}_per_min"] = total.count
             if total.count < DCGM_LIMIT_MAX_NVLINK_ERROR:
                 continue
             severity: Severity = "warning"

@@ -520,13 +520,14 @@ async def test_healthy_ports_publish_their_vector_and_raise_nothing(ib: SimHost,
         await node.tick()
     v = node.c.signals["mlx5_0/1"]
     assert v["symbol_error_per_h"] == 360.0 and "symbol_error_per_h" in v["partial"]
+    assert v["partial_counts"]["symbol_error_per_h"] == 7, "the counted increase behind the extrapolated rate"
     assert node.findings() == [], "7 symbol errors in the first minute: under the hour's budget of 120"
     assert v["rate_gbps"] == 400.0 and v["active"] is True and v["port_xmit_wait_per_s"] == 100.0
     (m,) = node.sink.of("StragglerSignals")
     validate_message(to_dict(m))
     assert m.entity == "signals:ib" and sorted(m.details["ports"]) == ["mlx5_0/1", "mlx5_1/1"]
     assert m.details["windows_s"] == {"symbol_error_per_h": 3600.0, "link_error_recovery_per_min": 60.0,
-                                      "port_rcv_errors_per_s": 0.0}
+                                      "port_rcv_errors_per_s": 10.0}
     assert m.details["thresholds"]["symbol_error"]["critical_per_hour"] == 120.0
     assert "NVSentinel" in m.details["threshold_source"]
     samples = {(s.labels["device"], s.labels["signal"]): s.value
@@ -599,3 +600,60 @@ async def test_a_reset_port_counter_is_a_new_baseline(ib: SimHost, monkeypatch: 
     ib.set_counter("mlx5_0", 1, "symbol_error", 1)
     await node.tick()
     assert node.c.signals["mlx5_0/1"]["symbol_error_per_h"] == 360.0 and node.findings() == []
+
+
+# -- partial windows: the counted increase, never an extrapolation (#20 deliver 6) ----------
+
+@given(st.integers(0, 10**6), st.floats(0.1, 10_000.0), st.sampled_from([1.0, 60.0, 3600.0]),
+       st.floats(0.0, 1000.0))
+def test_a_partial_window_is_sure_only_of_its_count(count: int, span: float, window: float, limit: float) -> None:
+    full = span >= window
+    s = WindowStats(count, span, full)
+    sure = s.sure_per(window, window)
+    if full:
+        assert sure == s.per(window)
+    else:
+        assert sure == count, "over a partial window: the count itself, whatever the seconds so far"
+        assert sure <= s.per(window)
+    assert s.over(limit, window) == (sure > limit)  # over() is the same rule, in the same place
+
+
+async def test_one_symbol_error_after_start_is_a_count_of_one_not_396_per_hour(
+        ib: SimHost, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The issue's case: a single symbol error in the first ~10 s reads as ~360/h; the vector marks it partial
+    and carries the count (1) the fleet compares instead; after a counter reset the same holds again."""
+    node = IBNode(ib, monkeypatch)
+    await node.tick()
+    ib.add_counter("mlx5_0", 1, "symbol_error", 1)
+    await node.tick()
+    v = node.c.signals["mlx5_0/1"]
+    assert v["symbol_error_per_h"] == 360.0 and v["partial_counts"] == {
+        "symbol_error_per_h": 1, "link_error_recovery_per_min": 0}, "rcv errors: one 10 s interval is its window"
+    assert set(v["partial"]) == set(v["partial_counts"])
+    assert node.findings() == []
+    for _ in range(7):
+        await node.tick()
+    v = node.c.signals["mlx5_0/1"]
+    assert v["partial"] == ["symbol_error_per_h"] and v["partial_counts"] == {"symbol_error_per_h": 1}
+    ib.set_counter("mlx5_0", 1, "symbol_error", 0)  # perfquery -R: a new baseline, no rate
+    await node.tick()
+    assert node.c.signals["mlx5_0/1"]["symbol_error_per_h"] is None
+    ib.add_counter("mlx5_0", 1, "symbol_error", 1)
+    await node.tick()
+    v = node.c.signals["mlx5_0/1"]
+    assert v["symbol_error_per_h"] == 360.0 and v["partial_counts"]["symbol_error_per_h"] == 1
+    assert node.findings() == []
+
+
+async def test_gpu_partial_rates_carry_their_counts_and_drop_them_once_full() -> None:
+    node = GPUNode(_gpus(1))
+    await node.tick()
+    node.fake.gpus[0].pcie_replays = 3
+    await node.tick()
+    v = node.c.signals["0000:18:00.0"]
+    assert v["pcie_replay_per_min"] == 6.0 and v["partial_counts"]["pcie_replay_per_min"] == 3
+    assert list(v["partial_counts"]) == v["partial"]
+    for _ in range(3):
+        await node.tick()
+    v = node.c.signals["0000:18:00.0"]
+    assert "partial" not in v and "partial_counts" not in v
