@@ -19,7 +19,8 @@ HEARTBEAT_PREFIX = "gna.heartbeat"
 INCIDENTS_PREFIX = "gna.incidents"  # fleet.incidents: the correlator's records, gna.incidents.<job token>
 JOBS_PREFIX = "gna.jobs"  # gna.jobs.<job token>.<node token>.member|evidence (docs/subjects.md)
 # Messages that are facts about a job, not about the node: published only under the job's subjects
-JOB_FACT_TYPES = frozenset({"NCCLJobMember"})
+# (NCCLProcessEnded: one of the job's processes on the node ended: an incident resolves on evidence)
+JOB_FACT_TYPES = frozenset({"NCCLJobMember", "NCCLProcessEnded"})
 JOB_KINDS = ("member", "evidence")
 SIGNALS_PREFIX = "gna.signals"  # gna.signals.<node token>.<collector>: straggler vectors (docs/subjects.md)
 SIGNAL_TYPES = frozenset({"StragglerSignals", "NCCLInspectorSummary"})

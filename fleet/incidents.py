@@ -31,7 +31,15 @@ import structlog
 from agent import natsclient
 from agent.config import NatsConfig
 from agent.remediation.incidents import INCIDENTS_BUCKET as INCIDENTS_BUCKET  # re-exported: the correlator writes it
-from agent.subjects import EVENTS_PREFIX, INCIDENTS_PREFIX, JOBS_PREFIX, SIGNALS_PREFIX, STRAGGLERS_PREFIX, encode_token
+from agent.subjects import (
+    EVENTS_PREFIX,
+    INCIDENTS_PREFIX,
+    JOB_FACT_TYPES,
+    JOBS_PREFIX,
+    SIGNALS_PREFIX,
+    STRAGGLERS_PREFIX,
+    encode_token,
+)
 from fleet.correlator import correlate
 from fleet.leases import LEASES_BUCKET, Leases
 from fleet.stragglers import STRAGGLERS_BUCKET, StragglerWatch
@@ -42,8 +50,13 @@ log = structlog.get_logger(__name__)
 
 # the jobs stream's membership facts only: its evidence copies are the events stream's messages again
 MEMBERSHIP = f"{JOBS_PREFIX}.*.*.member"
+JUDGE_SLICE_S = 0.005  # s: the longest the judge loop runs before it lets the event loop serve others
 SYMPTOMS = ("NCCLCollectiveTimeout", "NCCLIBCompletionError", "NCCLSocketFallback", "NCCLWatchdogProgress",
             "NCCLRASReport", "TorchFlightRecord")
+
+
+MAX_KEY = 1024  # characters of a KV key or subject token: nats-server closes a connection whose control
+# line passes max_control_line (4 KiB by default), so nothing this service puts may come near it
 
 
 def owner(job: str, partitions: int) -> int:
@@ -51,34 +64,75 @@ def owner(job: str, partitions: int) -> int:
     return zlib.crc32(job.encode()) % max(1, partitions)
 
 
+# Per-reporter shares (issue 20, "suppression"): one node's messages can crowd out only its own. A
+# node keeps at most this many membership facts and this many other messages in one job's window
+# (an HGX node runs 8 ranks, each joining up to 32 communicators: 256 facts), takes part in at most
+# JOBS_PER_NODE jobs of the table, and a job has at most NODES_PER_JOB nodes.
+MEMBERS_PER_NODE = 512
+SYMPTOMS_PER_NODE = 512
+JOBS_PER_NODE = 256
+NODES_PER_JOB = 8192
+SETTLE_MAX = 2.0  # s: however often symptoms arrive, a verdict waits at most this long after the first
+ABANDON_AFTER = 24 * 3600.0  # s: an open incident of a job nobody has said anything about for this long
+# A job fact a node publishes when one of its processes of the job ended (collectors/nccl_logs.py)
+PROCESS_ENDED = "NCCLProcessEnded"
+
+
 @dataclass
 class _Job:
-    messages: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=4096))
+    members: dict[str, deque[dict[str, Any]]] = field(default_factory=dict)  # node -> its membership facts
+    symptoms: dict[str, deque[dict[str, Any]]] = field(default_factory=dict)  # node -> its other messages
     ids: set[str] = field(default_factory=set)  # a job's evidence arrives on two streams: filed once
     nodes: set[str] = field(default_factory=set)
+    ended: set[tuple[str, str]] = field(default_factory=set)  # (node, "host:pid") whose process ended
     last_seen: float = 0.0
     last_symptom: float = 0.0  # when the last timeout/completion error/fallback was received
+    unsettled_since: float | None = None  # the first symptom since the last verdict
     published: dict[str, Any] | None = None  # the last record sent
+
+    def messages(self) -> list[dict[str, Any]]:
+        return [m for by in (self.members, self.symptoms) for q in by.values() for m in q]
+
+    def size(self) -> int:
+        return sum(len(q) for by in (self.members, self.symptoms) for q in by.values())
+
+    def processes_ended(self) -> bool:
+        """Every process the job's nodes said was a member has ended (NCCLProcessEnded from its node)."""
+        procs = {(m["node"], f"{_details(m).get('host')}:{_details(m).get('pid')}")
+                 for q in self.members.values() for m in q if m.get("type") != PROCESS_ENDED}
+        return bool(procs) and procs <= self.ended
+
+
+def _details(m: dict[str, Any]) -> dict[str, Any]:
+    d = m.get("details")
+    return d if isinstance(d, dict) else {}
 
 
 class IncidentTracker:
     def __init__(self, *, partitions: int = 1, partition: int = 0, resolve_after: float = 600.0,
-                 max_jobs: int = 10000, settle: float = 1.0) -> None:
+                 max_jobs: int = 10000, settle: float = 1.0, settle_max: float = SETTLE_MAX,
+                 abandon_after: float = ABANDON_AFTER) -> None:
         if not 0 <= partition < partitions:
             raise ValueError(f"partition {partition} is not in 0..{partitions - 1}")
         self.partitions, self.partition = partitions, partition
         self.owned: set[int] = {partition}  # with leases (fleet.leases), what this replica holds now
         self.resolve_after = resolve_after
+        self.abandon_after = max(abandon_after, resolve_after)
         self.max_jobs = max_jobs
         self.jobs: dict[str, _Job] = {}
         self.hardware: dict[str, dict[tuple[str, str], dict[str, Any]]] = {}  # node -> (type, entity) -> msg
         self.node_jobs: dict[str, set[str]] = {}
         self.dropped_jobs = 0
+        self.refused: dict[str, int] = {}  # reason -> messages refused by a per-reporter share
+        self._arrival = 0
         # A hung rank is the one that did NOT time out: while timeouts still arrive, the last ranks to
         # report would look silent. Such a verdict (and "no culprit yet") waits until no symptom
-        # arrived for ``settle`` s (watchdogs with one timeout fire within a second of each other);
-        # a hardware fault on a resource the job used is published at once.
+        # arrived for ``settle`` s (watchdogs with one timeout fire within a second of each other), but
+        # never longer than ``settle_max`` s after the first symptom (a node re-sending its own
+        # timeout cannot hold a verdict back); a hardware fault on a resource the job used is
+        # published at once.
         self.settle = settle
+        self.settle_max = max(settle, settle_max)
         self.pending: dict[str, float] = {}  # job -> when to judge it again
 
     def owns(self, job: str) -> bool:
@@ -88,10 +142,16 @@ class IncidentTracker:
         """Stop judging a partition (its lease went to another replica): forget its jobs, publish nothing."""
         self.owned.discard(partition)
         for job in [job for job in self.jobs if owner(job, self.partitions) == partition]:
-            for n in self.jobs[job].nodes:
-                self.node_jobs.get(n, set()).discard(job)
-            del self.jobs[job]
-            self.pending.pop(job, None)
+            self._drop(job)
+
+    def _refuse(self, reason: str) -> set[str]:
+        self.refused[reason] = self.refused.get(reason, 0) + 1
+        return set()
+
+    def _drop(self, job: str) -> None:
+        for n in self.jobs.pop(job).nodes:
+            self.node_jobs.get(n, set()).discard(job)
+        self.pending.pop(job, None)
 
     def add(self, msg: dict[str, Any], now: float | None = None) -> set[str]:
         """File one decoded message; the jobs (of this partition) to judge again."""
@@ -99,30 +159,44 @@ class IncidentTracker:
         node = msg.get("node")
         if not isinstance(node, str):
             return set()
-        raw = msg.get("details")
-        details: dict[str, Any] = raw if isinstance(raw, dict) else {}
+        details = _details(msg)
         job = details.get("job") if msg.get("collector") == "nccl_logs" else None
         if isinstance(job, str) and job:
             if not self.owns(job):
-                # still remember where the job runs: its nodes' hardware findings matter only to it
                 return set()
             j = self.jobs.get(job)
+            mine = self.node_jobs.get(node, set())
+            if job not in mine and len(mine) >= JOBS_PER_NODE:
+                return self._refuse("jobs_per_node")  # one node cannot fill the job table
             if j is None:
                 if len(self.jobs) >= self.max_jobs:
-                    self._forget_oldest()
+                    self._forget_one()
                 j = self.jobs[job] = _Job()
+            elif node not in j.nodes and len(j.nodes) >= NODES_PER_JOB:
+                return self._refuse("nodes_per_job")
             mid = msg.get("id")
             if isinstance(mid, str):
                 if mid in j.ids:
                     return set()
-                if len(j.ids) >= 3 * (j.messages.maxlen or 4096):
-                    j.ids = {str(m.get("id")) for m in j.messages}  # forget the ids that left the window
+                if len(j.ids) >= 2 * j.size() + 4096:
+                    j.ids = {str(m.get("id")) for m in j.messages()}  # forget the ids that left the windows
                 j.ids.add(mid)
-            j.messages.append(msg)
+            self._arrival += 1
+            msg["_arrival"] = self._arrival  # claims are ordered by arrival: a reporter chooses its "time"
+            fact = msg.get("type") in JOB_FACT_TYPES
+            by, cap = (j.members, MEMBERS_PER_NODE) if fact else (j.symptoms, SYMPTOMS_PER_NODE)
+            q = by.get(node)
+            if q is None:
+                q = by[node] = deque(maxlen=cap)
+            q.append(msg)  # a full window drops this node's oldest message, never another node's
+            if msg.get("type") == PROCESS_ENDED:
+                j.ended.add((node, f"{details.get('host')}:{details.get('pid')}"))
             j.nodes.add(node)
             j.last_seen = now
             if msg.get("type") in SYMPTOMS:
                 j.last_symptom = now
+                if j.unsettled_since is None:
+                    j.unsettled_since = now
             self.node_jobs.setdefault(node, set()).add(job)
             return {job}
         entity = str(msg.get("entity", ""))
@@ -143,10 +217,13 @@ class IncidentTracker:
             return set(touched)
         return set()
 
-    def _forget_oldest(self) -> None:
-        job = min(self.jobs, key=lambda k: self.jobs[k].last_seen)
-        for n in self.jobs.pop(job).nodes:
-            self.node_jobs.get(n, set()).discard(job)
+    def _forget_one(self) -> None:
+        """The table is full: forget a job no incident is open for, reported by the fewest nodes, the
+        longest quiet (a node's flood of jobs of its own goes before a job several nodes report)."""
+        def cost(k: str) -> tuple[bool, int, float]:
+            j = self.jobs[k]
+            return (bool(j.published and j.published["status"] == "open"), len(j.nodes), j.last_seen)
+        self._drop(min(self.jobs, key=cost))
         self.dropped_jobs += 1
 
     def judge(self, jobs: set[str], now: float | None = None) -> list[dict[str, Any]]:
@@ -154,28 +231,46 @@ class IncidentTracker:
         now = time.time() if now is None else now
         out = []
         for job in sorted(jobs):
-            j = self.jobs.get(job)
-            if j is None:
-                continue
-            msgs = list(j.messages) + [m for n in j.nodes for m in self.hardware.get(n, {}).values()]
-            found = [inc for inc in correlate(msgs) if inc.job == job]
-            # verdicts from symptoms alone wait for the symptoms to settle: other ranks' timeouts may follow,
-            # and a hardware finding (on the events stream) may trail the evidence (on the jobs stream)
-            unsettled = found and (found[0].culprit is None or found[0].culprit["kind"] in ("rank", "link"))
-            if unsettled and now - j.last_symptom < self.settle:
-                self.pending[job] = j.last_symptom + self.settle  # not yet: other ranks' timeouts may follow
-                continue
-            self.pending.pop(job, None)
-            record = None
-            if found:
-                record = {"status": "open", **found[0].to_dict()}
-            elif j.published and j.published["status"] == "open":
-                record = {**j.published, "status": "resolved", "reason": "no symptom or fault left"}
-            if record is not None and _verdict(record) != _verdict(j.published):
-                record["updated"] = now
-                j.published = record
+            if (record := self.judge_one(job, now)) is not None:
                 out.append(record)
         return out
+
+    def judge_one(self, job: str, now: float) -> dict[str, Any] | None:
+        """The job's new record, when its verdict changed (the service judges one job at a time and
+        yields between them, so no round holds the event loop)."""
+        j = self.jobs.get(job)
+        if j is None:
+            return None
+        if j.processes_ended():
+            # every process of the job ended: what it said is over, whatever the timers say
+            record = None
+            if j.published and j.published["status"] == "open":
+                record = {**j.published, "status": "resolved", "updated": now,
+                          "reason": "the job's processes ended (their nodes said so)"}
+            self._drop(job)
+            return record
+        msgs = j.messages() + [m for n in j.nodes for m in self.hardware.get(n, {}).values()]
+        found = [inc for inc in correlate(msgs) if inc.job == job]
+        # verdicts from symptoms alone wait for the symptoms to settle: other ranks' timeouts may follow,
+        # and a hardware finding (on the events stream) may trail the evidence (on the jobs stream)
+        unsettled = found and (found[0].culprit is None or found[0].culprit["kind"] in ("rank", "link"))
+        if unsettled and now - j.last_symptom < self.settle:
+            since = j.unsettled_since if j.unsettled_since is not None else j.last_symptom
+            if now - since < self.settle_max:
+                self.pending[job] = min(j.last_symptom + self.settle, since + self.settle_max)
+                return None
+        self.pending.pop(job, None)
+        j.unsettled_since = None
+        record = None
+        if found:
+            record = {"status": "open", **found[0].to_dict()}
+        elif j.published and j.published["status"] == "open":
+            record = {**j.published, "status": "resolved", "reason": "no symptom or fault left"}
+        if record is not None and _verdict(record) != _verdict(j.published):
+            record["updated"] = now
+            j.published = record
+            return record
+        return None
 
     def due(self, now: float | None = None) -> set[str]:
         """Jobs whose settling time is over."""
@@ -185,19 +280,38 @@ class IncidentTracker:
     def next_due(self) -> float | None:
         return min(self.pending.values(), default=None)
 
+    def still_firing(self, job: str) -> list[str]:
+        """The hardware evidence of the job's open incident that its nodes have not resolved."""
+        j = self.jobs.get(job)
+        rec = j.published if j else None
+        if not rec or rec.get("status") != "open":
+            return []
+        out = []
+        for c in rec.get("culprits") or ([rec["culprit"]] if rec.get("culprit") else []):
+            held = self.hardware.get(c.get("node", ""), {})
+            if c.get("kind") in ("gpu", "hca_port") and any(
+                    entity == c.get("entity") and m.get("kind") == "condition" for (_t, entity), m in held.items()):
+                out.append(f"{c.get('node')} {c.get('entity')}")  # a condition until its node resolves it
+        return out
+
     def sweep(self, now: float | None = None) -> list[dict[str, Any]]:
-        """Jobs quiet for resolve_after: their open incident resolves, their state is forgotten."""
+        """Jobs quiet for resolve_after are forgotten; an open incident resolves only on evidence: it
+        stays while its hardware evidence still fires or its processes may be alive and silent (a hung
+        job says nothing until its watchdog fires, 600-1,800 s by default), and is given up only after
+        ``abandon_after`` s without a word from any of its nodes."""
         now = time.time() if now is None else now
         out = []
         for job, j in list(self.jobs.items()):
-            if now - j.last_seen < self.resolve_after:
+            quiet = now - j.last_seen
+            if quiet < self.resolve_after:
                 continue
             if j.published and j.published["status"] == "open":
+                if self.still_firing(job) or quiet < self.abandon_after:
+                    continue
                 out.append({**j.published, "status": "resolved", "updated": now,
-                            "reason": f"the job has been quiet for {self.resolve_after:g} s (ended or recovered)"})
-            for n in j.nodes:
-                self.node_jobs.get(n, set()).discard(job)
-            del self.jobs[job]
+                            "reason": f"no word from the job's nodes for {self.abandon_after / 3600:g} h "
+                                      f"and no fault of it still firing"})
+            self._drop(job)
         return out
 
 
@@ -205,7 +319,8 @@ def _verdict(record: dict[str, Any] | None) -> Any:
     if record is None:
         return None
     return (record["status"], json.dumps(record.get("culprit"), sort_keys=True), tuple(record.get("victims", ())),
-            record.get("evidence_total"))
+            record.get("evidence_total"), record.get("actionable"), record.get("contested"),
+            round(float(record.get("confidence") or 0), 2))
 
 
 class IncidentService:
@@ -324,16 +439,23 @@ class IncidentService:
                 await within(self.nc.close(), 5.0)
 
     def accept(self, subject: str, data: bytes) -> None:
+        """One message from the wire, live or replayed: filed, or counted with a sample. Nothing a
+        message holds may raise out of here (a replay that dies on a poison message would kill every
+        restart after it)."""
         try:
             if subject.startswith(SIGNALS_PREFIX + "."):
                 self.stragglers.add(decode_signals(subject, data))
                 return
             msg = decode_job(subject, data) if subject.startswith(JOBS_PREFIX + ".") else decode_event(subject, data)
+            self.stragglers.add(msg)  # membership: which GPUs and NICs each job uses
+            touched = self.tracker.add(msg)
         except Rejected as exc:
             self.rejections.record(exc.reason, subject, data, str(exc))
             return
-        self.stragglers.add(msg)  # membership: which GPUs and NICs each job uses
-        touched = self.tracker.add(msg)
+        except Exception as exc:  # a bug a message found: counted and shown, the service goes on
+            self.rejections.record(f"unhandled:{type(exc).__name__}", subject, data, repr(exc))
+            log.exception("incidents_message_failed", subject=subject[:200])
+            return
         if touched:
             self._dirty |= touched
             self._wake.set()
@@ -371,12 +493,25 @@ class IncidentService:
             self._wake.clear()
             await asyncio.sleep(self.debounce)  # a burst of 1,000 timeouts is judged once, not 1,000 times
             dirty, self._dirty = self._dirty | self.tracker.due(), set()
-            records = self.tracker.judge(dirty)
+            # one job at a time, yielding between them: a round over many jobs never holds the loop
+            # (the cordoner's and the followers' callbacks run in between)
+            slice_start = time.monotonic()
+            for job in sorted(dirty):
+                try:
+                    rec = self.tracker.judge_one(job, time.time())
+                except Exception as exc:  # a job whose evidence trips a bug: counted, the others go on
+                    self.rejections.record(f"judge:{type(exc).__name__}", f"job {job[:200]}", b"", repr(exc))
+                    log.exception("incidents_judge_failed", job=job[:200])
+                    continue
+                if rec is not None:
+                    await self._publish(rec)
+                if time.monotonic() - slice_start > JUDGE_SLICE_S:
+                    await asyncio.sleep(0)
+                    slice_start = time.monotonic()
             if time.monotonic() - last_sweep > 30:
-                records += self.tracker.sweep()
+                for rec in self.tracker.sweep():
+                    await self._publish(rec)
                 last_sweep = time.monotonic()
-            for rec in records:
-                await self._publish(rec)
 
     async def _straggler_loop(self) -> None:
         while True:
@@ -397,7 +532,11 @@ class IncidentService:
                 except Exception:
                     self._skv = await js.create_key_value(bucket=STRAGGLERS_BUCKET, history=5,
                                                           replicas=self.nats_cfg.stream_replicas)
-            await self._skv.put(f"{node}.{encode_token(record['entity'])}", data)
+            key = f"{node}.{encode_token(record['entity'])}"
+            if len(key) > 2 * MAX_KEY + 1:  # a node token and an entity token, each bounded by fleet/wire.py
+                self.rejections.record("key_too_long", f"straggler {key[:200]}", data[:200])
+                return
+            await self._skv.put(key, data)
             await self.nc.publish(f"{STRAGGLERS_PREFIX}.{node}", data)
             self.stragglers_published += 1
             log.info("straggler", node=record["node"], entity=record["entity"], status=record["status"],
@@ -410,6 +549,9 @@ class IncidentService:
     async def _publish(self, record: dict[str, Any]) -> None:
         data = json.dumps(record, separators=(",", ":")).encode()
         token = encode_token(record["job"])
+        if len(token) > MAX_KEY:  # fleet/wire.py bounds job ids well below this: never a key the server refuses
+            self.rejections.record("key_too_long", f"job {record['job'][:200]}", data[:200])
+            return
         try:
             if self._kv is None:
                 js = self.nc.jetstream()

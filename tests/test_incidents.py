@@ -45,8 +45,44 @@ async def test_tracker_judges_when_evidence_arrives_and_resolves_when_the_job_go
     want = sc.expected[sc.jobs[0].comm_id]
     assert rec["status"] == "open" and {k: rec["culprit"][k] for k in want} == want
     assert t.judge(touched, now=102.0) == []  # the same verdict is not published again
-    (done,) = t.sweep(now=200.0)
+    assert rec["actionable"] and rec["corroboration"] == "own node"  # the node's own hardware finding
+    # quiet, but the GPU is still off the bus (issue 20): the incident stays open, the job is kept
+    assert t.sweep(now=200.0) == [] and rec["job"] in t.jobs
+    assert t.still_firing(rec["job"]) == [f"{rec['culprit']['node']} {rec['culprit']['entity']}"]
+    assert t.sweep(now=101.0 + t.abandon_after) == []  # a day later the node still says its GPU is gone
+    # the GPU's conditions resolve (its node says so); the Xid event stays evidence, nothing fires any more
+    for i, c in enumerate(m for m in rest if m["kind"] == "condition" and m["entity"] == rec["culprit"]["entity"]):
+        t.judge(t.add({**c, "status": "resolved", "id": f"01RESOLVED{i:016d}"}, now=102.0), now=102.0)
+    assert t.still_firing(rec["job"]) == []
+    assert t.sweep(now=102.0 + t.abandon_after / 2) == []  # its processes may still be alive and silent
+    # a day without a word from any of its nodes (their agents gone too, no fault firing): given up
+    (done,) = t.sweep(now=102.0 + t.abandon_after)
     assert done["status"] == "resolved" and done["job"] == rec["job"] and not t.jobs
+
+
+async def test_an_incident_resolves_on_evidence_not_on_silence(tmp_path: Path) -> None:
+    """Issue 20, lifecycle: a hung job is silent until its watchdog fires; quiet is no evidence. The
+    incident resolves when the fault resolves or every process of the job ended (NCCLProcessEnded)."""
+    _sc, msgs = await _messages(tmp_path, "gpu_fell_off")
+    t = IncidentTracker(resolve_after=60, settle=0)
+    touched: set[str] = set()
+    for m in msgs:
+        touched |= t.add(m, now=100.0)
+    (rec,) = t.judge(touched, now=100.0)
+    job = rec["job"]
+    gpu = next(m for m in msgs if m["type"] == "GPUFellOffBus")
+    assert t.judge(t.add({**gpu, "status": "resolved", "id": "01RESOLVEDGPU"}, now=150.0), now=150.0)
+    assert t.sweep(now=400.0) == [] and job in t.jobs  # the processes may be alive and silent
+    ended = []
+    for m in msgs:
+        d = m["details"]
+        if m["type"] == "NCCLJobMember" and d.get("job") == job:
+            ended.append({**m, "id": f"01END{len(ended):021d}", "type": "NCCLProcessEnded"})
+    records = []
+    for m in ended:
+        records += t.judge(t.add(m, now=500.0), now=500.0)
+    final = [r for r in records if r["status"] == "resolved"]
+    assert len(final) == 1 and "processes ended" in final[0]["reason"] and job not in t.jobs
 
 
 async def test_partitions_split_the_jobs(tmp_path: Path) -> None:
