@@ -72,7 +72,8 @@ def test_a_node_repeating_its_timeout_cannot_hold_a_verdict_back() -> None:
     t = IncidentTracker(settle=1.0, settle_max=2.0)
     touched = _honest_hang(t, 100.0)
     assert t.judge(touched, now=100.0) == []  # settling
-    now, published = 100.0, []
+    now = 100.0
+    published: list[dict[str, Any]] = []
     while now < 110.0 and not published:
         now += 0.4  # n0 re-sends its own timeout every 0.4 s (a new message each time)
         touched = t.add(_timeout("n0", 0), now=now)
