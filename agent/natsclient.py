@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import signal
 import sys
-import time
 from collections.abc import Awaitable, Callable, Coroutine
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
@@ -155,26 +154,36 @@ async def run_until_closed_or_stopped(watch: ConnectionWatch, duration: float | 
 
 
 async def until_closed(command: Coroutine[Any, Any, int], watch: ConnectionWatch, *,
-                       grace: float = 5.0) -> int:
+                       settle: float = 0.5, grace: float = 5.0) -> int:
     """Run a command that loops on its own (``top``, ``events --follow``) but stop it when a watched
     connection closes for good: it is cancelled (its ``finally`` blocks run, up to ``grace`` s) and
-    the result is ``EX_TEMPFAIL``; otherwise the command's own status."""
+    the result is ``EX_TEMPFAIL``; otherwise the command's own status.
+
+    A command that closes its own connection as it ends fires the watch too: one that then ends
+    within ``settle`` s ended by itself (its status stands). One that fails (raises) while a watched
+    connection is closed failed because of it: ``EX_TEMPFAIL`` too, not a traceback."""
     loop = asyncio.get_running_loop()
     task = loop.create_task(command, name="command")
     closed = loop.create_task(watch.wait(), name="nats:watch")
     try:
         await asyncio.wait({task, closed}, return_when=asyncio.FIRST_COMPLETED)
+        lost_first = not task.done()  # the watch fired while the command still ran
+        if lost_first:
+            await asyncio.wait({task}, timeout=settle)
     finally:
         closed.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await closed
     if task.done():
         watch.stop()
+        exc = None if task.cancelled() else task.exception()
+        if exc is not None and not isinstance(exc, (BrokenPipeError, KeyboardInterrupt)) and (
+                lost_first or watch.closed.is_set() or watch.poll()):
+            return say_closed(watch)  # it failed because its connection is gone
         return task.result()
     task.cancel()
-    deadline = time.monotonic() + grace
     with contextlib.suppress(BaseException):
-        await asyncio.wait({task}, timeout=max(0.0, deadline - time.monotonic()))
+        await asyncio.wait({task}, timeout=grace)
     watch.stop()
     return say_closed(watch)
 

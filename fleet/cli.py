@@ -30,7 +30,8 @@ def add_commands(sub: argparse._SubParsersAction[Parser]) -> None:
     ev = sub.add_parser("events", help="print fleet messages as JSON lines (history, or follow)",
                         description="Print the fleet's messages from the event stream, one JSON object a line. "
                         "Default: every stored message that matches, oldest first, then exit. --follow: then keep "
-                        "printing new ones. --new: only new ones. Exit 0; 69 NATS unreachable; 78 config error.")
+                        "printing new ones. --new: only new ones. Exit 0; 69 NATS unreachable; 75 the NATS connection "
+                        "closed for good while following; 78 config error.")
     add_nats(ev)
     ev.add_argument("--node", help="only messages from this node")
     ev.add_argument("--collector", help="only messages from this collector (e.g. infiniband)")
@@ -53,7 +54,10 @@ def add_commands(sub: argparse._SubParsersAction[Parser]) -> None:
         add_nats(b)
     budget.set_defaults(handler=cmd_budget)
 
-    cord = sub.add_parser("cordoner", help="central cordoner: fleet messages -> remediation with cluster credentials")
+    cord = sub.add_parser("cordoner", help="central cordoner: fleet messages -> remediation with cluster credentials",
+                          description="Decide the fleet's messages with the remediation rules and cluster credentials "
+                          "(docs/remediation.md). Exit 0 on SIGTERM/--duration; 69 NATS unreachable at start; 75 the "
+                          "NATS connection closed for good (the supervisor restarts it).")
     add_nats(cord, state_dir=False)
     cord.add_argument("--enforce", action="store_true", help="act (default: dry-run, every decision audited)")
     cord.add_argument("--duration", type=positive_float, help="stop by itself after this many seconds")
@@ -160,9 +164,9 @@ def cmd_correlator(args: argparse.Namespace) -> int:
     import time
 
     from agent.logsetup import configure
+    from agent.natsclient import run_until_closed_or_stopped, watching
     from fleet.incidents import IncidentService
     from gna_sdk.aio import within
-    from gna_sdk.persist import until_stopped
 
     cfg = configmod.load(args.config).agent
     configure(cfg.log.level, cfg.log.format)
@@ -173,14 +177,16 @@ def cmd_correlator(args: argparse.Namespace) -> int:
     start = time.monotonic()
 
     async def go() -> int:
+        watch = watching()  # the service's natsclient.connect() registers with it: closed for good -> exit 75
         svc = IncidentService(nats_servers(args), nats_cfg=ncfg, partitions=args.partitions,
                               partition=args.partition, history_s=args.history_hours * 3600,
                               resolve_after=args.resolve_after, lease_ttl=max(0.0, args.lease_ttl),
                               straggler_interval=args.straggler_interval)
         await within(svc.start(), ncfg.connect_timeout + 1)
-        await until_stopped(None if args.duration is None else max(0.0, start + args.duration - time.monotonic()))
+        rc = await run_until_closed_or_stopped(
+            watch, None if args.duration is None else max(0.0, start + args.duration - time.monotonic()))
         await svc.stop()
-        return 0
+        return rc
 
     return asyncio.run(go())
 
@@ -231,6 +237,7 @@ def cmd_events(args: argparse.Namespace) -> int:
     import signal
 
     from agent.logsetup import configure
+    from agent.natsclient import until_closed, watching
     from fleet.events import EventsQuery, quiet_broken_pipe, run_events
 
     configure("error", "auto")  # stdout is the messages only; the skip summary goes to stderr
@@ -242,8 +249,12 @@ def cmd_events(args: argparse.Namespace) -> int:
     q = EventsQuery(node=args.node, collector=args.collector, severity=args.severity, follow=args.follow,
                     new_only=args.new, count=args.count, duration=args.duration)
     signal.signal(signal.SIGTERM, interrupted)  # a pipeline's SIGTERM ends it like Ctrl-C: exit 0
+
+    async def go() -> int:  # a follower whose connection closed for good exits 75 (natsclient.until_closed)
+        return await until_closed(run_events(servers, q, nats_config(args)), watching())
+
     try:
-        return asyncio.run(run_events(servers, q, nats_config(args)))
+        return asyncio.run(go())
     except KeyboardInterrupt:
         return 0
     except BrokenPipeError:
@@ -267,8 +278,13 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
 
 def cmd_top(args: argparse.Namespace) -> int:
     from agent.logsetup import configure
+    from agent.natsclient import until_closed, watching
     from fleet.top import run_top
 
     configure("error", "auto")
-    return asyncio.run(run_top(nats_servers(args), once=args.once, duration=args.duration, q=args.search,
-                               width=args.width, limit=args.limit, nats_cfg=nats_config(args)))
+
+    async def go() -> int:  # a connection closed for good ends the screen with exit 75 (natsclient.until_closed)
+        return await until_closed(run_top(nats_servers(args), once=args.once, duration=args.duration, q=args.search,
+                                          width=args.width, limit=args.limit, nats_cfg=nats_config(args)), watching())
+
+    return asyncio.run(go())

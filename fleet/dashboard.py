@@ -23,9 +23,9 @@ from typing import Any
 import structlog
 from aiohttp import web
 
+from agent import natsclient
 from agent.config import NatsConfig
 from fleet.state import FleetFeed, FleetState
-from gna_sdk.persist import until_stopped
 
 log = structlog.get_logger(__name__)
 
@@ -195,9 +195,11 @@ class Subscriber:
 async def serve(servers: list[str], host: str, port: int, *, duration: float | None = None,
                 ready_file: str | None = None, history_s: float = 6 * 3600,
                 nats_cfg: NatsConfig | None = None) -> int:
-    """Serve until SIGTERM/SIGINT or ``duration`` seconds from the call (connecting included)."""
+    """Serve until SIGTERM/SIGINT or ``duration`` seconds from the call (connecting included): 0; or until
+    its NATS connection closed for good: ``EX_TEMPFAIL`` (75, agent/natsclient.py), so it is restarted."""
     start = time.monotonic()
     cfg = nats_cfg or NatsConfig()
+    watch = natsclient.watching()  # the feed's connection registers with it: closed for good -> EX_TEMPFAIL
     state = FleetState(history_s=history_s)
     feed = FleetFeed(state, servers, nats_cfg=cfg,
                      connect_timeout=cfg.connect_timeout if duration is None else min(cfg.connect_timeout, duration))
@@ -219,7 +221,8 @@ async def serve(servers: list[str], host: str, port: int, *, duration: float | N
     if ready_file:
         with open(ready_file, "w") as fh:
             fh.write(url + "\n")
-    await until_stopped(None if duration is None else max(0.0, start + duration - time.monotonic()))
+    rc = await natsclient.run_until_closed_or_stopped(
+        watch, None if duration is None else max(0.0, start + duration - time.monotonic()))
     await runner.cleanup()
     await feed.stop()
-    return 0
+    return rc
