@@ -45,6 +45,9 @@ MAX_INCIDENT_NODES = 20000  # victims, nodes
 _EVIDENCE_TEXT = ("node", "type", "entity", "severity", "time", "message")
 _EVIDENCE_EXTRA = ("rank", "seq_num", "op_type", "peer", "pci")
 _CULPRIT_TEXT = ("node", "entity", "kind")
+_FINDING_KEYS = ("kind", "node", "rank", "holder", "claimed", "size")  # fleet/correlator.py Membership.finding
+MAX_CULPRITS = 8
+MAX_FINDINGS = 64
 
 
 def family(type_: str) -> str:
@@ -95,6 +98,15 @@ def _names(value: Any, what: str) -> list[str]:
     return [_text(v, f"{what}[]") for v in value]
 
 
+def _culprit(culprit: Any, what: str) -> dict[str, str]:
+    if not isinstance(culprit, dict):
+        raise Rejected("schema", f"{what} must be an object or null")
+    clean = {k: _text(culprit.get(k), f"{what}.{k}") for k in _CULPRIT_TEXT}
+    if culprit.get("rank") is not None:
+        clean["rank"] = str(_scalar(culprit["rank"], f"{what}.rank"))
+    return clean
+
+
 def decode_incident(data: bytes | str | dict[str, Any], *, job: str | None = None) -> dict[str, Any]:
     """One incident record (fleet/incidents.py, docs/correlator.md) as the views may use it: every
     field of the right type and size, unknown fields dropped; ``job`` (from the KV key) must be the
@@ -120,12 +132,22 @@ def decode_incident(data: bytes | str | dict[str, Any], *, job: str | None = Non
         raise Rejected("schema", f"status {str(status)[:40]!r}")
     culprit = doc.get("culprit")
     if culprit is not None:
-        if not isinstance(culprit, dict):
-            raise Rejected("schema", "culprit must be an object or null")
-        clean = {k: _text(culprit.get(k), f"culprit.{k}") for k in _CULPRIT_TEXT}
-        if culprit.get("rank") is not None:
-            clean["rank"] = str(_scalar(culprit["rank"], "culprit.rank"))
-        culprit = clean
+        culprit = _culprit(culprit, "culprit")
+    culprits = doc.get("culprits", [culprit] if culprit else [])
+    if not isinstance(culprits, list) or len(culprits) > MAX_CULPRITS:
+        raise Rejected("schema", f"culprits must be a list of at most {MAX_CULPRITS}")
+    culprits = [_culprit(c, "culprits[]") for c in culprits]
+    for flag in ("actionable", "contested"):
+        if not isinstance(doc.get(flag, False), bool):
+            raise Rejected("schema", f"{flag} must be a boolean")
+    findings = doc.get("findings", [])
+    if not isinstance(findings, list) or len(findings) > MAX_FINDINGS:
+        raise Rejected("schema", f"findings must be a list of at most {MAX_FINDINGS}")
+    clean_findings = []
+    for f in findings:
+        if not isinstance(f, dict):
+            raise Rejected("schema", "a finding must be an object")
+        clean_findings.append({k: _scalar(f[k], f"findings.{k}") for k in _FINDING_KEYS if f.get(k) is not None})
     confidence = doc.get("confidence", 0.0)
     if (isinstance(confidence, bool) or not isinstance(confidence, int | float) or not math.isfinite(confidence)
             or not 0 <= confidence <= 1):
@@ -151,7 +173,11 @@ def decode_incident(data: bytes | str | dict[str, Any], *, job: str | None = Non
     updated = doc.get("updated", 0.0)
     if isinstance(updated, bool) or not isinstance(updated, int | float) or not math.isfinite(updated):
         raise Rejected("schema", "updated must be a number (epoch seconds)")
-    return {"status": status, "job": name, "culprit": culprit, "confidence": float(confidence),
+    return {"status": status, "job": name, "culprit": culprit, "culprits": culprits, "confidence": float(confidence),
+            "actionable": doc.get("actionable", False), "contested": doc.get("contested", False),
+            "corroboration": _text(doc.get("corroboration"), "corroboration", optional=True),
+            "reporters": _names(doc.get("reporters", []), "reporters"),
+            "findings": clean_findings,
             "reason": _text(doc.get("reason"), "reason", optional=True), "evidence": items,
             "evidence_total": total, "victims": _names(doc.get("victims", []), "victims"),
             "nodes": _names(doc.get("nodes", []), "nodes"),

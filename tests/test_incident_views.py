@@ -43,7 +43,10 @@ def record(job: str = JOB, *, status: str = "open", updated: float | None = None
                   "time": "2026-12-03T07:53:40.100Z", "message": "Port mlx5_7/1 is DOWN"})
     rec = {"status": status, "job": job,
            "culprit": {"node": "gpu-011-000", "entity": "ib:mlx5_7/1", "kind": "hca_port", "rank": "4"},
-           "confidence": 0.97, "reason": "a critical finding on a NIC port rank 4 used", "evidence": ev,
+           "culprits": [{"node": "gpu-011-000", "entity": "ib:mlx5_7/1", "kind": "hca_port", "rank": "4"}],
+           "confidence": 0.97, "actionable": True, "contested": False, "corroboration": "own node",
+           "reporters": ["gpu-011-000"], "findings": [],
+           "reason": "a critical finding on a NIC port rank 4 used", "evidence": ev,
            "evidence_total": 25, "victims": [f"gpu-011-{i:03d}" for i in range(1, 12)],
            "nodes": [f"gpu-011-{i:03d}" for i in range(12)], "first_evidence": "2026-12-03T07:53:40.100Z",
            "updated": time.time() - 60 if updated is None else updated}
@@ -80,7 +83,8 @@ def test_kept_record_is_the_validated_one() -> None:
     rec["evidence"][0]["unknown"] = "dropped"
     assert st.apply_incident(_b(rec), key=encode_token(JOB))
     kept = st.incidents()[0]
-    assert set(kept) == {"status", "job", "culprit", "confidence", "reason", "evidence", "evidence_total", "victims",
+    assert set(kept) == {"status", "job", "culprit", "culprits", "confidence", "actionable", "contested",
+                         "corroboration", "reporters", "findings", "reason", "evidence", "evidence_total", "victims",
                          "nodes", "first_evidence", "updated"}, "unknown fields are not carried to the views"
     assert "unknown" not in kept["evidence"][0] and kept["evidence"][1]["rank"] == "1"
     assert kept["evidence"][1]["seq_num"] == 1234 and kept["culprit"]["rank"] == "4"
