@@ -52,7 +52,7 @@ CULPRIT_MIN_CONFIDENCE = 0.85  # a verdict below this is shown, never acted on
 
 # bounds of an incident record (check_incident): past them the record is refused and counted
 MAX_RECORD_BYTES = 4 << 20
-MAX_JOB = 256  # characters of a job id (NCCL's commId is 16-20; a Slurm/K8s job name stays far below)
+MAX_JOB = 320  # characters of a job id: fleet.wire.JOB_MAX (what the fleet decoder lets through)
 MAX_VICTIMS = 65_536  # nodes a job's incident may list as victims
 MAX_NAME = 256  # a node name (a DNS name is at most 253)
 MAX_ENTITY = 512
