@@ -556,7 +556,7 @@ class StragglerWatch:
             self.member_count -= 1
             self._reject("members_per_node", f"{node}: {gone_entity}")
         elif self.member_count >= self.max_members:  # the node with the most processes gives one up
-            big = max(self.members, key=lambda n: len(self.members[n]))
+            big = max(self.members, key=lambda n: (len(self.members[n]), n == node))  # ties: the adding node
             if not self.members[big]:
                 return False
             _e, gone = self.members[big].popitem(last=False)
@@ -624,7 +624,7 @@ class StragglerWatch:
             self.inspector_count -= 1
             self._reject("inspector_per_node", f"{node}: {gone}")
         elif self.inspector_count >= self.max_inspector:
-            big = max(self.inspector, key=lambda n: len(self.inspector[n]))
+            big = max(self.inspector, key=lambda n: (len(self.inspector[n]), n == node))
             if not self.inspector[big]:
                 return False
             gone, _m = self.inspector[big].popitem(last=False)
