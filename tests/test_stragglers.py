@@ -202,8 +202,9 @@ async def test_live_the_correlator_publishes_the_straggler_and_resolves_it(nats_
 # -- #20: rates, trust and bounds --------------------------------------------------------------
 
 def _port_vec(messages: list[dict[str, Any]], node: str) -> dict[str, Any]:
-    return next(m for m in messages if m["type"] == "StragglerSignals" and m["collector"] == "infiniband"
-                and m["node"] == node)["details"]["ports"]
+    ports: dict[str, Any] = next(m for m in messages if m["type"] == "StragglerSignals"
+                                 and m["collector"] == "infiniband" and m["node"] == node)["details"]["ports"]
+    return ports
 
 
 def _used_port(sc_messages: list[dict[str, Any]]) -> tuple[str, str]:
