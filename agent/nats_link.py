@@ -195,6 +195,22 @@ async def ensure_stream(js: JetStreamContext, want: StreamConfig, *, create: boo
     return "created"
 
 
+async def await_stream(js: JetStreamContext, want: StreamConfig, *, create: bool = False,
+                       interval: float = 2.0) -> str:
+    """``ensure_stream`` until it exists: for a reader of a stream (the correlator, the views) that starts before
+    the admin step or the first agent made it. A missing stream is logged once, loudly, then waited for; a
+    refused one (``StreamRefused``) is raised at once: nothing is read from a stream carrying foreign settings."""
+    said = False
+    while True:
+        try:
+            return await ensure_stream(js, want, create=create)
+        except StreamMissing as exc:
+            if not said:
+                log.error("stream_missing", stream=want.name, error=str(exc), waiting=True)
+                said = True
+        await asyncio.sleep(interval)
+
+
 def kv_stream_config(bucket: str) -> StreamConfig:
     """What a KV bucket's backing stream must look like (nats-py ``create_key_value``, js/client.py: subjects
     ``$KV.<bucket>.>``, rollups on: a KV purge is a rollup of one key; nothing else)."""

@@ -220,3 +220,20 @@ async def test_the_agent_on_a_bare_server_still_creates_what_is_missing(nats_ser
         assert {o.detail for o in outcomes if o.kind == "stream"} == {""}  # exactly setup's settings
     finally:
         await nc.close()
+
+
+async def test_a_reader_waits_for_a_missing_stream_and_refuses_a_foreign_one(nc: Client) -> None:
+    """await_stream (the correlator's and views' opener): waits, without creating, until the admin made the
+    stream, then verifies it; a stream carrying a republish is refused at once, never waited on."""
+    from agent.nats_link import await_stream
+
+    js = nc.jetstream()
+    events, _jobs, signals = stream_configs(_cfg().nats)
+    waiting = asyncio.ensure_future(await_stream(js, events, interval=0.05))
+    await asyncio.sleep(0.3)
+    assert not waiting.done() and await js.streams_info() == []  # it created nothing
+    await setup(js, [w for w in wanted(_cfg()) if w.name == "GNA_EVENTS"])
+    assert await asyncio.wait_for(waiting, 5) == "verified"
+    await js.add_stream(_signals(republish=SIGNALS_TO_B))
+    with pytest.raises(StreamRefused, match="GNA_SIGNALS"):
+        await asyncio.wait_for(await_stream(js, signals, interval=0.05), 2)
