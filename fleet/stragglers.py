@@ -60,7 +60,7 @@ MAX_INSPECTOR_PER_NODE = 256
 MAX_RANKS_PER_NODE_COMM = 16  # ranks one node may report for one communicator (one per GPU, with headroom)
 MAX_BASELINE_DEVICES = 4096  # a group's median and MAD come from at most this many devices (sampled by node)
 SLICE_S = 0.002  # evaluate_async yields to the loop after this much work
-_CHECK_EVERY = 512  # devices between two checkpoints of the evaluation
+_CHECK_EVERY = 128  # devices between two checkpoints of the evaluation
 MAX_TEXT = 128  # node names, job ids, class names, entity keys
 _PCI = re.compile(r"[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]")
 _PORT = re.compile(r"[A-Za-z0-9_.-]{1,64}/[0-9]{1,3}")
@@ -253,11 +253,19 @@ def _weights(devs: list[Device]) -> dict[str, float]:
 def peer_size(devs: list[Device]) -> float:
     """The group's weighted size with its heaviest node set aside: how many peers it has that no single
     node controls (a job on one node has none: it borrows the class)."""
-    w = _weights(devs)
-    per: dict[str, float] = defaultdict(float)
-    for d in devs:
-        per[d.node] += w[d.node]
-    return sum(per.values()) - max(per.values(), default=0.0)
+    return float(_run(_peer_size_work(devs)))
+
+
+def _peer_size_work(devs: list[Device]) -> _Work:
+    per: dict[str, int] = defaultdict(int)
+    for i, d in enumerate(devs):
+        per[d.node] += 1
+        if i % _CHECK_EVERY == _CHECK_EVERY - 1:
+            yield None
+    counts = sorted(per.values())
+    cap = counts[(len(counts) - 1) // 2] if counts else 1  # the lower median, as _weights
+    capped = [min(c, cap) for c in counts]
+    return float(sum(capped) - max(capped, default=0))
 
 
 def _wmedian(pairs: list[tuple[float, float]]) -> float:
@@ -273,20 +281,22 @@ def _wmedian(pairs: list[tuple[float, float]]) -> float:
     return pairs[-1][0] if pairs else 0.0
 
 
-def _sample(devs: list[Device]) -> list[Device]:
-    """At most MAX_BASELINE_DEVICES devices for a group's baseline, whole nodes at a time, the nodes
-    chosen by a keyed hash (no node can make itself part of every baseline)."""
+def _sample_nodes(devs: list[Device]) -> set[str] | None:
+    """The nodes whose devices make a group's baseline when it has more than MAX_BASELINE_DEVICES (None: all),
+    whole nodes at a time, chosen by a keyed hash (no node can make itself part of every baseline)."""
     if len(devs) <= MAX_BASELINE_DEVICES:
-        return devs
-    by_node: dict[str, list[Device]] = defaultdict(list)
+        return None
+    per: dict[str, int] = defaultdict(int)
     for d in devs:
-        by_node[d.node].append(d)
-    order = sorted(by_node, key=lambda n: hashlib.blake2b(n.encode(), key=_SALT, digest_size=8).digest())
-    out: list[Device] = []
+        per[d.node] += 1
+    order = sorted(per, key=lambda n: hashlib.blake2b(n.encode(), key=_SALT, digest_size=8).digest())
+    out: set[str] = set()
+    total = 0
     for n in order:
-        if len(out) + len(by_node[n]) > MAX_BASELINE_DEVICES:
+        if total + per[n] > MAX_BASELINE_DEVICES:
             break
-        out += by_node[n]
+        out.add(n)
+        total += per[n]
     return out
 
 
@@ -312,16 +322,25 @@ def _limit_hits(dev: Device) -> list[Hit]:
     return out
 
 
-def _judge(group: list[Device], sig: Signal) -> _Work:
-    """Devices of ``group`` standing out for ``sig`` (a generator: yields at checkpoints, returns the hits)."""
-    vals = [(d, v) for d in group if (v := d.values.get(sig.key)) is not None]
-    if peer_size([d for d, _v in vals]) < MIN_PEERS:
+def _judge(group: list[Device], sig: Signal, weights: dict[str, float], sample: set[str] | None) -> _Work:
+    """Devices of ``group`` standing out for ``sig`` (a generator: yields at checkpoints, returns the hits).
+    ``weights``: per node (``_weights``); ``sample``: the nodes whose devices make the baseline (None: all)."""
+    vals: list[tuple[Device, float]] = []
+    per: dict[str, float] = defaultdict(float)
+    for i, d in enumerate(group):
+        if i % _CHECK_EVERY == _CHECK_EVERY - 1:
+            yield None
+        v = d.values.get(sig.key)
+        if v is not None:
+            vals.append((d, v))
+            per[d.node] += weights[d.node]
+    if sum(per.values()) - max(per.values(), default=0.0) < MIN_PEERS:
         return []
-    base = _sample([d for d, _v in vals])
-    w = _weights(base)
-    pairs = sorted((d.values[sig.key], w[d.node]) for d in base)
+    yield None
+    pairs = sorted((v, weights[d.node]) for d, v in vals if sample is None or d.node in sample)
     yield None
     med = _wmedian(pairs)
+    yield None
     mad = _wmedian(sorted((abs(v - med), wt) for v, wt in pairs))
     spread = max(4.0 * 1.4826 * mad, sig.gap)
     yield None
@@ -337,7 +356,7 @@ def _judge(group: list[Device], sig: Signal) -> _Work:
         elif sig.worse == "lower" and v <= sig.floor and v <= med - spread:
             relative.append((dev, sig.key, v, med, f"{sig.key} {v:g} is below {len(vals)} peers (median {med:g})",
                              False))
-    if _condition({h[0].node for h in relative}, len({d.node for d, _v in vals})):
+    if _condition({h[0].node for h in relative}, len(per)):
         return []  # the group is like this on many nodes: a fleet condition, not one straggler
     return relative
 
@@ -356,8 +375,12 @@ def _judge_group(group: list[Device]) -> _Work:
     out: dict[tuple[str, str], list[Hit]] = defaultdict(list)
     if not group:
         return out
+    weights = _weights(group)
+    yield None
+    sample = _sample_nodes(group)
+    yield None
     for sig in SIGNALS[group[0].kind]:
-        for h in (yield from _judge(group, sig)):
+        for h in (yield from _judge(group, sig, weights, sample)):
             out[(h[0].node, h[0].entity)].append(h)
     if group[0].kind == "gpu":
         for h in _slowdowns(group):
@@ -452,6 +475,7 @@ class StragglerWatch:
         self.open: dict[DevId, dict[str, Any]] = {}
         self.job_hits: dict[GroupKey, dict[DevId, list[Hit]] | None] = {}  # None: the group borrows its class
         self.class_hits: dict[tuple[str, str], dict[DevId, list[Hit]]] = {}
+        self._job_classes: dict[str, set[tuple[str, str]]] = {}  # job -> the classes of its groups
         self.borrowers: dict[tuple[str, str], set[str]] = {}  # class -> jobs too small to judge on their own
         self.comm_recs: dict[str, list[dict[str, Any]]] = {}
         self._rank_comms: dict[DevId, set[str]] = defaultdict(set)
@@ -708,24 +732,31 @@ class StragglerWatch:
         for job in sorted(jobs):  # 1. the jobs whose devices, vectors or membership changed
             members = list(self.job_devs.get(job, {}))
             by_class: dict[tuple[str, str], list[Device]] = defaultdict(list)
-            for i, dev in enumerate(self._group_devices(members)):
-                by_class[(dev.kind, dev.klass)].append(dev)
+            for i, dev_id in enumerate(members):
+                if (dev := self._device(dev_id)) is not None:
+                    by_class[(dev.kind, dev.klass)].append(dev)
                 if i % _CHECK_EVERY == _CHECK_EVERY - 1:
                     yield None
-            for key in [k for k in self.job_hits if k[0] == job and (k[1], k[2]) not in by_class]:
-                touched.update(self.job_hits.pop(key) or ())
+            for key in [(job, *c) for c in self._job_classes.pop(job, set()) if c not in by_class]:
+                touched.update(self.job_hits.pop(key, None) or ())
                 self._borrow(key, False, classes)
+            if by_class:
+                self._job_classes[job] = set(by_class)
             for (kind, klass), group in sorted(by_class.items()):
                 gk = (job, kind, klass)
                 hits: dict[DevId, list[Hit]] | None = None
-                if peer_size(group) >= MIN_PEERS:
+                size = yield from _peer_size_work(group)
+                if size >= MIN_PEERS:
                     hits = yield from _judge_group(group)
                 had = gk in self.job_hits
                 old_hits = self.job_hits.get(gk)
                 self.job_hits[gk] = hits
                 self._borrow(gk, hits is None, classes)
-                if not had or (old_hits is None) != (hits is None):
-                    touched.update((d.node, d.entity) for d in group)  # the group's scope changed
+                if not had or (old_hits is None) != (hits is None):  # the group's scope changed
+                    for i, d in enumerate(group):
+                        touched.add((d.node, d.entity))
+                        if i % _CHECK_EVERY == _CHECK_EVERY - 1:
+                            yield None
                 else:
                     a, b = old_hits or {}, hits or {}
                     touched.update(k for k in {*a, *b} if a.get(k) != b.get(k))
@@ -733,19 +764,24 @@ class StragglerWatch:
         for c in sorted(classes):  # 2. the classes a small job borrows, when their devices changed
             new: dict[DevId, list[Hit]] = {}
             if self.borrowers.get(c):
-                group = self._group_devices(list(self.class_devs.get(c, ())))
-                yield None
+                group = []
+                for i, dev_id in enumerate(list(self.class_devs.get(c, ()))):
+                    if (found := self._device(dev_id)) is not None:
+                        group.append(found)
+                    if i % _CHECK_EVERY == _CHECK_EVERY - 1:
+                        yield None
                 new = yield from _judge_group(group)
             old = self.class_hits.pop(c, {})
             if new:
                 self.class_hits[c] = new
             touched.update(k for k in {*old, *new} if old.get(k) != new.get(k))
         out: list[dict[str, Any]] = []
-        for i, dev_id in enumerate(sorted(touched)):  # 3. the devices whose verdict may have changed
+        for i, dev_id in enumerate(list(touched)):  # 3. the devices whose verdict may have changed
             self._settle(dev_id, self._record(dev_id), now, out)
             if i % _CHECK_EVERY == _CHECK_EVERY - 1:
                 yield None
         yield from self._evaluate_comms(comms, now, out)
+        out.sort(key=lambda r: (r["node"], r["entity"]))
         return out
 
     def _borrow(self, gk: GroupKey, small: bool, classes: set[tuple[str, str]]) -> None:
