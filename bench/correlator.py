@@ -37,7 +37,7 @@ def naive(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     jobs = members_of(messages)
     incidents = []
     for job, members in jobs.items():
-        nodes = {m.node for m in members.values()}
+        nodes = {m.node for m in members.members.values()}
         symptomatic = any(m.get("collector") == "nccl_logs" and m.get("type") in (
             "NCCLCollectiveTimeout", "NCCLIBCompletionError") and (m.get("details") or {}).get("job") == job
             for m in messages)
