@@ -419,13 +419,18 @@ def _hardware_verdict(ms: Membership, used: list[tuple[dict[str, Any], Member, s
             c["rank"] = str(rank)
         culprits.append(c)
     f, mem, kind = own[0]
-    confidence = (0.97 if symptoms else 0.9) if not tenant else 0.8
+    # error counters rising (over a real window) on a job that is not hit yet: a port to watch, not yet
+    # a reason to take the node out (a state finding -- down, fell off the bus -- is)
+    early_counters = not symptoms and all(t[0].get("type") in _COUNTER_TYPES for t in own)
+    confidence = (0.97 if symptoms else 0.8 if early_counters else 0.9) if not tenant else 0.8
     what = "GPU" if kind == "gpu" else "NIC port"
     reason = f"{f.get('type')} on a {what} rank {ms.rank_of(mem)} used"
     if len(culprits) > 1:
         reason += f"; also on {', '.join(c['node'] for c in culprits[1:])}"
     if tenant:
         reason += " (from the job's own log: no hardware collector of the node confirms it)"
+    elif early_counters:
+        reason += " (error counters only, the job not hit yet: shown, not acted on)"
     return _Verdict(culprits[0], confidence, evidence, reason, reporters=set(firsts), tenant=tenant,
                     culprits=culprits)
 

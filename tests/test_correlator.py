@@ -358,3 +358,42 @@ def test_flight_recorder_dumps_in_node_snapshots_name_the_rank_the_others_wait_f
     assert [m["details"]["rank"] for m in records] == [0]  # only the hung rank's dump is looked up in a snapshot
     (inc,) = correlate(msgs)
     assert inc.culprit is not None and (inc.culprit["node"], inc.culprit["entity"]) == ("fr-1", "rank:1"), inc
+
+
+def _counters(full_window: bool) -> dict[str, Any]:
+    return {"collector": "infiniband", "type": "IBErrorCountersIncreasing", "kind": "condition", "status": "firing",
+            "severity": "critical", "node": "n1", "entity": "ib:mlx5_0/1", "time": "2026-12-03T07:09:00Z",
+            "details": {"counters": [{"counter": "symbol_error", "delta": 1, "rate_per_hour": 396.6,
+                                      "full_window": full_window, "severity": "critical", "rule": "> 120/hour"}]}}
+
+
+def test_error_counters_name_a_port_only_over_a_real_window_and_cordon_only_once_the_job_is_hit() -> None:
+    """Issue 20: one symbol error extrapolated from ~10 s is no hardware evidence; counters over a full
+    window before any watchdog fired are shown, not acted on; with the job's timeouts they decide."""
+    size = 16
+    msgs = _job(size)
+    for m in msgs:
+        m["details"]["hcas"] = ["mlx5_0/1"]
+    assert correlate([*msgs, _counters(full_window=False)]) == []
+    (early,) = correlate([*msgs, _counters(full_window=True)])
+    assert early.culprit and early.culprit["entity"] == "ib:mlx5_0/1" and early.confidence == 0.8
+    assert not early.actionable
+    hit = [_said(r, "NCCLCollectiveTimeout", size, pg_id="0", seq_num=40, rank=r) for r in range(size)]
+    (late,) = correlate([*msgs, *hit, _counters(full_window=True)])
+    assert late.culprit == early.culprit and late.confidence == 0.97 and late.actionable
+
+
+def test_a_ranks_payload_never_stands_in_for_membership() -> None:
+    """Issue 20, framing: progress lines from processes without membership naming another node's rank
+    count for nothing; a hung rank is still found from its own node's membership."""
+    size = 16
+    msgs = _job(size)
+    for r in range(size):
+        if r != 9:
+            msgs.append(_said(r, "NCCLCollectiveTimeout", size, pg_id="0", seq_num=40, rank=r))
+    forged = [{"collector": "nccl_logs", "type": "NCCLWatchdogProgress", "kind": "event", "severity": "warning",
+               "node": "n0", "entity": f"nccl:n0:{9000 + i}", "time": "2026-12-03T07:11:00Z",
+               "details": {"host": "n0", "pid": 9000 + i, "job": "0x5", "rank": 5, "pg_id": "0", "at_seq": 3,
+                           "last_enqueued": 2}} for i in range(4)]
+    (inc,) = correlate(msgs + forged)
+    assert inc.culprit is not None and inc.culprit["node"] == "n2" and inc.culprit["rank"] == "9", inc.reason
