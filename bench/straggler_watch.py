@@ -83,6 +83,7 @@ def _old_watch() -> Any:
     spec = importlib.util.spec_from_file_location("old_stragglers", path)
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
+    sys.modules["old_stragglers"] = mod  # dataclasses look their module up
     spec.loader.exec_module(mod)
     return mod.StragglerWatch()
 

@@ -26,7 +26,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fleet.stragglers import detect, devices_of
+from fleet.stragglers import GPU_SIGNALS, PORT_SIGNALS, detect, devices_of, signal_value
 from sim.stragglers import FAULTS, generate
 
 
@@ -36,8 +36,12 @@ def node_local(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     or recovery errors), the agent's own node findings (a slowdown held >= 60 s, a link below its width, a
     margin at or below 0, a port below its rate) and NVSentinel's NIC thresholds (docs/straggler-signals.md)."""
     out = []
+    sigs = {sig.key: sig for sig in (*GPU_SIGNALS, *PORT_SIGNALS)}
+
     def value(v: dict[str, Any], key: str) -> float:
-        x = v.get(key)
+        # a rate over a partial window counts as its count over the whole window, as DCGM and NVSentinel judge
+        # a window only once it has elapsed (and the agent's own findings: WindowStats.over)
+        x = signal_value(v, sigs[key]) if key in sigs else v.get(key)
         return float(x) if isinstance(x, int | float) and not isinstance(x, bool) else 0.0
 
     for dev in devices_of(messages):

@@ -10,7 +10,9 @@ Healthy noise, on every node: PCIe replays now and then (a few per minute at mos
 CRC errors, the SW power cap on busy GPUs, brief HW slowdowns that do not persist, thermal margins
 spread over ~10 degrees, an IB symbol error or two per hour, idle nodes (cool, 0 % SM), a second
 hardware class (A100 nodes: other temperatures and link widths), a storage NIC at another rate,
-and vectors whose rates are not measured yet (null) or over a partial window.
+and vectors whose rates are not measured yet (null) or over a partial window (an agent that started
+less than a window ago: the rate extrapolated from the seconds there are, as the collectors publish
+it, with its count in ``partial_counts``: one symbol error 10 s after a start reads 360/h).
 
 Faults (one device, the culprit an expert names):
 
@@ -90,19 +92,31 @@ def _gpu(rng: random.Random, klass: str, busy: bool) -> dict[str, Any]:
     if r < 0.03:  # not measured yet: the agent just started, or a counter reset
         for k in ("pcie_replay_per_min", "nvlink_crc_flit_per_min"):
             v[k] = None
-    elif r < 0.06:
+    elif r < 0.06:  # the agent started (or the counter reset) less than a minute ago: what it publishes then
+        span = rng.uniform(10.0, 50.0)
+        count = _poisson(rng, 0.3 * span / 60.0)
+        v["pcie_replay_per_min"] = round(count * 60.0 / span, 3)  # extrapolated from the seconds there are
         v["partial"] = ["pcie_replay_per_min"]
+        v["partial_counts"] = {"pcie_replay_per_min": count}
     return v
 
 
 def _port(rng: random.Random, storage: bool = False) -> dict[str, Any]:
-    return {"active": True, "rate_gbps": 200.0 if storage else 400.0,
-            "link_layer": "Ethernet" if storage else "InfiniBand",
-            "hca_type": "MT4129", "board_id": "MT_0000000838",
-            "symbol_error_per_h": float(_poisson(rng, 1.0)) if rng.random() < 0.15 else 0.0,
-            "link_error_recovery_per_min": 0.0,
-            "port_rcv_errors_per_s": 0.0 if rng.random() < 0.97 else round(rng.uniform(0.01, 0.2), 3),
-            "port_xmit_wait_per_s": round(rng.uniform(0, 2e5), 1), "resets": 0, "partial": []}
+    p: dict[str, Any] = {
+        "active": True, "rate_gbps": 200.0 if storage else 400.0,
+        "link_layer": "Ethernet" if storage else "InfiniBand",
+        "hca_type": "MT4129", "board_id": "MT_0000000838",
+        "symbol_error_per_h": float(_poisson(rng, 1.0)) if rng.random() < 0.15 else 0.0,
+        "link_error_recovery_per_min": 0.0,
+        "port_rcv_errors_per_s": 0.0 if rng.random() < 0.97 else round(rng.uniform(0.01, 0.2), 3),
+        "port_xmit_wait_per_s": round(rng.uniform(0, 2e5), 1), "resets": 0, "partial": []}
+    if rng.random() < 0.03:  # the agent started (or the counters reset) less than an hour ago
+        span = rng.uniform(10.0, 3600.0)
+        count = _poisson(rng, 0.15 * span / 3600.0)  # a healthy port: an error or two an hour at most
+        p["symbol_error_per_h"] = round(count * 3600.0 / span, 3)  # one error in 10 s reads 360/h
+        p["partial"] = ["symbol_error_per_h"]
+        p["partial_counts"] = {"symbol_error_per_h": count}
+    return p
 
 
 def generate(seed: int, *, nodes: int = 64, fault: str | None = None) -> StragglerScenario:
@@ -153,9 +167,11 @@ def generate(seed: int, *, nodes: int = 64, fault: str | None = None) -> Straggl
         p["link_error_recovery_per_min"] = float(rng.randint(1, 4))
     if fault in GPU_FAULTS:
         v["partial"] = []  # the fault's own rate is measured over its full window
+        v.pop("partial_counts", None)
         expected.add((node, f"gpu:{bus}"))
     elif fault != "healthy":
         p["partial"] = []
+        p.pop("partial_counts", None)
         expected.add((node, f"ib:mlx5_{g}/1"))
     messages: list[dict[str, Any]] = []
     t = "2026-12-03T08:00:00.000Z"
