@@ -21,7 +21,7 @@ from nats.js.kv import KeyValue
 
 from agent.config import NatsConfig
 from agent.metrics import AgentMetrics
-from agent.natsclient import redact
+from agent.natsclient import NatsUnavailable, redact
 from agent.subjects import ACTIONS_PREFIX, EVENTS_PREFIX, JOBS_PREFIX, SIGNALS_PREFIX
 from gna_sdk.retry import Backoff
 
@@ -72,12 +72,14 @@ def connect_options(cfg: NatsConfig, servers: list[str], name: str, inbox: str =
     return opts
 
 
-class StreamRefused(RuntimeError):
-    """A stream or bucket exists carrying settings this code did not ask for: never used (docs/nats-security.md)."""
+class StreamRefused(NatsUnavailable):
+    """A stream or bucket exists carrying settings this code did not ask for: never used (docs/nats-security.md).
+    A NatsUnavailable: a command that meets one says why on one line and exits 69 (agent/cli.py main)."""
 
 
-class StreamMissing(RuntimeError):
-    """A stream or bucket does not exist and this connection did not (or may not) create it."""
+class StreamMissing(NatsUnavailable):
+    """A stream or bucket does not exist and this connection did not (or may not) create it (exit 69 as well:
+    a central service's supervisor starts it again, and it works once the admin ran `nats setup`)."""
 
 
 # StreamConfig fields (nats-py, .venv/lib/python3.11/site-packages/nats/js/api.py, class StreamConfig; the server's

@@ -525,3 +525,17 @@ def test_layout_accepts_host_names_and_refuses_bad_nats_names() -> None:
         render_config(Layout(names=Names(account="GNA: {}\nX"), nodes={"a": k1}))
     with pytest.raises(ValueError, match=r"\[names\] signals_stream"):
         render_config(Layout(names=Names(signals_stream="GNA.SIGNALS"), nodes={"a": k1}))
+
+
+def test_cordoner_before_the_admin_step_exits_69_and_says_why(tmp_path: Path, fleet: Fleet) -> None:
+    """A central service that finds a stream missing and may not create it: one line naming the stream and the
+    admin step, exit 69 (its supervisor starts it again; it works once `nats setup` ran), no traceback."""
+    from tests.conftest import AGENT_CMD
+
+    conf = tmp_path / "cordoner.toml"
+    conf.write_text(f'[nats]\nnkey_seed = "{fleet.seeds["cordoner"]}"\npublish_timeout = 1.0\nconnect_timeout = 5.0\n')
+    r = subprocess.run([*AGENT_CMD, "cordoner", "--config", str(conf), "--nats", fleet.url, "--duration", "5"],
+                       capture_output=True, text=True, timeout=60)
+    err = r.stderr
+    assert r.returncode == 69, err
+    assert "stream GNA_EVENTS does not exist" in err and "nats setup" in err and "Traceback" not in err, err

@@ -18,7 +18,6 @@ from nats.aio.client import Client
 from nats.js.api import KeyValueConfig, RePublish, StreamConfig, StreamSource, SubjectTransform
 
 from agent import config as configmod
-from agent.cli import main as cli_main
 from agent.metrics import AgentMetrics
 from agent.nats_link import (
     JOBS_STREAM_SUBJECTS,
@@ -35,6 +34,7 @@ from agent.remediation.budget import BudgetUnavailable, FleetBudget
 from fleet import leases
 from fleet.nats_permissions import Names
 from fleet.nats_setup import EX_DATAERR, EX_NOINPUT, EX_OK, exit_code, setup, wanted
+from tests.conftest import AGENT_CMD
 
 # onto node B's critical events (what the cordoner acts on): gna.signals.<node>.<collector> ->
 # gna.events.gpu-b.<collector>.critical (a republish's destination must use the source's wildcards)
@@ -42,9 +42,13 @@ SIGNALS_TO_B = RePublish(src="gna.signals.*.*", dest="gna.events.gpu-b.{{wildcar
 B_EVENTS = "gna.events.gpu-b.>"
 
 
-async def _cli(*argv: str) -> int:
-    """`gpu-node-agent ...` in-process (its own asyncio.run: in a thread, off this test's loop)."""
-    return await asyncio.to_thread(cli_main, list(argv))
+async def _cli(*argv: str) -> tuple[int, str, str]:
+    """`gpu-node-agent ...` as the admin runs it: exit code, stdout, stderr."""
+    proc = await asyncio.create_subprocess_exec(*AGENT_CMD, *argv, stdout=asyncio.subprocess.PIPE,
+                                                stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
 
 
 def _cfg() -> configmod.AgentConfig:
@@ -87,8 +91,7 @@ async def test_setup_creates_everything_then_only_verifies(nc: Client) -> None:
     assert tuned["GNA_EVENTS"].status == "verified" and "max_age 3600" in tuned["GNA_EVENTS"].detail
 
 
-async def test_republish_stream_is_the_attack_and_is_refused(nc: Client, nats_server: NatsServerProcess,
-                                                             capsys: pytest.CaptureFixture[str]) -> None:
+async def test_republish_stream_is_the_attack_and_is_refused(nc: Client, nats_server: NatsServerProcess) -> None:
     """The issue's attack: GNA_SIGNALS created first with a republish onto node B's events. It works (B's event
     lands in GNA_EVENTS); ensure_stream, NatsLink.ensure_stream and `nats setup` all refuse that stream."""
     js = nc.jetstream()
@@ -115,11 +118,10 @@ async def test_republish_stream_is_the_attack_and_is_refused(nc: Client, nats_se
     finally:
         await link.close()
 
-    capsys.readouterr()
-    assert await _cli("nats", "setup", "--nats", nats_server.url) == EX_DATAERR
-    out = capsys.readouterr()
-    assert "REFUSED" in out.out and "GNA_SIGNALS" in out.out and "republish" in out.out, out.out
-    assert "refused" in out.err
+    rc, out, err = await _cli("nats", "setup", "--nats", nats_server.url)
+    assert rc == EX_DATAERR, out + err
+    assert "REFUSED" in out and "GNA_SIGNALS" in out and "republish" in out, out
+    assert "refused" in err and "Traceback" not in err
     info = await js.stream_info("GNA_SIGNALS")  # setup never changes an existing stream
     assert info.config.republish is not None and info.config.republish.dest == SIGNALS_TO_B.dest
 
@@ -176,22 +178,21 @@ async def test_foreign_bucket_is_refused_by_every_opener(nc: Client, foreign: st
         leases.LEASES_BUCKET: "refused"}
 
 
-async def test_open_kv_creates_only_when_asked_and_check_creates_nothing(
-        nc: Client, nats_server: NatsServerProcess, capsys: pytest.CaptureFixture[str]) -> None:
+async def test_open_kv_creates_only_when_asked_and_check_creates_nothing(nc: Client,
+                                                                         nats_server: NatsServerProcess) -> None:
     js = nc.jetstream()
     with pytest.raises(StreamMissing, match=r"bucket gna-stragglers .*nats setup"):
         await open_kv(js, "gna-stragglers")
-    capsys.readouterr()
-    assert await _cli("nats", "setup", "--check", "--nats", nats_server.url) == EX_NOINPUT
-    assert capsys.readouterr().out.count("MISSING") == 8
+    rc, out, _ = await _cli("nats", "setup", "--check", "--nats", nats_server.url)
+    assert rc == EX_NOINPUT and out.count("MISSING") == 8, out
     assert [s async for s in _streams(js)] == []  # --check created nothing
     kv = await open_kv(js, "gna-stragglers", create_with=KeyValueConfig(bucket="gna-stragglers", history=5))
     await kv.put("k", b"v")
     assert (await (await open_kv(js, "gna-stragglers")).get("k")).value == b"v"  # then opened, verified
-    assert await _cli("nats", "setup", "--nats", nats_server.url) == EX_OK
-    report = capsys.readouterr().out
-    assert "verified bucket gna-stragglers" in " ".join(report.split()) and report.count("created") == 7
-    assert await _cli("nats", "setup", "--check", "--nats", nats_server.url) == EX_OK
+    rc, report, _ = await _cli("nats", "setup", "--nats", nats_server.url)
+    assert rc == EX_OK and "verified bucket gna-stragglers" in " ".join(report.split()), report
+    assert report.count("created") == 7
+    assert (await _cli("nats", "setup", "--check", "--nats", nats_server.url))[0] == EX_OK
 
 
 async def _streams(js: Any) -> AsyncIterator[str]:
