@@ -242,9 +242,15 @@ def devices_of(messages: list[dict[str, Any]]) -> list[Device]:
 def _weights(devs: list[Device]) -> dict[str, float]:
     """Per node, the weight of each of its devices: a node's devices together weigh at most what the
     median node of the group contributes (an HGX node's 8 GPUs weigh 8; a node reporting 16 weighs 8 too)."""
+    return _run(_weights_work(devs))  # type: ignore[no-any-return]
+
+
+def _weights_work(devs: list[Device]) -> _Work:
     per: dict[str, int] = defaultdict(int)
-    for d in devs:
+    for i, d in enumerate(devs):
         per[d.node] += 1
+        if i % _CHECK_EVERY == _CHECK_EVERY - 1:
+            yield None
     counts = sorted(per.values())
     cap = counts[(len(counts) - 1) // 2] if counts else 1  # the lower median
     return {n: min(1.0, cap / c) for n, c in per.items()}
@@ -284,12 +290,25 @@ def _wmedian(pairs: list[tuple[float, float]]) -> float:
 def _sample_nodes(devs: list[Device]) -> set[str] | None:
     """The nodes whose devices make a group's baseline when it has more than MAX_BASELINE_DEVICES (None: all),
     whole nodes at a time, chosen by a keyed hash (no node can make itself part of every baseline)."""
+    return _run(_sample_nodes_work(devs))  # type: ignore[no-any-return]
+
+
+def _sample_nodes_work(devs: list[Device]) -> _Work:
     if len(devs) <= MAX_BASELINE_DEVICES:
         return None
     per: dict[str, int] = defaultdict(int)
-    for d in devs:
+    for i, d in enumerate(devs):
         per[d.node] += 1
-    order = sorted(per, key=lambda n: hashlib.blake2b(n.encode(), key=_SALT, digest_size=8).digest())
+        if i % _CHECK_EVERY == _CHECK_EVERY - 1:
+            yield None
+    keyed = []
+    for i, n in enumerate(per):
+        keyed.append((hashlib.blake2b(n.encode(), key=_SALT, digest_size=8).digest(), n))
+        if i % _CHECK_EVERY == _CHECK_EVERY - 1:
+            yield None
+    keyed.sort()
+    yield None
+    order = [n for _k, n in keyed]
     out: set[str] = set()
     total = 0
     for n in order:
@@ -375,10 +394,8 @@ def _judge_group(group: list[Device]) -> _Work:
     out: dict[tuple[str, str], list[Hit]] = defaultdict(list)
     if not group:
         return out
-    weights = _weights(group)
-    yield None
-    sample = _sample_nodes(group)
-    yield None
+    weights = yield from _weights_work(group)
+    sample = yield from _sample_nodes_work(group)
     for sig in SIGNALS[group[0].kind]:
         for h in (yield from _judge(group, sig, weights, sample)):
             out[(h[0].node, h[0].entity)].append(h)
