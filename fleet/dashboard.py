@@ -26,6 +26,7 @@ from aiohttp import web
 from agent import natsclient
 from agent.config import NatsConfig
 from fleet.state import FleetFeed, FleetState
+from fleet.text import clean_markup, clean_tree
 
 log = structlog.get_logger(__name__)
 
@@ -48,6 +49,12 @@ def csp(page: str) -> str:
 
     return (f"default-src 'none'; script-src {hashes('script')}; style-src {hashes('style')}; "
             "connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+
+
+def _json(data: Any) -> web.Response:
+    """Every JSON body a page reads: each string in it (keys too) cleaned of controls and format characters
+    before it leaves (fleet/text.py); the SSE frames and the timeline SVG go through the same rule."""
+    return web.json_response(clean_tree(data))
 
 
 def make_app(state: FleetState) -> web.Application:
@@ -77,20 +84,20 @@ def make_app(state: FleetState) -> web.Application:
         job = req.query.get("job")
         if job is not None:
             recs = [r for r in recs if r["job"] == job]
-        return web.json_response({"incidents": recs[:max(0, min(limit, 5000))], "total": len(recs),
-                                  "open": sum(1 for r in state.incidents_by_job.values() if r["status"] == "open")})
+        return _json({"incidents": recs[:max(0, min(limit, 5000))], "total": len(recs),
+                      "open": sum(1 for r in state.incidents_by_job.values() if r["status"] == "open")})
 
     async def api_overview(req: web.Request) -> web.Response:
         q = req.query
         rows = state.overview(severity=q.get("severity", ""), collector=q.get("collector", ""),
                               type_=q.get("type", ""), q=q.get("q", ""))
-        return web.json_response({"nodes": rows, "total": len(state.nodes)})
+        return _json({"nodes": rows, "total": len(state.nodes)})
 
     async def api_node(req: web.Request) -> web.Response:
         detail = state.node_detail(req.match_info["name"])
         if detail is None:
             raise web.HTTPNotFound(text="unknown node")
-        return web.json_response(detail)
+        return _json(detail)
 
     async def api_timeline(req: web.Request) -> web.Response:
         try:  # hours caps the window (the plot zooms to the data inside it); width is the page's, in px
@@ -98,7 +105,7 @@ def make_app(state: FleetState) -> web.Application:
             width = int(min(4000.0, max(400.0, float(req.query.get("width", "900")))))
         except ValueError:
             raise web.HTTPBadRequest(text="hours and width are numbers") from None
-        return web.Response(text=state.timeline_svg(req.match_info["name"], hours=hours, width=width),
+        return web.Response(text=clean_markup(state.timeline_svg(req.match_info["name"], hours=hours, width=width)),
                             content_type="image/svg+xml")
 
     async def api_stats(_req: web.Request) -> web.Response:
@@ -107,14 +114,14 @@ def make_app(state: FleetState) -> web.Application:
         def pct(p: float) -> float | None:
             return round(lags[min(len(lags) - 1, int(p / 100 * len(lags)))], 4) if lags else None
 
-        return web.json_response({"nodes": len(state.nodes), "messages": state.messages_seen,
-                                  "rejected": state.rejected,
-                                  "rejected_samples": state.rejections.samples,
-                                  "lag_p50_s": pct(50), "lag_p99_s": pct(99),
-                                  "lag_max_s": lags[-1] if lags else None,
-                                  "incidents": len(state.incidents_by_job),
-                                  "incidents_dropped": state.incidents_dropped,
-                                  "subscribers": len(subscribers)})
+        return _json({"nodes": len(state.nodes), "messages": state.messages_seen,
+                      "rejected": state.rejected,
+                      "rejected_samples": state.rejections.samples,
+                      "lag_p50_s": pct(50), "lag_p99_s": pct(99),
+                      "lag_max_s": lags[-1] if lags else None,
+                      "incidents": len(state.incidents_by_job),
+                      "incidents_dropped": state.incidents_dropped,
+                      "subscribers": len(subscribers)})
 
     async def api_stream(req: web.Request) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
@@ -131,7 +138,8 @@ def make_app(state: FleetState) -> web.Application:
                         break
                     event, rows = item  # a named event: pages that only know node rows never see it
                     head = b"event: " + event.encode() + b"\n" if event != "message" else b""
-                    await resp.write(head + b"data: " + json.dumps(rows, separators=(",", ":")).encode() + b"\n\n")
+                    await resp.write(head + b"data: " + json.dumps(clean_tree(rows), separators=(",", ":")).encode()
+                                     + b"\n\n")
                 except TimeoutError:
                     await resp.write(b": keep-alive\n\n")
         except (ConnectionResetError, asyncio.CancelledError):

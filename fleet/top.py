@@ -3,14 +3,14 @@
 On a terminal it fits the window; piped (``top --once | grep``) it renders as wide as the content
 so nothing is cut, or ``--width`` columns. The header's counts are those of the rows it lists.
 Open incidents (the correlator's, one per job) are a small table above the nodes.
-Text from the wire is shown as text: never read as rich markup, control characters replaced.
+Text from the wire is shown as text: never read as rich markup, control and format characters replaced
+(fleet/text.py, the dashboard's rule too).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 import sys
 import time
 from typing import Any
@@ -22,6 +22,7 @@ from rich.text import Text
 
 from agent.config import NatsConfig
 from fleet.state import FAMILIES, FleetFeed, FleetState
+from fleet.text import clean_text
 from gna_sdk import severity_rank
 from gna_sdk.aio import within
 
@@ -29,12 +30,12 @@ STYLE = {"critical": "bold white on red", "warning": "black on yellow", "info": 
 SETTLE_S = 1.5  # --once: how long the KV watch and the stream history get to arrive
 PIPE_WIDTH = 1000  # piped without --width: wider than any row, so rich cuts nothing
 INCIDENT_ROWS = 10
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 
 
 def plain(value: Any) -> Text:
-    """Wire text as a cell: no markup ("[red]" stays "[red]"), no escape sequences or bidi overrides."""
-    return Text(_CONTROL.sub("\ufffd", "" if value is None else str(value)))
+    """Wire text as a cell: no markup ("[red]" stays "[red]"); controls and format characters (escape
+    sequences, bidi overrides, zero-width and tag characters) shown as U+FFFD (fleet/text.py)."""
+    return Text(clean_text(value))
 
 
 def _worst(row: dict[str, Any]) -> int:
