@@ -47,12 +47,12 @@ from collections import deque
 from typing import Any
 
 import structlog
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, KeyValueConfig
 
 from agent import config as configmod
 from agent.message import encode, make_message, to_dict
 from agent.metrics import AgentMetrics
-from agent.nats_link import NatsLink
+from agent.nats_link import NatsLink, open_kv
 from agent.natsclient import ConnectionWatch, NatsUnavailable, redact, run_until_closed_or_stopped
 from agent.remediation.budget import FleetBudget
 from agent.remediation.engine import Engine
@@ -181,11 +181,9 @@ class Cordoner:
         """Every replica keeps the open incidents (for spare()); one replica decides each update."""
         while True:
             try:
-                try:
-                    kv = await js.key_value(INCIDENTS_BUCKET)
-                except Exception:
-                    kv = await js.create_key_value(bucket=INCIDENTS_BUCKET, history=5,
-                                                   replicas=self.cfg.nats.stream_replicas)
+                # verified first (agent.nats_link.open_kv): a bucket with a republish, mirror or sources is refused
+                kv = await open_kv(js, INCIDENTS_BUCKET, create_with=KeyValueConfig(
+                    bucket=INCIDENTS_BUCKET, history=5, replicas=self.cfg.nats.stream_replicas))
                 if self._incident_sub is None:
                     self._incident_sub = await js.subscribe(
                         f"$KV.{INCIDENTS_BUCKET}.>", queue=f"{self.queue}-incidents",

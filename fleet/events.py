@@ -26,6 +26,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
 from agent.config import NatsConfig
+from agent.nats_link import StreamMissing, ensure_stream, stream_configs
 from agent.natsclient import connect
 from agent.subjects import events_filter
 from fleet.wire import Rejected, Rejections, decode_event
@@ -113,9 +114,10 @@ async def _stream(nc: Any, q: EventsQuery, cfg: NatsConfig, out: _Printer, left:
     said_waiting = False
     while True:
         try:
+            await ensure_stream(js, stream_configs(cfg)[0], create=False)  # StreamRefused: foreign settings
             sub = await js.pull_subscribe(subject, durable=None, stream=cfg.stream, config=config)
             break
-        except NotFoundError:
+        except (NotFoundError, StreamMissing):
             if not follow:
                 print(f"gpu-node-agent: no stream {cfg.stream} yet: no agent has published to this NATS",
                       file=sys.stderr)

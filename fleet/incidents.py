@@ -27,9 +27,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
+from nats.js.api import KeyValueConfig
 
 from agent import natsclient
 from agent.config import NatsConfig
+from agent.nats_link import StreamRefused, await_stream, open_kv, stream_configs
 from agent.remediation.incidents import INCIDENTS_BUCKET as INCIDENTS_BUCKET  # re-exported: the correlator writes it
 from agent.subjects import (
     EVENTS_PREFIX,
@@ -41,7 +43,7 @@ from agent.subjects import (
     encode_token,
 )
 from fleet.correlator import correlate
-from fleet.leases import LEASES_BUCKET, Leases
+from fleet.leases import Leases, open_bucket
 from fleet.stragglers import STRAGGLERS_BUCKET, StragglerWatch
 from fleet.wire import Rejected, Rejections, decode_event, decode_job, decode_signals
 from gna_sdk.aio import wait_event, within
@@ -359,11 +361,7 @@ class IncidentService:
         loop = asyncio.get_running_loop()
         if self.lease_ttl:
             self.tracker.owned = set()
-            try:
-                kv = await js.key_value(LEASES_BUCKET)
-            except Exception:
-                kv = await js.create_key_value(bucket=LEASES_BUCKET, history=1, ttl=self.lease_ttl,
-                                               replicas=self.nats_cfg.stream_replicas)
+            kv = await open_bucket(js, ttl=self.lease_ttl, replicas=self.nats_cfg.stream_replicas)
             self.leases = Leases(kv, partitions=self.tracker.partitions, partition=self.tracker.partition,
                                  holder=f"{socket.gethostname()}:{os.getpid()}:{self.tracker.partition}",
                                  ttl=self.lease_ttl, on_gain=self._gain, on_loss=self._loss)
@@ -474,15 +472,24 @@ class IncidentService:
 
         while True:
             try:
+                # verified first: a stream carrying a republish, mirror or sources is never read
+                await await_stream(js, self._stream_for(subject))
                 await js.subscribe(subject, cb=on_msg, ordered_consumer=True,
                                    deliver_policy=DeliverPolicy.BY_START_TIME,
                                    config=start_time_config(since))
                 return
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # the stream does not exist until the first agent creates it
+            except StreamRefused as exc:
+                log.error("incidents_stream_refused", subject=subject, error=str(exc))
+                await asyncio.sleep(30)
+            except Exception as exc:  # NATS trouble: try again
                 log.info("incidents_waiting_for_stream", error=repr(exc))
                 await asyncio.sleep(1)
+
+    def _stream_for(self, subject: str) -> Any:
+        events, jobs, signals = stream_configs(self.nats_cfg)
+        return jobs if subject.startswith(JOBS_PREFIX) else signals if subject.startswith(SIGNALS_PREFIX) else events
 
     async def _judge_loop(self) -> None:
         last_sweep = time.monotonic()
@@ -527,11 +534,8 @@ class IncidentService:
         try:
             if self._skv is None:
                 js = self.nc.jetstream()
-                try:
-                    self._skv = await js.key_value(STRAGGLERS_BUCKET)
-                except Exception:
-                    self._skv = await js.create_key_value(bucket=STRAGGLERS_BUCKET, history=5,
-                                                          replicas=self.nats_cfg.stream_replicas)
+                self._skv = await open_kv(js, STRAGGLERS_BUCKET, create_with=KeyValueConfig(
+                    bucket=STRAGGLERS_BUCKET, history=5, replicas=self.nats_cfg.stream_replicas))
             key = f"{node}.{encode_token(record['entity'])}"
             if len(key) > 2 * MAX_KEY + 1:  # a node token and an entity token, each bounded by fleet/wire.py
                 self.rejections.record("key_too_long", f"straggler {key[:200]}", data[:200])
@@ -555,11 +559,8 @@ class IncidentService:
         try:
             if self._kv is None:
                 js = self.nc.jetstream()
-                try:
-                    self._kv = await js.key_value(INCIDENTS_BUCKET)
-                except Exception:
-                    self._kv = await js.create_key_value(bucket=INCIDENTS_BUCKET, history=5,
-                                                         replicas=self.nats_cfg.stream_replicas)
+                self._kv = await open_kv(js, INCIDENTS_BUCKET, create_with=KeyValueConfig(
+                    bucket=INCIDENTS_BUCKET, history=5, replicas=self.nats_cfg.stream_replicas))
             await self._kv.put(token, data)  # first: whoever hears the subject finds the KV current
             await self.nc.publish(f"{INCIDENTS_PREFIX}.{token}", data)
             self.published += 1

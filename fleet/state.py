@@ -26,6 +26,7 @@ import structlog
 from agent import natsclient
 from agent.config import NatsConfig
 from agent.message import rfc3339
+from agent.nats_link import ensure_stream, open_kv, stream_configs
 from agent.remediation.incidents import INCIDENTS_BUCKET  # key: the job's token, value: its current record
 from agent.subjects import ACTIONS_PREFIX, EVENTS_PREFIX, HEARTBEAT_PREFIX, decode_token, is_valid_token
 from fleet import timeline
@@ -538,6 +539,8 @@ class FleetFeed:
         said = False
         while True:
             try:
+                # verified first (agent.nats_link): a stream carrying a republish, mirror or sources is never read
+                await ensure_stream(js, stream_configs(self.nats_cfg)[0], create=False)
                 await js.subscribe(f"{EVENTS_PREFIX}.>", cb=on_stream, ordered_consumer=True,
                                    deliver_policy=DeliverPolicy.BY_START_TIME,
                                    config=start_time_config(since))
@@ -555,7 +558,7 @@ class FleetFeed:
     async def _watch_kv(self, js: Any) -> None:
         while True:
             try:
-                kv = await js.key_value(self.kv_bucket)
+                kv = await open_kv(js, self.kv_bucket)  # verified, as every opener does
                 watcher = await kv.watchall()
                 async for entry in watcher:
                     if entry is None or entry.value is None:
@@ -573,7 +576,7 @@ class FleetFeed:
         said = False
         while True:
             try:
-                kv = await js.key_value(INCIDENTS_BUCKET)
+                kv = await open_kv(js, INCIDENTS_BUCKET)
                 watcher = await kv.watchall()
                 said = False
                 async for entry in watcher:

@@ -249,7 +249,9 @@ class IncidentView:
         """Follow the bucket for ever (retrying while it does not exist yet or NATS is away)."""
         while True:
             try:
-                kv = await js.key_value(INCIDENTS_BUCKET)
+                from agent.nats_link import open_kv  # here: remediation loads without NATS
+
+                kv = await open_kv(js, INCIDENTS_BUCKET)  # verified: a bucket carrying foreign settings is refused
                 watcher = await kv.watchall()
                 async for entry in watcher:
                     if entry is not None and entry.value:
