@@ -274,19 +274,6 @@ def _peer_size_work(devs: list[Device]) -> _Work:
     return float(sum(capped) - max(capped, default=0))
 
 
-def _wmedian(pairs: list[tuple[float, float]]) -> float:
-    """Weighted median of (value, weight), sorted by value; equal to statistics.median for unit weights."""
-    total = sum(w for _v, w in pairs)
-    half, cum = total / 2, 0.0
-    for i, (v, w) in enumerate(pairs):
-        cum += w
-        if cum > half + 1e-9:
-            return v
-        if abs(cum - half) <= 1e-9:
-            return (v + pairs[i + 1][0]) / 2 if i + 1 < len(pairs) else v
-    return pairs[-1][0] if pairs else 0.0
-
-
 def _sample_nodes(devs: list[Device]) -> set[str] | None:
     """The nodes whose devices make a group's baseline when it has more than MAX_BASELINE_DEVICES (None: all),
     whole nodes at a time, chosen by a keyed hash (no node can make itself part of every baseline)."""
@@ -341,40 +328,66 @@ def _limit_hits(dev: Device) -> list[Hit]:
     return out
 
 
+def _wmedian_of(order: list[int], values: list[float], weights: list[float]) -> float:
+    """Weighted median of ``values[i]`` (weights ``weights[i]``) for the indices ``order``, sorted by value:
+    equal to statistics.median for unit weights. Indices and floats, no tuples: nothing for the cyclic
+    garbage collector to trace, however large the group."""
+    total = sum(weights[i] for i in order)
+    half, cum = total / 2, 0.0
+    for k, i in enumerate(order):
+        cum += weights[i]
+        if cum > half + 1e-9:
+            return values[i]
+        if abs(cum - half) <= 1e-9:
+            return (values[i] + values[order[k + 1]]) / 2 if k + 1 < len(order) else values[i]
+    return values[order[-1]] if order else 0.0
+
+
 def _judge(group: list[Device], sig: Signal, weights: dict[str, float], sample: set[str] | None) -> _Work:
     """Devices of ``group`` standing out for ``sig`` (a generator: yields at checkpoints, returns the hits).
     ``weights``: per node (``_weights``); ``sample``: the nodes whose devices make the baseline (None: all)."""
-    vals: list[tuple[Device, float]] = []
+    vdev: list[Device] = []
+    vval: list[float] = []
+    vw: list[float] = []
     per: dict[str, float] = defaultdict(float)
     for i, d in enumerate(group):
         if i % _CHECK_EVERY == _CHECK_EVERY - 1:
             yield None
         v = d.values.get(sig.key)
         if v is not None:
-            vals.append((d, v))
-            per[d.node] += weights[d.node]
+            w = weights[d.node]
+            vdev.append(d)
+            vval.append(v)
+            vw.append(w)
+            per[d.node] += w
     if sum(per.values()) - max(per.values(), default=0.0) < MIN_PEERS:
         return []
     yield None
-    pairs = sorted((v, weights[d.node]) for d, v in vals if sample is None or d.node in sample)
+    base = list(range(len(vdev))) if sample is None else [i for i, d in enumerate(vdev) if d.node in sample]
     yield None
-    med = _wmedian(pairs)
+    order = sorted(base, key=vval.__getitem__)
     yield None
-    mad = _wmedian(sorted((abs(v - med), wt) for v, wt in pairs))
+    med = _wmedian_of(order, vval, vw)
+    yield None
+    dist = [abs(v - med) for v in vval]
+    order = sorted(base, key=dist.__getitem__)
+    yield None
+    mad = _wmedian_of(order, dist, vw)
     spread = max(4.0 * 1.4826 * mad, sig.gap)
     yield None
     relative: list[Hit] = []
-    for i, (dev, v) in enumerate(vals):
+    n = len(vdev)
+    for i in range(n):
         if i % _CHECK_EVERY == _CHECK_EVERY - 1:
             yield None
+        dev, v = vdev[i], vval[i]
         if sig.key in dev.limits and (v > dev.limits[sig.key] if sig.worse == "higher" else v <= dev.limits[sig.key]):
             continue  # named past its limit already
         if sig.worse == "higher" and v >= sig.floor and v >= med + spread:
-            relative.append((dev, sig.key, v, med, f"{sig.key} {v:g} stands out from {len(vals)} peers "
-                                                   f"(median {med:g})", False))
-        elif sig.worse == "lower" and v <= sig.floor and v <= med - spread:
-            relative.append((dev, sig.key, v, med, f"{sig.key} {v:g} is below {len(vals)} peers (median {med:g})",
+            relative.append((dev, sig.key, v, med, f"{sig.key} {v:g} stands out from {n} peers (median {med:g})",
                              False))
+        elif sig.worse == "lower" and v <= sig.floor and v <= med - spread:
+            relative.append((dev, sig.key, v, med, f"{sig.key} {v:g} is below {n} peers (median {med:g})", False))
     if _condition({h[0].node for h in relative}, len(per)):
         return []  # the group is like this on many nodes: a fleet condition, not one straggler
     return relative
