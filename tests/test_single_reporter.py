@@ -79,6 +79,9 @@ class Scenario:
                 return True
         return False
 
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:  # hypothesis' printer: the short form below
+        p.text(repr(self))
+
     def __repr__(self) -> str:  # what a falsifying example shows: the fleet in one line, the attack in full
         attack = [(round(t, 2), m["type"], m["entity"], {k: m["details"].get(k) for k in (
             "job", "world_rank", "world_size", "rank", "seq_num", "at_seq", "last_enqueued", "suspects", "peer")
