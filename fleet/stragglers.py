@@ -157,6 +157,10 @@ class Device:
     values: dict[str, float] = field(default_factory=dict)  # signal -> the value the fleet compares
     limits: dict[str, float] = field(default_factory=dict)  # signal -> its published limit for this device
     held: tuple[float, str] | None = None  # the longest HW slowdown held, and its reason
+    key: tuple[str, str] = ("", "")  # (node, entity), made once: an evaluation creates no tuples per device
+
+    def __post_init__(self) -> None:
+        self.key = (self.node, self.entity)
 
 
 def _device(node: str, collector: str, key: str, vec: dict[str, Any]) -> Device:
@@ -784,7 +788,7 @@ class StragglerWatch:
                 self._borrow(gk, hits is None, classes)
                 if not had or (old_hits is None) != (hits is None):  # the group's scope changed
                     for i, d in enumerate(group):
-                        touched.add((d.node, d.entity))
+                        touched.add(d.key)
                         if i % _CHECK_EVERY == _CHECK_EVERY - 1:
                             yield None
                 else:
