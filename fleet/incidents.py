@@ -67,11 +67,14 @@ def owner(job: str, partitions: int) -> int:
 
 
 # Per-reporter shares (issue 20, "suppression"): one node's messages can crowd out only its own. A
-# node keeps at most this many membership facts and this many other messages in one job's window
-# (an HGX node runs 8 ranks, each joining up to 32 communicators: 256 facts), takes part in at most
+# job's state is kept per node and per process: a node has at most PROCESSES_PER_NODE processes in a
+# job (an HGX node runs 8 ranks; a process beyond the share is refused, never one already known
+# evicted: first claims stand), each with its last FACTS_PER_PROCESS membership facts (a rank joins
+# up to 32 communicators) and SYMPTOMS_PER_PROCESS other messages; a node takes part in at most
 # JOBS_PER_NODE jobs of the table, and a job has at most NODES_PER_JOB nodes.
-MEMBERS_PER_NODE = 512
-SYMPTOMS_PER_NODE = 512
+PROCESSES_PER_NODE = 64
+FACTS_PER_PROCESS = 64
+SYMPTOMS_PER_PROCESS = 64
 JOBS_PER_NODE = 256
 NODES_PER_JOB = 8192
 SETTLE_MAX = 2.0  # s: however often symptoms arrive, a verdict waits at most this long after the first
@@ -82,26 +85,26 @@ PROCESS_ENDED = "NCCLProcessEnded"
 
 @dataclass
 class _Job:
-    members: dict[str, deque[dict[str, Any]]] = field(default_factory=dict)  # node -> its membership facts
-    symptoms: dict[str, deque[dict[str, Any]]] = field(default_factory=dict)  # node -> its other messages
+    # node -> process (its entity, nccl:host:pid) -> its membership facts / its other messages
+    members: dict[str, dict[str, deque[dict[str, Any]]]] = field(default_factory=dict)
+    symptoms: dict[str, dict[str, deque[dict[str, Any]]]] = field(default_factory=dict)
     ids: set[str] = field(default_factory=set)  # a job's evidence arrives on two streams: filed once
     nodes: set[str] = field(default_factory=set)
-    ended: set[tuple[str, str]] = field(default_factory=set)  # (node, "host:pid") whose process ended
+    ended: set[tuple[str, str]] = field(default_factory=set)  # (node, process) whose process ended
     last_seen: float = 0.0
     last_symptom: float = 0.0  # when the last timeout/completion error/fallback was received
     unsettled_since: float | None = None  # the first symptom since the last verdict
     published: dict[str, Any] | None = None  # the last record sent
 
     def messages(self) -> list[dict[str, Any]]:
-        return [m for by in (self.members, self.symptoms) for q in by.values() for m in q]
+        return [m for by in (self.members, self.symptoms) for procs in by.values() for q in procs.values() for m in q]
 
     def size(self) -> int:
-        return sum(len(q) for by in (self.members, self.symptoms) for q in by.values())
+        return sum(len(q) for by in (self.members, self.symptoms) for procs in by.values() for q in procs.values())
 
     def processes_ended(self) -> bool:
         """Every process the job's nodes said was a member has ended (NCCLProcessEnded from its node)."""
-        procs = {(m["node"], f"{_details(m).get('host')}:{_details(m).get('pid')}")
-                 for q in self.members.values() for m in q if m.get("type") != PROCESS_ENDED}
+        procs = {(node, proc) for node, by_proc in self.members.items() for proc in by_proc}
         return bool(procs) and procs <= self.ended
 
 
@@ -186,13 +189,17 @@ class IncidentTracker:
             self._arrival += 1
             msg["_arrival"] = self._arrival  # claims are ordered by arrival: a reporter chooses its "time"
             fact = msg.get("type") in JOB_FACT_TYPES
-            by, cap = (j.members, MEMBERS_PER_NODE) if fact else (j.symptoms, SYMPTOMS_PER_NODE)
-            q = by.get(node)
+            by, cap = (j.members, FACTS_PER_PROCESS) if fact else (j.symptoms, SYMPTOMS_PER_PROCESS)
+            procs = by.setdefault(node, {})
+            proc = str(msg.get("entity", ""))[:600]
+            q = procs.get(proc)
             if q is None:
-                q = by[node] = deque(maxlen=cap)
-            q.append(msg)  # a full window drops this node's oldest message, never another node's
+                if len(procs) >= PROCESSES_PER_NODE:
+                    return self._refuse("processes_per_node")  # the node's known processes stand
+                q = procs[proc] = deque(maxlen=cap)
+            q.append(msg)  # a full window drops this process's oldest message, never another's
             if msg.get("type") == PROCESS_ENDED:
-                j.ended.add((node, f"{details.get('host')}:{details.get('pid')}"))
+                j.ended.add((node, proc))
             j.nodes.add(node)
             j.last_seen = now
             if msg.get("type") in SYMPTOMS:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from fleet.incidents import JOBS_PER_NODE, MEMBERS_PER_NODE, IncidentService, IncidentTracker
+from fleet.incidents import JOBS_PER_NODE, PROCESSES_PER_NODE, IncidentService, IncidentTracker
 
 JOB = "0x7a11"
 SIZE = 32  # 4 nodes x 8 ranks
@@ -47,7 +47,8 @@ def test_a_flood_of_one_nodes_members_never_pushes_out_the_others() -> None:
         touched |= t.add(_member("n3", 24 + i % 8, pid=100000 + i), now=100.0)
     (rec,) = t.judge(touched, now=101.0)
     assert rec["culprit"]["node"] == "n1" and rec["culprit"]["rank"] == "13", rec["reason"]
-    assert len(t.jobs[JOB].members["n3"]) == MEMBERS_PER_NODE  # n3 lost only its own oldest messages
+    assert len(t.jobs[JOB].members["n3"]) == PROCESSES_PER_NODE  # n3's known processes stand, the rest refused
+    assert t.refused["processes_per_node"] == 4200 - (PROCESSES_PER_NODE - 8)
 
 
 def test_one_node_cannot_fill_the_job_table_nor_evict_a_real_job() -> None:
