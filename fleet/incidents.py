@@ -532,7 +532,7 @@ class IncidentService:
             await asyncio.sleep(self.straggler_interval)
             if not self.stragglers.changed or 0 not in self.tracker.owned:
                 continue
-            for rec in self.stragglers.evaluate(time.time()):
+            for rec in await self.stragglers.evaluate_async(time.time()):  # yields every 2 ms of work
                 await self._publish_straggler(rec)
 
     async def _publish_straggler(self, record: dict[str, Any]) -> None:
