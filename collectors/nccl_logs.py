@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import re
 import time
 from pathlib import Path
@@ -35,13 +36,16 @@ import structlog
 from collectors.ib_sysfs import parse_enum
 from collectors.nccl_live import FlightRecords, RasAsker
 from collectors.nccl_parse import (
+    PREFIX_MAX,
+    REJECTED_SOURCE,
     WARNING_RULE,
     Match,
     ProcessState,
+    Rejected,
     candidate_lines,
     exact_hca_value,
     hca_prefix_surprises,
-    match_line,
+    match_or_reject,
     parse_line,
     pci_from_nccl_bus_id,
 )
@@ -113,6 +117,7 @@ class NCCLLogsCollector:
         self.file_hosts: dict[str, set[str]] = {}  # tailed file key -> hosts its NCCL lines named
         self.aggregated: set[str] = set()  # file keys that name this node and other hosts
         self.foreign_lines = 0
+        self.rejected: dict[str, int] = {}  # "<rule>.<field>" -> lines rejected for a field past its bound
         self.ras = RasAsker(host, emit, timeout=config.ras_timeout, cooldown=config.ras_cooldown,
                             enabled=False)  # on in run(): a snapshot has no live process to ask
         self.flight = FlightRecords(host, emit, wait=config.flight_recorder_wait)
@@ -153,8 +158,14 @@ class NCCLLogsCollector:
     async def _handle(self, tf: TailedFile, data: bytes, base: int) -> bool:
         matches: list[Match] = []
         for offset, raw in candidate_lines(data, base, max_line=self.config.max_line, engine=self.engine):
-            m = match_line(parse_line(offset, raw))
-            if m is not None:
+            m = match_or_reject(parse_line(offset, raw))
+            if isinstance(m, Rejected):
+                # a field longer than NCCL/PyTorch print (a 5,000-digit commId): no id is cut out of it
+                key = f"{m.rule}.{m.field}"
+                self.rejected[key] = self.rejected.get(key, 0) + 1
+                self.emit.unparsed(REJECTED_SOURCE, f"{tf.path}:{offset}: {m.rule} {m.field} is {m.length} "
+                                                    f"characters (at most {m.limit}): {m.line.raw[:120]}")
+            elif m is not None:
                 matches.append(m)
         self.lines_matched += len(matches)
         now = time.monotonic()
@@ -241,9 +252,16 @@ class NCCLLogsCollector:
 
     @staticmethod
     def _from_name(path: str) -> tuple[str, int]:
-        """Lines without NCCL's prefix (PyTorch's watchdog) belong to the file's %h.%p."""
+        """Lines without NCCL's prefix (PyTorch's watchdog) belong to the file's %h.%p. The file name is
+        the job's choice: a host over PREFIX_MAX["host"] or a pid over its digits is not a %h.%p, and a
+        name over the host bound is replaced by a digest of it (an entity stays short and distinct)."""
         m = _HOST_PID_NAME.search(path)
-        return (m["host"], int(m["pid"])) if m else (Path(path).name, 0)
+        if m and len(m["host"]) <= PREFIX_MAX["host"] and len(m["pid"]) <= PREFIX_MAX["pid"]:
+            return m["host"], int(m["pid"])
+        name = Path(path).name
+        if len(name) > PREFIX_MAX["host"]:
+            name = "file-" + hashlib.sha256(name.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+        return name, 0
 
     async def _event(self, m: Match, st: ProcessState, tf: TailedFile, ms: int, k: int) -> bool:
         f, line = m.fields, m.line
@@ -499,6 +517,15 @@ class NCCLLogsCollector:
             if self._alive(st) and not quiet and not gone:
                 continue
             why = "log went quiet" if quiet else "log was deleted" if gone else "ended"
+            summary = st.summary()
+            if self.live and not quiet and isinstance(summary.get("job"), str):
+                # a job fact for the fleet correlator: an incident resolves when the job's processes are
+                # gone, never on silence (a hung rank is quiet until its watchdog fires); a quiet log is
+                # no proof the process ended
+                await self.emit.event(
+                    "NCCLProcessEnded", severity="info", entity=st.entity,
+                    reason="LogGone" if gone else "ProcessEnded",
+                    message=f"{st.key} of job {summary['job']} {why}.", details=summary)
             for type_, entity, severity in self.emit.active_conditions():
                 if entity == st.entity:
                     await self.emit.condition(type_, firing=False, severity=severity,  # type: ignore[arg-type]

@@ -18,11 +18,17 @@ from gna_sdk import Severity
 # collector's ("node-3: ", "[1,0]<stdout>:", kubectl --timestamps' RFC 3339 time, syslog, tqdm's
 # carriage-return junk). Parts may be redacted when a log is pasted: the host ("<cluster_name>"), the pid
 # ("<pid>", "xxx"), or the whole "host:pid:tid " (only "[0] " left; NVIDIA/nccl#1612).
+# Linear time on any line (a job writes them; one 64 KiB line used to cost minutes of CPU): a plain host
+# starts only where a run of host characters starts (the lookbehind; the leftmost match always starts
+# there anyway), redactions, the source and the function are bounded in the pattern. A host, pid or
+# tid longer than PREFIX_MAX still matches and is rejected by parse_line, never cut.
 PREFIX = re.compile(
-    r"(?:\[(?P<ts>\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}(?:\.\d+)?)\] )?"
-    r"(?:(?P<host><[^>\s]+>|[^\s:\[\]<>]+):(?P<pid>\d+|<[^>\s]*>|[xX*#?.]+):(?P<tid>\d+|<[^>\s]*>|[xX*#?.]+) )?"
+    r"(?:\[(?P<ts>\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}(?:\.\d{1,18})?)\] )?"
+    r"(?:(?P<host><[^>\s]{1,64}>|(?<![^\s:\[\]<>])[^\s:\[\]<>]+):(?P<pid>\d+|<[^>\s]{0,16}>|[xX*#?.]{1,16}):"
+    r"(?P<tid>\d+|<[^>\s]{0,16}>|[xX*#?.]{1,16}) )?"
     r"\[(?P<dev>-?\d+)\] "
-    r"(?:(?P<src>[^\s]+:\d+)(?: \((?P<func>[^)]*)\))? )?NCCL (?P<level>INFO|WARN|TRACE|CALL|ABORT) (?P<msg>.*)$")
+    r"(?:(?P<src>[^\s]{1,256}:\d{1,10})(?: \((?P<func>[^)]{0,256})\))? )?NCCL (?P<level>INFO|WARN|TRACE|CALL|ABORT) "
+    r"(?P<msg>.*)$")
 
 
 @dataclass(frozen=True)
@@ -34,6 +40,9 @@ class Rule:
     fields: tuple[str, ...]
     warn_only: bool = False
     nccl_only: bool = False  # only on a line with NCCL's own prefix (a bare printf of the same text is not)
+    # searched first (linear): without it the rule cannot match, and with it the rule's first start that
+    # gets past its head succeeds -- a lazy ".*?" tried from every repeat of the head is quadratic
+    guard: re.Pattern[str] | None = None
 
 
 def _r(p: str) -> re.Pattern[str]:
@@ -67,7 +76,7 @@ RULES: tuple[Rule, ...] = (
     # job's container, so no IB device either (NVIDIA/nccl#367, #1817)
     Rule("ib_no_verbs", _r(r"Failed to open libibverbs"), "NCCLSocketFallback", "critical", ()),
     Rule("ib_using", _r(r"NET/IB : Using (?P<devs>.*?)\s*(?P<ro>\[RO\])?\s*; OOB (?P<oob>\S+)"), "NCCLHCASelection",
-         "warning", ("devs", "oob")),
+         "warning", ("devs", "oob"), guard=_r(r"; OOB \S")),
     Rule("socket_using", _r(r"NET/Socket : Using (?P<ifs>.+?)\s*$"), "NCCLSocketFallback", "critical", ("ifs",)),
     # 2.4: "... Disabled for GPU %d[%d] / HCA %d '%s' (no module or not supported by GPU)"; 2.7-2.12:
     # "NET/IB : GPU Direct RDMA Disabled for HCA %d '%s' (no module)"; 2.13+: "NET/%s : GPU Direct RDMA %s
@@ -87,7 +96,8 @@ RULES: tuple[Rule, ...] = (
          "info", ("version",), nccl_only=True),
     Rule("init", _r(r"comm (?P<comm>0x[0-9a-f]+) rank (?P<rank>\d+) nranks (?P<nranks>\d+) cudaDev (?P<cuda>\d+)"
                     r"(?: nvmlDev (?P<nvml>\d+))?(?: busId (?P<bus>[0-9a-f]+))?(?: commId (?P<commid>0x[0-9a-f]+))?"
-                    r".*Init COMPLETE"), "NCCLJobMember", "info", ("comm", "rank", "nranks", "bus", "commid")),
+                    r".*Init COMPLETE"), "NCCLJobMember", "info", ("comm", "rank", "nranks", "bus", "commid"),
+         guard=_r(r"Init COMPLETE")),
     # net_ib.cc, 2.7.3+: INFO(NCCL_NET|NCCL_ENV, "NCCL_IB_HCA set to %s") — shown by default from 2.17
     Rule("env_hca", _r(r"\bNCCL_IB_HCA set to (?P<value>\S+)"), "NCCLHCASelection", "warning", ("value",)),
     # param.h/param.cc: "%s set by environment to %lu." (integer NCCL_PARAMs such as NCCL_IB_DISABLE);
@@ -111,7 +121,8 @@ RULES: tuple[Rule, ...] = (
     Rule("watchdog", _r(_PG + r"Watchdog caught collective operation timeout: "
                         r"WorkNCCL\(SeqNum=(?P<seq>\d+), "
                         r"OpType=(?P<op>\w+)(?:.*?Timeout\(ms\)=(?P<timeout>\d+))?.*?\) ran for (?P<ran>\d+) "
-                        r"milliseconds"), "NCCLCollectiveTimeout", "critical", ("rank", "seq", "op", "timeout", "ran")),
+                        r"milliseconds"), "NCCLCollectiveTimeout", "critical", ("rank", "seq", "op", "timeout", "ran"),
+         guard=_r(r"\) ran for \d+ milliseconds")),
     # The process group's progress when its watchdog gives up (docs/formats.md, "PyTorch PG status"):
     # "Timeout at NCCL work: %d, last enqueued NCCL work: %d, last completed NCCL work: %d." (2.2-2.5),
     # "Exception (either an error or timeout) detected by watchdog at work: %d, last enqueued ..." (2.4-2.5),
@@ -199,6 +210,55 @@ _VENDOR = re.compile(r"vendor[ _]err[= ]?(\d+)")
 _HCA = re.compile(r"\bhca (\S+)")
 
 
+# -- bounds: the longest value each field can have when NCCL or PyTorch printed the line ----------------
+# A job's user writes these logs. A field past its bound is no NCCL output: the whole line is rejected
+# and counted (nccl_logs: Emitter.unparsed, source REJECTED_SOURCE, with a sample), never cut to a
+# shorter value that could be another valid id. Decimal numbers are bounded before int() (CPython
+# refuses past 4,300 digits; a 5,000-digit pid used to raise out of parse_line).
+_INT_DIGITS = 10  # C int, "%d": INT_MAX 2147483647
+_U64_DIGITS = 20  # uint64/size_t, "%lu": 18446744073709551615
+PREFIX_MAX: dict[str, int] = {
+    # NCCL src/debug.cc (ncclDebugInit): getHostName(hostname, 1024, '.') -- the host name cut at its
+    # first dot; the kernel's nodename is at most 64 bytes (__NEW_UTS_LEN, include/uapi/linux/utsname.h)
+    "host": 64,
+    "pid": 7, "tid": 7,  # PID_MAX_LIMIT 4194304 (include/linux/threads.h); a redaction ("<pid>", "xxx") alike
+    "dev": 11,  # "[%d]" cudaDev
+    "ts": 40,  # "[%Y-%m-%d %H:%M:%S]" (2.26+), a fraction when a collector added one
+    "src": 256, "func": 256,  # "%s:%d" of __FILE__/__LINE__; "(%s)" of __func__ (2.30+)
+}
+FIELD_MAX: dict[str, int] = {
+    # src/init.cc Init COMPLETE (docs/formats.md section 8; NVIDIA/nccl v2.18.6-1 L1375, v2.30.7-1
+    # L1936-1946): "comm %p" (a 64-bit pointer: 0x + 16 hex digits), "busId %lx" (int64 comm->busId: 16
+    # hex digits), "commId 0x%llx" (uint64 comm->commHash: 0x + at most 16 hex digits); rank, nranks,
+    # cudaDev, nvmlDev "%d".
+    "comm": 18, "commid": 18, "bus": 16,
+    "rank": _INT_DIGITS, "nranks": _INT_DIGITS, "cuda": _INT_DIGITS, "nvml": _INT_DIGITS,
+    # channel lines (src/transport/net.cc, p2p.cc, shm.cc): "%02d" channel, "%d" ranks, NET/<name>/<dev>
+    "ch": _INT_DIGITS, "src": _INT_DIGITS, "dst": _INT_DIGITS, "dev": _INT_DIGITS, "proxy": _INT_DIGITS,
+    "net": 64, "flags": 64, "mode": 64, "dir": 8,
+    # net_ib.cc: HCA names (ibv_get_device_name: IBV_SYSFS_NAME_MAX 64), "HCA %d", "port %d", statuses "%d"
+    "hca": 64, "name": 64, "port": _INT_DIGITS, "status": _INT_DIGITS, "err": _INT_DIGITS, "sname": 64,
+    "vendor_err": _INT_DIGITS, "how": 32, "state": 16, "kind": 32,
+    # "from peer %s": ncclSocketToString, an address and "<port>" (INET6_ADDRSTRLEN 46 + 8)
+    "peer": 128,
+    # lists NCCL prints in one line: "NET/IB : Using [0]mlx5_0:1/IB ... ; OOB ib0:10.0.0.5<0>" (32 NICs
+    # of 30-odd bytes fit in 4 KiB), "NET/Socket : Using [0]eth0:10.0.0.5<0> ...", the OOB interface
+    "devs": 4096, "ifs": 1024, "oob": 128, "ro": 8,
+    # environment echoes: "%s set by environment to %s", "NCCL_IB_HCA set to %s"
+    "value": 1024,
+    "version": 64,
+    # free text (an async event's name, a socket error): kept for the message only, still bounded
+    "what": 512,
+    # ProcessGroupNCCL (torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp): "PG ID %lu", "SeqNum=%lu",
+    # "OpType=%s" (opTypeToString: ALLREDUCE, ...), "Timeout(ms)=%ld", "ran for %ld milliseconds"
+    "pg": _U64_DIGITS, "guid": 40, "desc": 64, "seq": _U64_DIGITS, "op": 64, "timeout": _U64_DIGITS,
+    "ran": _U64_DIGITS, "at": _U64_DIGITS + 1, "enq": _U64_DIGITS + 1, "done": _U64_DIGITS + 1, "local": 16,
+    "torchrun_rank": _INT_DIGITS,  # torchrun's "[rank%d]:" prefix
+}
+DEFAULT_FIELD_MAX = 256  # a field a future rule adds without a bound of its own
+REJECTED_SOURCE = "NCCL lines with a field longer than NCCL or PyTorch print (rejected)"
+
+
 @dataclass(frozen=True)
 class Line:
     offset: int  # byte offset in its file
@@ -211,6 +271,7 @@ class Line:
     func: str
     msg: str
     raw: str
+    over: tuple[str, int, int] | None = None  # (field, length, limit): a prefix field past its bound
 
 
 @dataclass(frozen=True)
@@ -218,6 +279,17 @@ class Match:
     rule: Rule
     line: Line
     fields: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """A line whose ``field`` is ``length`` characters where NCCL/PyTorch print at most ``limit``."""
+
+    line: Line
+    rule: str  # the rule that matched, or "prefix"
+    field: str
+    length: int
+    limit: int
 
 
 def candidate_lines(data: bytes, base: int, *, max_line: int = 65536,
@@ -239,58 +311,92 @@ def candidate_lines(data: bytes, base: int, *, max_line: int = 65536,
 
 
 def parse_line(offset: int, raw: bytes) -> Line:
+    """NCCL's prefix split off. A prefix field past PREFIX_MAX sets ``over`` (match_or_reject rejects the
+    line) and is not converted: the line's host, pid and device are then empty."""
     text = raw.decode("utf-8", "replace").rstrip("\r")
     text = text.rsplit("\r", 1)[-1]  # a progress bar's carriage returns: the terminal shows the last part
     m = PREFIX.search(text)
     if m is None:
         return Line(offset, "", 0, -1, "", "", "", "", text, text)
+    for name, limit in PREFIX_MAX.items():
+        value = m[name]
+        if value is not None and len(value) > limit:
+            return Line(offset, "", 0, -1, m["level"], "", "", "", m["msg"], text, over=(name, len(value), limit))
     pid = int(m["pid"]) if m["pid"] and m["pid"].isdigit() else 0  # redacted: one process per host
     return Line(offset, m["host"] or "", pid, int(m["dev"]), m["level"], m["ts"] or "", m["src"] or "",
                 m["func"] or "", m["msg"], text)
 
 
-def match_line(line: Line) -> Match | None:
-    """The first rule that matches; WARN lines no rule explains become NCCLWarning."""
+def _over(fields: dict[str, Any]) -> tuple[str, int, int] | None:
+    for k, v in fields.items():
+        limit = FIELD_MAX.get(k, DEFAULT_FIELD_MAX)
+        if isinstance(v, str) and len(v) > limit:
+            return k, len(v), limit
+    return None
+
+
+def match_or_reject(line: Line) -> Match | Rejected | None:
+    """The first rule that matches; WARN lines no rule explains become NCCLWarning; a line with a field
+    past its bound (PREFIX_MAX, FIELD_MAX) is Rejected whatever rule it would feed."""
+    if line.over is not None:
+        return Rejected(line, "prefix", *line.over)
     msg = line.msg
     for rule in RULES:
         if (rule.warn_only and line.level != "WARN") or (rule.nccl_only and not line.level):
+            continue
+        if rule.guard is not None and rule.guard.search(msg) is None:
             continue
         m = rule.pattern.search(msg)
         if m is None:
             continue
         fields = {k: v for k, v in m.groupdict().items() if v is not None}
         if rule.name == "ib_completion":
-            if "err" in fields:
-                fields["status"] = fields.pop("err")
             if vm := _VENDOR.search(msg):
-                fields["vendor_err"] = int(vm.group(1))
+                fields["vendor_err"] = vm.group(1)
             if hm := _HCA.search(msg):
                 fields["hca"] = hm.group(1)
+        elif rule.name == "watchdog" or rule.name.startswith("pg_"):
+            tr = _TORCHRUN_RANK.search(line.raw)
+            if tr is not None:
+                fields["torchrun_rank"] = tr.group(1)
+        if (over := _over(fields)) is not None:
+            return Rejected(line, rule.name, *over)
+        if rule.name == "ib_completion":
+            if "err" in fields:
+                fields["status"] = fields.pop("err")
+            if "vendor_err" in fields:
+                fields["vendor_err"] = int(fields["vendor_err"])
             fields["status"] = int(fields["status"])
         elif rule.name == "watchdog" or rule.name.startswith("pg_"):
-            _torch_fields(fields, line.raw)
+            _torch_fields(fields)
         return Match(rule, line, fields)
     if line.level == "WARN":
         return Match(WARNING_RULE, line, {})
     return None
 
 
+def match_line(line: Line) -> Match | None:
+    """match_or_reject without the rejections (they are None here: count them with match_or_reject)."""
+    m = match_or_reject(line)
+    return m if isinstance(m, Match) else None
+
+
 WARNING_RULE = Rule("warn", _r(r"."), "NCCLWarning", "warning", ())
 SEQ_MAX = 1 << 53  # a sequence number past this is uninitialised memory (seen in public logs), not progress
 
 
-def _torch_fields(fields: dict[str, Any], raw: str) -> None:
+def _torch_fields(fields: dict[str, Any]) -> None:
     """PyTorch's numbers, checked: ``rank`` becomes the world rank where the line says it (torchrun's
     ``[rankN]:``, or the default process group's rank), else None (``pg_rank`` keeps the group's);
     sequence numbers outside [-1, 2**53) or a completed count above the enqueued one become None and
     ``implausible`` is set -- they are not progress."""
     pg_rank = int(fields.pop("rank")) if "rank" in fields else None
-    tr = _TORCHRUN_RANK.search(raw)
+    tr = fields.pop("torchrun_rank", None)  # checked against its bound with the other fields
     desc, pg, guid = fields.get("desc"), fields.get("pg"), fields.get("guid")
     # the world group: described "default_pg", else the first group created (ID/GUID 0), else "[Rank r]"
     default_pg = desc == "default_pg" if desc else pg == "0" if pg is not None else guid in (None, "0")
     fields["pg_rank"] = pg_rank
-    fields["rank"] = int(tr.group(1)) if tr else pg_rank if default_pg else None
+    fields["rank"] = int(tr) if tr is not None else pg_rank if default_pg else None
     bad = False
     for k in ("at", "enq", "done", "src"):
         if k in fields:
