@@ -26,6 +26,7 @@ import glob
 import hashlib
 import json
 import os
+import stat
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -192,14 +193,28 @@ class Tailer:
         root = str(self.host.root)
         return "/" + os.path.relpath(real, root) if real.startswith(root) else real
 
+    def _inside_roots(self, fd: int) -> bool:
+        """Where the descriptor really is (the kernel's own path of the opened file, /proc/self/fd): a
+        link a job swapped to a file outside the globs' directories after _matches() looked is refused
+        here, on what was opened, not on a path checked before (issue 20: never check, then open)."""
+        try:
+            real = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            return False
+        if any(real == r or real.startswith(r.rstrip("/") + "/") for r in self._roots()):
+            return True
+        self.stats["outside_roots"] += 1
+        log.warning("tail_opened_outside_roots", path=real[:300], roots=self.globs)
+        return False
+
     def _open(self, dev: int, ino: int, path: str) -> TailedFile | None:
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)  # a FIFO swapped in never blocks
         except OSError:
             return None
         st = os.fstat(fd)
-        if (st.st_dev, st.st_ino) != (dev, ino):  # replaced between stat and open
-            os.close(fd)
+        if (st.st_dev, st.st_ino) != (dev, ino) or not stat.S_ISREG(st.st_mode) or not self._inside_roots(fd):
+            os.close(fd)  # replaced between stat and open, or not where the globs point
             return None
         tf = TailedFile(dev, ino, self._host_path(path), fd=fd, first_seen_ms=int(time.time() * 1000))
         tf.fp, tf.fp_len = fingerprint(fd, self.fp_bytes)
@@ -251,12 +266,12 @@ class Tailer:
     def _reopen(self, tf: TailedFile, path: str) -> None:
         """A parked file moved: open it again if it is still the same file (inode and first bytes)."""
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
         except OSError:
             return
         try:
             st = os.fstat(fd)
-            same = (st.st_dev, st.st_ino) == (tf.dev, tf.ino)
+            same = (st.st_dev, st.st_ino) == (tf.dev, tf.ino) and self._inside_roots(fd)
             if same and tf.fp_len and fingerprint(fd, tf.fp_len)[0] != tf.fp:
                 tf.offset, tf.pending = 0, None  # rewritten in place while parked: starts over
         except OSError:

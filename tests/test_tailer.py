@@ -8,6 +8,7 @@ import shutil
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -349,3 +350,35 @@ def test_checkpoint_entries_of_the_wrong_type_are_counted_and_ignored(tmp_path: 
     t = _tailer(tmp_path, state)
     t.load()
     assert list(t._restored) == ["1:4"] and t.stats["bad_checkpoints"] == 4
+
+
+async def test_a_link_swapped_after_the_scan_looked_is_refused_on_what_was_opened(tmp_path: Path,
+                                                                                 monkeypatch: Any) -> None:
+    """Issue 20 deliver 5: the scan checks a link's target, then opens it by name; a job that swaps the
+    link to a file outside the roots in between must not get that file read. The check is made on the
+    opened descriptor (/proc/self/fd), and a FIFO swapped in never blocks the open."""
+    root = tmp_path / "root"
+    d = _logdir(root)
+    secret = root / "etc" / "shadow"
+    secret.parent.mkdir(parents=True)
+    secret.write_bytes(b"root:$6$secret:19000:0:99999:7:::\n")
+    (d / "real.log").write_bytes(b"host:1:1 [0] NCCL INFO fine\n")
+    (d / "sub").mkdir()
+    (d / "sub" / "other").write_bytes(b"host:2:2 [0] NCCL INFO fine\n")
+    (d / "swap.log").symlink_to(d / "sub" / "other")  # inside the root when the scan looks
+    t = _tailer(root)
+    swapped = {k: v for k, v in t._matches().items() if v[0].endswith("real.log")}
+
+    def swap_then_match() -> dict[tuple[int, int], tuple[str, int]]:
+        (d / "swap.log").unlink()
+        (d / "swap.log").symlink_to(secret)  # after the scan checked it, before the open
+        st = os.stat(d / "swap.log")
+        return {**swapped, (st.st_dev, st.st_ino): (str(d / "swap.log"), st.st_size)}
+
+    monkeypatch.setattr(t, "_matches", swap_then_match)
+    t.rescan()
+    assert [f.path for f in t.files.values()] == ["/var/log/nccl/real.log"]
+    assert t.stats["outside_roots"] == 1
+    os.mkfifo(d / "fifo.log")
+    st = os.stat(d / "fifo.log")
+    assert t._open(st.st_dev, st.st_ino, str(d / "fifo.log")) is None  # not a regular file: refused at once
