@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -449,3 +450,47 @@ def test_the_ingest_benchmark_greps_for_exactly_the_prefilter_s_needles() -> Non
     from collectors.nccl_parse import _NEEDLES
 
     assert sorted(GREP_PATTERN.split("|")) == sorted(n.decode() for n in _NEEDLES)
+
+
+async def test_a_process_of_a_job_that_ends_is_told_to_the_fleet_a_quiet_one_is_not(tmp_path: Path) -> None:
+    """Issue 20, lifecycle: an incident resolves on evidence -- every process of the job gone from /proc
+    (or its log deleted) -- so the collector says so as a job fact (NCCLProcessEnded, under the job's
+    member subject); a hung rank's quiet log is no such evidence."""
+    from agent.emitter import CollectorEmitter, ConditionTracker
+    from agent.facts import FactStore
+    from agent.subjects import subjects_for
+    from collectors.nccl_logs import NCCLLogsCollector, NCCLLogsConfig
+    from gna_sdk.hostroot import HostRoot
+    from tests.conftest import Sink
+
+    host = SimHost.gpu_node(tmp_path / "h", gpus=8, hcas=8)
+    host.write("/proc/sys/kernel/hostname", "gpu-a\n")
+    for pid in (4007, 4008):
+        host.write(f"/proc/{pid}/environ", "NCCL_DEBUG=INFO\0")
+        host.write(f"/var/log/nccl/gpu-a.{pid}.log",
+                   f"gpu-a:{pid}:{pid + 1} [{pid - 4007}] NCCL INFO comm 0x7f00 rank {pid - 4007} nranks 16 cudaDev 0 "
+                   f"nvmlDev 0 busId db000 commId 0x5b1e0c3f9a7d2e41 - Init COMPLETE\n")
+    sink = Sink()
+    em = CollectorEmitter("gpu-a", "nccl_logs", sink, ConditionTracker(None), facts=FactStore())
+    c = NCCLLogsCollector(NCCLLogsConfig(interval=0.2), HostRoot(host.root), em)
+    task = asyncio.get_running_loop().create_task(c.run())
+    try:
+        for _ in range(100):
+            if len(sink.of("NCCLJobMember")) == 2:
+                break
+            await asyncio.sleep(0.05)
+        (host.p("/proc/4007/environ")).unlink()
+        host.p("/proc/4007").rmdir()  # rank 0 ended; rank 1 lives on, silent
+        await c.collect()
+        (ended,) = sink.of("NCCLProcessEnded")
+        assert ended.reason == "ProcessEnded" and ended.details["job"] == "0x5b1e0c3f9a7d2e41"
+        assert ended.details["world_rank"] == 0 and ended.entity == "nccl:gpu-a:4007"
+        assert subjects_for("gpu-a", "nccl_logs", ended.severity, ended.type, ended.details) == [
+            "gna.jobs.0x5b1e0c3f9a7d2e41.gpu-a.member"]
+        c.config.quiet_resolve = 0.0  # rank 1's log goes quiet: no proof it ended
+        await c.collect()
+        assert len(sink.of("NCCLProcessEnded")) == 1
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
