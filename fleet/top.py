@@ -70,6 +70,14 @@ def render(state: FleetState, *, limit: int = 40, q: str = "", fit: bool = True)
     return t
 
 
+def _standing(r: dict[str, Any]) -> str:
+    """The confidence and what it may do: "0.97 acts" (a cordon may rest on it), "0.50 shown", "contested"."""
+    if r["culprit"] is None:
+        return f"{r['confidence']:.2f}"
+    return f"{r['confidence']:.2f} {'acts' if r.get('actionable') else 'shown'}" + (" contested" if r.get("contested")
+                                                                                    else "")
+
+
 def render_incidents(state: FleetState, *, limit: int = INCIDENT_ROWS, fit: bool = True) -> Table | None:
     """The open incidents, newest first: job, culprit (node, entity, kind), confidence, victims;
     None when there is none."""
@@ -88,7 +96,7 @@ def render_incidents(state: FleetState, *, limit: int = INCIDENT_ROWS, fit: bool
         c = r["culprit"]
         kind = "" if c is None else c["kind"] + (f" rank {c['rank']}" if c.get("rank") is not None else "")
         t.add_row(plain(r["job"]), plain(c["node"] if c else "none named"), plain(c["entity"] if c else ""),
-                  plain(kind), f"{r['confidence']:.2f}", str(len(r["victims"])), plain(r["reason"]))
+                  plain(kind), _standing(r), str(len(r["victims"])), plain(r["reason"]))
     if len(open_) > limit:
         t.caption = f"{len(open_) - limit} more open incidents (the dashboard's /incidents lists them all)"
     return t
