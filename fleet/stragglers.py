@@ -249,14 +249,19 @@ def _weights(devs: list[Device]) -> dict[str, float]:
     return _run(_weights_work(devs))  # type: ignore[no-any-return]
 
 
-def _weights_work(devs: list[Device]) -> _Work:
+def _per_node_work(devs: list[Device]) -> _Work:
+    """(devices per node, the lower median of those counts): what one node may weigh in the group."""
     per: dict[str, int] = defaultdict(int)
     for i, d in enumerate(devs):
         per[d.node] += 1
         if i % _CHECK_EVERY == _CHECK_EVERY - 1:
             yield None
     counts = sorted(per.values())
-    cap = counts[(len(counts) - 1) // 2] if counts else 1  # the lower median
+    return per, (counts[(len(counts) - 1) // 2] if counts else 1)
+
+
+def _weights_work(devs: list[Device]) -> _Work:
+    per, cap = yield from _per_node_work(devs)
     return {n: min(1.0, cap / c) for n, c in per.items()}
 
 
@@ -267,14 +272,8 @@ def peer_size(devs: list[Device]) -> float:
 
 
 def _peer_size_work(devs: list[Device]) -> _Work:
-    per: dict[str, int] = defaultdict(int)
-    for i, d in enumerate(devs):
-        per[d.node] += 1
-        if i % _CHECK_EVERY == _CHECK_EVERY - 1:
-            yield None
-    counts = sorted(per.values())
-    cap = counts[(len(counts) - 1) // 2] if counts else 1  # the lower median, as _weights
-    capped = [min(c, cap) for c in counts]
+    per, cap = yield from _per_node_work(devs)  # each node weighs at most the lower median, as _weights
+    capped = [min(c, cap) for c in per.values()]
     return float(sum(capped) - max(capped, default=0))
 
 
