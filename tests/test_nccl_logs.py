@@ -8,7 +8,9 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -341,16 +343,36 @@ async def test_a_watchdog_line_joins_the_nccl_process_of_its_file(tmp_path: Path
     assert timeouts["nccl:gpu-7:501"]["pci"] == "0000:18:00.0" and timeouts["nccl:gpu-7:501"]["rank"] == 8
 
 
-async def test_a_hung_job_s_ras_port_is_asked_once_and_its_suspects_published(tmp_path: Path) -> None:
-    """#15 deliver 2: the daemon sees rank 7's watchdog fire and asks the RAS port in the process's
-    NCCL_RAS_ADDR (a loopback fake replaying a 2.30.7 report built from NCCL's format: process 4301 on
-    10.10.1.13 dead); NCCLRASReport carries the suspects and the job, once per job per cooldown. An answer
-    about another job on the shared port is dropped."""
+@contextlib.asynccontextmanager
+async def live_collector(host: SimHost, members: int) -> AsyncIterator[tuple[Any, Any]]:
+    """A running nccl_logs collector (daemon mode) over ``host`` and what it emitted, once ``members``
+    NCCLJobMember events are out."""
     from agent.emitter import CollectorEmitter, ConditionTracker
     from agent.facts import FactStore
     from collectors.nccl_logs import NCCLLogsCollector, NCCLLogsConfig
     from gna_sdk.hostroot import HostRoot
     from tests.conftest import Sink
+
+    sink = Sink()
+    em = CollectorEmitter("gpu-a", "nccl_logs", sink, ConditionTracker(None), facts=FactStore())
+    c = NCCLLogsCollector(NCCLLogsConfig(interval=0.2), HostRoot(host.root), em)
+    task = asyncio.get_running_loop().create_task(c.run())
+    try:
+        for _ in range(100):
+            if len(sink.of("NCCLJobMember")) == members:
+                break
+            await asyncio.sleep(0.05)
+        yield c, sink
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_hung_job_s_ras_port_is_asked_once_and_its_suspects_published(tmp_path: Path) -> None:
+    """#15 deliver 2: the daemon sees rank 7's watchdog fire and asks the RAS port in the process's
+    NCCL_RAS_ADDR (a loopback fake replaying a 2.30.7 report built from NCCL's format: process 4301 on
+    10.10.1.13 dead); NCCLRASReport carries the suspects and the job, once per job per cooldown. An answer
+    about another job on the shared port is dropped."""
     from tests.fake_ras import FakeRas
 
     report = (Path(__file__).parent / "corpus" / "ras" / "v2.30.7-dead-and-timeouts.txt").read_text()
@@ -362,15 +384,7 @@ async def test_a_hung_job_s_ras_port_is_asked_once_and_its_suspects_published(tm
             host.write(f"/var/log/nccl/gpu-a.{pid}.log",
                        f"gpu-a:{pid}:{pid + 1} [7] NCCL INFO comm 0x7f00 rank 7 nranks 32 cudaDev 7 nvmlDev 7 busId "
                        f"db000 commId {job} - Init COMPLETE\n")
-        sink = Sink()
-        em = CollectorEmitter("gpu-a", "nccl_logs", sink, ConditionTracker(None), facts=FactStore())
-        c = NCCLLogsCollector(NCCLLogsConfig(interval=0.2), HostRoot(host.root), em)
-        task = asyncio.get_running_loop().create_task(c.run())
-        try:
-            for _ in range(100):
-                if len(sink.of("NCCLJobMember")) == 2:
-                    break
-                await asyncio.sleep(0.05)
+        async with live_collector(host, 2) as (c, sink):
             timeout = ("[Rank 7] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=40, OpType=ALLREDUCE, "
                        "NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600081 milliseconds before timing out.\n")
             for pid in (4007, 5007):
@@ -381,9 +395,6 @@ async def test_a_hung_job_s_ras_port_is_asked_once_and_its_suspects_published(tm
                 if c.ras.reports + c.ras.foreign >= 2:
                     break
                 await asyncio.sleep(0.05)
-        finally:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
     (rep,) = sink.of("NCCLRASReport")
     assert (rep.entity, rep.severity, rep.details["job"]) == ("nccl:gpu-a:4007", "warning", "0x5b1e0c3f9a7d2e41")
     first = rep.details["suspects"][0]
@@ -456,12 +467,7 @@ async def test_a_process_of_a_job_that_ends_is_told_to_the_fleet_a_quiet_one_is_
     """Issue 20, lifecycle: an incident resolves on evidence -- every process of the job gone from /proc
     (or its log deleted) -- so the collector says so as a job fact (NCCLProcessEnded, under the job's
     member subject); a hung rank's quiet log is no such evidence."""
-    from agent.emitter import CollectorEmitter, ConditionTracker
-    from agent.facts import FactStore
     from agent.subjects import subjects_for
-    from collectors.nccl_logs import NCCLLogsCollector, NCCLLogsConfig
-    from gna_sdk.hostroot import HostRoot
-    from tests.conftest import Sink
 
     host = SimHost.gpu_node(tmp_path / "h", gpus=8, hcas=8)
     host.write("/proc/sys/kernel/hostname", "gpu-a\n")
@@ -470,15 +476,7 @@ async def test_a_process_of_a_job_that_ends_is_told_to_the_fleet_a_quiet_one_is_
         host.write(f"/var/log/nccl/gpu-a.{pid}.log",
                    f"gpu-a:{pid}:{pid + 1} [{pid - 4007}] NCCL INFO comm 0x7f00 rank {pid - 4007} nranks 16 cudaDev 0 "
                    f"nvmlDev 0 busId db000 commId 0x5b1e0c3f9a7d2e41 - Init COMPLETE\n")
-    sink = Sink()
-    em = CollectorEmitter("gpu-a", "nccl_logs", sink, ConditionTracker(None), facts=FactStore())
-    c = NCCLLogsCollector(NCCLLogsConfig(interval=0.2), HostRoot(host.root), em)
-    task = asyncio.get_running_loop().create_task(c.run())
-    try:
-        for _ in range(100):
-            if len(sink.of("NCCLJobMember")) == 2:
-                break
-            await asyncio.sleep(0.05)
+    async with live_collector(host, 2) as (c, sink):
         (host.p("/proc/4007/environ")).unlink()
         host.p("/proc/4007").rmdir()  # rank 0 ended; rank 1 lives on, silent
         await c.collect()
@@ -490,7 +488,3 @@ async def test_a_process_of_a_job_that_ends_is_told_to_the_fleet_a_quiet_one_is_
         c.config.quiet_resolve = 0.0  # rank 1's log goes quiet: no proof it ended
         await c.collect()
         assert len(sink.of("NCCLProcessEnded")) == 1
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
