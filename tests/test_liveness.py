@@ -153,7 +153,13 @@ async def test_the_cordoner_exits_75_when_the_server_closes_its_connection(
         await nc.publish(subject, json.dumps(m).encode())  # a core publish: no reply inbox on this line
         await nc.flush()
         t0 = time.monotonic()
-        rc = await asyncio.to_thread(_wait_exit, cord.proc, 15)
+        rc = await asyncio.to_thread(_wait_exit, cord.proc, 8)
+        if rc is None:  # a loaded machine: the cordoner's consumer may have come up after the first one
+            m = _cond(long)
+            await nc.publish(subject, json.dumps(m).encode())
+            await nc.flush()
+            t0 = time.monotonic()
+            rc = await asyncio.to_thread(_wait_exit, cord.proc, 15)
         took = time.monotonic() - t0
         await nc.close()
         assert rc == EX_TEMPFAIL, (rc, cord.stderr[-2000:])
@@ -341,8 +347,9 @@ async def test_the_lanes_bound_waiting_per_node_and_overall(nats_server: NatsSer
             (audit,) = [a for a in bus.audits if a["trigger"]["id"] == c["id"]]
             assert audit["decision"] == "skipped" and "3 messages are waiting" in audit["reason"], audit
         await until(lambda: not cord.waiting, 6, "A's waits ending with their grace")
-        a_acted = [a for a in bus.audits if a["node"] == "node-a" and a["decision"] == "dry_run"]
-        assert a_acted, "A's own waited timeouts without a verdict are decided by the rules (its own node)"
+        # their decision (and its audit) follows the end of the wait: A's own timeouts, decided by the rules
+        await until(lambda: any(a["node"] == "node-a" and a["decision"] == "dry_run" for a in bus.audits), 5,
+                    "A's own waited timeouts without a verdict decided by the rules (its own node)")
         assert not [x for x in argv_log(tool_env) if "NodeName=node-c" in x]
     finally:
         await cord.stop()
