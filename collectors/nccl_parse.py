@@ -225,7 +225,7 @@ PREFIX_MAX: dict[str, int] = {
     "dev": 11,  # "[%d]" cudaDev
     "ts": 40,  # "[%Y-%m-%d %H:%M:%S]" (2.26+), a fraction when a collector added one
     "src": 256, "func": 256,  # "%s:%d" of __FILE__/__LINE__; "(%s)" of __func__ (2.30+)
-}
+}  # parse_line checks these unrolled (a test keeps the two equal)
 FIELD_MAX: dict[str, int] = {
     # src/init.cc Init COMPLETE (docs/formats.md section 8; NVIDIA/nccl v2.18.6-1 L1375, v2.30.7-1
     # L1936-1946): "comm %p" (a 64-bit pointer: 0x + 16 hex digits), "busId %lx" (int64 comm->busId: 16
@@ -318,13 +318,23 @@ def parse_line(offset: int, raw: bytes) -> Line:
     m = PREFIX.search(text)
     if m is None:
         return Line(offset, "", 0, -1, "", "", "", "", text, text)
-    for name, limit in PREFIX_MAX.items():
-        value = m[name]
-        if value is not None and len(value) > limit:
-            return Line(offset, "", 0, -1, m["level"], "", "", "", m["msg"], text, over=(name, len(value), limit))
-    pid = int(m["pid"]) if m["pid"] and m["pid"].isdigit() else 0  # redacted: one process per host
-    return Line(offset, m["host"] or "", pid, int(m["dev"]), m["level"], m["ts"] or "", m["src"] or "",
-                m["func"] or "", m["msg"], text)
+    ts, host, pid_s, tid, dev, src, func = m.group("ts", "host", "pid", "tid", "dev", "src", "func")
+    if (len(host or "") > 64 or len(pid_s or "") > 7 or len(tid or "") > 7 or len(dev) > 11
+            or len(ts or "") > 40 or len(src or "") > 256 or len(func or "") > 256):  # PREFIX_MAX, unrolled
+        for name, limit in PREFIX_MAX.items():
+            value = m[name]
+            if value is not None and len(value) > limit:
+                return Line(offset, "", 0, -1, m["level"], "", "", "", m["msg"], text,
+                            over=(name, len(value), limit))
+    pid = int(pid_s) if pid_s and pid_s.isdigit() else 0  # redacted: one process per host
+    return Line(offset, host or "", pid, int(dev), m["level"], ts or "", src or "", func or "", m["msg"], text)
+
+
+def _min_limit(rule: Rule) -> int:
+    """The tightest bound among a rule's fields (and the extras match_or_reject adds): a line whose longest
+    value is within it needs no field-by-field check (the hot path of a channel line)."""
+    names = [*rule.pattern.groupindex, "vendor_err", "hca", "torchrun_rank"]
+    return min(FIELD_MAX.get(n, DEFAULT_FIELD_MAX) for n in names)
 
 
 def _over(fields: dict[str, Any]) -> tuple[str, int, int] | None:
@@ -359,7 +369,8 @@ def match_or_reject(line: Line) -> Match | Rejected | None:
             tr = _TORCHRUN_RANK.search(line.raw)
             if tr is not None:
                 fields["torchrun_rank"] = tr.group(1)
-        if (over := _over(fields)) is not None:
+        if (fields and max(map(len, fields.values())) > _MIN_LIMIT[rule.name]
+                and (over := _over(fields)) is not None):
             return Rejected(line, rule.name, *over)
         if rule.name == "ib_completion":
             if "err" in fields:
@@ -382,6 +393,7 @@ def match_line(line: Line) -> Match | None:
 
 
 WARNING_RULE = Rule("warn", _r(r"."), "NCCLWarning", "warning", ())
+_MIN_LIMIT = {r.name: _min_limit(r) for r in RULES}
 SEQ_MAX = 1 << 53  # a sequence number past this is uninitialised memory (seen in public logs), not progress
 
 
