@@ -189,12 +189,12 @@ def _is_hardware(m: dict[str, Any]) -> bool:
     return entity.startswith(("gpu:", "ib:")) and not is_tenant(m)
 
 
-def members_of(messages: list[dict[str, Any]]) -> dict[str, Membership]:
+def members_of(messages: list[dict[str, Any]], *, ordered: bool = False) -> dict[str, Membership]:
     """job -> its Membership, from every NCCL message's process summary (each node's word about its
     own processes: the member's node is the message's, i.e. its authenticated subject's)."""
     raw: dict[str, dict[tuple[str, str], Member]] = defaultdict(dict)
     sizes: dict[str, dict[tuple[str, str], int]] = defaultdict(dict)  # every size a member claimed
-    for i, m in enumerate(sorted(messages, key=_order)):
+    for i, m in enumerate(messages if ordered else sorted(messages, key=_order)):
         if m.get("collector") != "nccl_logs":
             continue
         d = _details(m)
@@ -255,7 +255,7 @@ def _bind(members: dict[tuple[str, str], Member]) -> Membership:
 def correlate(messages: list[dict[str, Any]]) -> list[Incident]:
     """Incidents for every job with a symptom, or with a hardware fault on a resource it used."""
     messages = sorted(messages, key=_order)
-    jobs = members_of(messages)
+    jobs = members_of(messages, ordered=True)
     hardware: dict[str, list[dict[str, Any]]] = defaultdict(list)  # node -> critical findings
     for m in messages:
         if _is_hardware(m) and isinstance(m.get("node"), str):

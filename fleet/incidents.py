@@ -104,6 +104,8 @@ class _Job:
 
     def processes_ended(self) -> bool:
         """Every process the job's nodes said was a member has ended (NCCLProcessEnded from its node)."""
+        if not self.ended:  # the common case, judged on every message: nothing ended yet
+            return False
         procs = {(node, proc) for node, by_proc in self.members.items() for proc in by_proc}
         return bool(procs) and procs <= self.ended
 
