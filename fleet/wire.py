@@ -41,7 +41,7 @@ MAX_SUBJECT = 2048  # characters: well under nats-server's max_control_line (4 K
 # control line makes it close the connection (issue 20, "silencing"). A node name is a DNS name
 # (RFC 1035: 253 characters); a job id is NCCL's commId (0x + 16 hex digits) or an operator's
 # namespace/name (Kubernetes: 253 + 63).
-FIELD_MAX = {"id": 64, "time": 64, "node": 253, "collector": 64, "type": 128, "entity": 512, "reason": 256,
+FIELD_MAX = {"id": 64, "time": 256, "node": 253, "collector": 64, "type": 128, "entity": 512, "reason": 256,
              "message": 16384}
 JOB_MAX = 320
 # the fields of a NCCL message's process summary and symptoms that the fleet reads (docs/messages.md)
