@@ -42,7 +42,7 @@ from agent.subjects import (
     STRAGGLERS_PREFIX,
     encode_token,
 )
-from fleet.correlator import correlate
+from fleet.correlator import _details, correlate
 from fleet.leases import Leases, open_bucket
 from fleet.stragglers import STRAGGLERS_BUCKET, StragglerWatch
 from fleet.wire import Rejected, Rejections, decode_event, decode_job, decode_signals
@@ -108,11 +108,6 @@ class _Job:
             return False
         procs = {(node, proc) for node, by_proc in self.members.items() for proc in by_proc}
         return bool(procs) and procs <= self.ended
-
-
-def _details(m: dict[str, Any]) -> dict[str, Any]:
-    d = m.get("details")
-    return d if isinstance(d, dict) else {}
 
 
 class IncidentTracker:
