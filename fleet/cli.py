@@ -165,7 +165,7 @@ def cmd_correlator(args: argparse.Namespace) -> int:
 
     from agent.logsetup import configure
     from agent.natsclient import run_until_closed_or_stopped, watching
-    from fleet.incidents import IncidentService
+    from fleet.incident_service import IncidentService
     from gna_sdk.aio import within
 
     cfg = configmod.load(args.config).agent

@@ -17,7 +17,8 @@ from agent import config as configmod
 from agent.nats_link import JOBS_STREAM_SUBJECTS, STREAM_SUBJECTS
 from agent.nats_server import NatsServerProcess
 from agent.subjects import event_subject, job_subject, subjects_for
-from fleet.incidents import INCIDENTS_BUCKET, IncidentService, IncidentTracker, owner
+from fleet.incident_service import IncidentService
+from fleet.incidents import INCIDENTS_BUCKET, IncidentTracker, owner
 from sim.scenarios import generate
 
 

@@ -366,7 +366,8 @@ async def test_correlator_and_cordoner_work_on_incidents_with_their_own_permissi
     from agent import config as configmod
     from agent.subjects import event_subject, subjects_for
     from fleet.cordoner import Cordoner
-    from fleet.incidents import INCIDENTS_BUCKET, IncidentService, owner
+    from fleet.incident_service import IncidentService
+    from fleet.incidents import INCIDENTS_BUCKET, owner
     from sim.scenarios import generate
 
     sc = generate(tmp_path / "fleet", seed=5, nodes=3, fault="gpu_fell_off", job_nodes=2, second_job=False)

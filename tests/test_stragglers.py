@@ -153,7 +153,7 @@ async def test_live_the_correlator_publishes_the_straggler_and_resolves_it(nats_
 
     from agent.nats_link import JOBS_STREAM_SUBJECTS, SIGNALS_STREAM_SUBJECTS, STREAM_SUBJECTS
     from agent.subjects import subjects_for
-    from fleet.incidents import IncidentService
+    from fleet.incident_service import IncidentService
     from fleet.stragglers import STRAGGLERS_BUCKET
 
     sc = generate(23, nodes=64, fault="ib_symbol_errors")

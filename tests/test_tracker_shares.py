@@ -7,7 +7,8 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from fleet.incidents import JOBS_PER_NODE, PROCESSES_PER_NODE, IncidentService, IncidentTracker
+from fleet.incident_service import IncidentService
+from fleet.incidents import JOBS_PER_NODE, PROCESSES_PER_NODE, IncidentTracker
 
 JOB = "0x7a11"
 SIZE = 32  # 4 nodes x 8 ranks
