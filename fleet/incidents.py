@@ -116,6 +116,12 @@ class IncidentTracker:
         self.settle_max = max(settle, settle_max)
         self.pending: dict[str, float] = {}  # job -> when to judge it again
 
+    def stats(self) -> dict[str, int]:
+        """Self-metrics for the service's periodic stats line: jobs, members, messages held, refusals."""
+        return {"jobs": len(self.jobs), "nodes_with_hardware": len(self.hardware),
+                "messages_held": sum(j.size() for j in self.jobs.values()),
+                "dropped_jobs": self.dropped_jobs, "refused": sum(self.refused.values())}
+
     def owns(self, job: str) -> bool:
         return owner(job, self.partitions) in self.owned
 
