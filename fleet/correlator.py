@@ -38,74 +38,45 @@ alone is trusted). A verdict resting on one node's word about another is shown a
 subject's own node. Log lines, RAS answers and Flight Recorder dumps are the tenant's: a verdict
 they decide alone is never ``actionable`` (only a hardware finding from the node's own collectors
 is).
+
+The facts each verdict reads are kept by fleet/job_facts.py as messages arrive (``JobFacts``):
+``correlate`` feeds a list of messages through them; the live tracker (fleet/incidents.py) keeps
+them per job and judges from them, so a judgement costs the facts it reads, not a re-sort of the
+job's messages.
 """
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from fleet.job_facts import (
+    SYMPTOMS,
+    TENANT_COLLECTORS,
+    JobFacts,
+    Member,
+    Membership,
+    _details,
+    _int,
+    brief,
+    is_tenant,
+)
+
+__all__ = ["TENANT_COLLECTORS", "Incident", "JobFacts", "Member", "Membership", "_details", "correlate",
+           "fast_verdict", "incident", "is_tenant", "members_of", "slow_verdict"]
 
 EVIDENCE_MAX = 24  # evidence items kept per incident (the rest counted)
 ALONE_CONFIDENCE = 0.5  # one node's word about another, or a contested job: shown, never cordon-worthy
 ACTIONABLE_CONFIDENCE = 0.85  # fleet/cordoner.py CULPRIT_MIN_CONFIDENCE: what a cordon may rest on
 MAX_CULPRIT_NODES = 2  # hardware faults on more of the job's nodes than this: fabric-wide, nobody named
-FINDINGS_MAX = 32  # conflicting claims kept per job (the rest counted)
 
-_OOB_IP = re.compile(r"(\d{1,3}(?:\.\d{1,3}){3}|[0-9a-fA-F:]*:[0-9a-fA-F:]+)")
-# types whose evidence the tenant controls: its processes' log lines, its RAS port's answers, its dumps
-# (collectors/nccl_logs.py publishes every one of them, collector "nccl_logs")
-TENANT_COLLECTORS = frozenset({"nccl_logs"})
 # a counter-rate finding is hardware evidence only once its rule fired over a real window (issue 20:
 # one symbol error extrapolated from ~10 s is not 396/h); collectors/infiniband.py _evaluate
 _COUNTER_TYPES = frozenset({"IBErrorCountersIncreasing"})
 
-
-@dataclass
-class Member:
-    node: str
-    process: str  # host:pid
-    job: str
-    rank: int | None
-    size: int | None
-    pci: str | None
-    hcas: set[str] = field(default_factory=set)  # "mlx5_0/1": every NIC NCCL listed
-    nics: set[str] = field(default_factory=set)  # the ones its channel lines use (empty: not known)
-    transport: str | None = None
-    oob_ip: str | None = None
-    order: int = 0  # when its first claim arrived (the tracker's arrival number, else the time order)
-
-
-@dataclass
-class Membership:
-    """A job's members as their own nodes claim them, and the ranks bound to them.
-
-    A rank is bound to the first member that claims it with the job's size (the size claimed by the
-    most nodes); another node's claim of a bound rank, or of another size, is a finding and makes
-    the job contested. Ranks are only ever taken from here, never from a symptom's payload."""
-
-    members: dict[tuple[str, str], Member] = field(default_factory=dict)
-    ranks: dict[int, Member] = field(default_factory=dict)
-    size: int = 0
-    findings: list[dict[str, Any]] = field(default_factory=list)
-    findings_total: int = 0
-
-    @property
-    def contested(self) -> bool:
-        return self.findings_total > 0
-
-    def rank_of(self, mem: Member | None) -> int | None:
-        """The rank bound to this member, or None (no claim, or another member holds it)."""
-        if mem is None or mem.rank is None:
-            return None
-        return mem.rank if self.ranks.get(mem.rank) is mem else None
-
-    def finding(self, **what: Any) -> None:
-        self.findings_total += 1
-        if len(self.findings) < FINDINGS_MAX:
-            self.findings.append(what)
+Hardware = Mapping[str, Iterable[dict[str, Any]]]  # node -> its critical findings on gpu:/ib: entities
 
 
 @dataclass
@@ -135,42 +106,10 @@ class Incident:
                 "victims": self.victims, "nodes": self.nodes, "first_evidence": self.first_evidence}
 
 
-def _details(m: dict[str, Any]) -> dict[str, Any]:
-    d = m.get("details")
-    return d if isinstance(d, dict) else {}
-
-
-def _int(v: Any) -> int | None:
-    return v if isinstance(v, int) and not isinstance(v, bool) else None
-
-
-def _oob_ip(oob: Any) -> str | None:
-    if not isinstance(oob, str):
-        return None
-    # "ib0:10.0.0.5<0>" -> 10.0.0.5
-    m = _OOB_IP.search(oob.split(":", 1)[1] if ":" in oob and "." in oob else oob)
-    return m.group(1) if m else None
-
-
-def _brief(m: dict[str, Any]) -> dict[str, Any]:
-    d = _details(m)
-    out = {"node": m.get("node"), "type": m.get("type"), "entity": m.get("entity"), "severity": m.get("severity"),
-           "time": m.get("time"), "message": str(m.get("message", ""))[:300]}
-    for k in ("rank", "seq_num", "op_type", "peer", "pci"):
-        if d.get(k) is not None:
-            out[k] = d[k]
-    return out
-
-
 def _order(m: dict[str, Any]) -> tuple[int, str]:
     """Arrival order where the tracker numbered it (a reporter chooses its message's ``time``), else time."""
     seq = m.get("_arrival")
     return (seq if isinstance(seq, int) else 0, str(m.get("time") or ""))
-
-
-def is_tenant(m: dict[str, Any]) -> bool:
-    """Evidence the job's own processes (its user) control: log lines, RAS answers, dumps."""
-    return m.get("collector") in TENANT_COLLECTORS
 
 
 def _counter_over_real_window(m: dict[str, Any]) -> bool:
@@ -189,95 +128,61 @@ def _is_hardware(m: dict[str, Any]) -> bool:
     return entity.startswith(("gpu:", "ib:")) and not is_tenant(m)
 
 
+def hardware_key(m: dict[str, Any]) -> tuple[str, str] | None:
+    """Where a node's own hardware finding is held (by type and entity: its later resolution replaces it);
+    None for anything else."""
+    entity = str(m.get("entity", ""))
+    if not entity.startswith(("gpu:", "ib:")) or is_tenant(m) or not isinstance(m.get("node"), str):
+        return None
+    return (str(m.get("type")), entity)
+
+
+def _job_of(m: dict[str, Any]) -> str | None:
+    job = _details(m).get("job") if m.get("collector") == "nccl_logs" else None
+    return job if isinstance(job, str) and job else None
+
+
+def facts_of(messages: list[dict[str, Any]], *, ordered: bool = False
+             ) -> tuple[dict[str, JobFacts], dict[str, dict[tuple[str, str], dict[str, Any]]]]:
+    """Every job's facts and every node's hardware findings from a list of messages (in arrival order
+    where the tracker numbered them, else by time)."""
+    jobs: dict[str, JobFacts] = {}
+    hardware: dict[str, dict[tuple[str, str], dict[str, Any]]] = {}
+    for i, m in enumerate(messages if ordered else sorted(messages, key=_order)):
+        job = _job_of(m)
+        if job is not None:
+            f = jobs.get(job)
+            if f is None:
+                f = jobs[job] = JobFacts(job, members_per_node=1 << 30)
+            f.add(m, i)
+        elif (key := hardware_key(m)) is not None:
+            held = hardware.setdefault(m["node"], {})
+            if m.get("status") == "resolved":
+                held.pop(key, None)
+            elif m.get("severity") == "critical":
+                held[key] = m
+    return jobs, hardware
+
+
 def members_of(messages: list[dict[str, Any]], *, ordered: bool = False) -> dict[str, Membership]:
     """job -> its Membership, from every NCCL message's process summary (each node's word about its
     own processes: the member's node is the message's, i.e. its authenticated subject's)."""
-    raw: dict[str, dict[tuple[str, str], Member]] = defaultdict(dict)
-    sizes: dict[str, dict[tuple[str, str], int]] = defaultdict(dict)  # every size a member claimed
-    for i, m in enumerate(messages if ordered else sorted(messages, key=_order)):
-        if m.get("collector") != "nccl_logs":
-            continue
-        d = _details(m)
-        job = d.get("job")
-        node = m.get("node")
-        if not isinstance(job, str) or not job or not isinstance(node, str):
-            continue
-        proc = f"{d.get('host')}:{d.get('pid')}"
-        mem = raw[job].get((node, proc))
-        if mem is None:
-            mem = raw[job][(node, proc)] = Member(node, proc, job, _int(d.get("world_rank")),
-                                                  _int(d.get("world_size")), None, order=i)
-        if mem.rank is None:
-            mem.rank = _int(d.get("world_rank"))
-        if mem.size is None:
-            mem.size = _int(d.get("world_size"))
-        if mem.size is not None:
-            sizes[job][(node, proc)] = mem.size
-        if isinstance(d.get("pci"), str) and mem.pci is None:
-            mem.pci = d["pci"]
-        if isinstance(d.get("hcas"), list):
-            mem.hcas |= {h for h in d["hcas"][:64] if isinstance(h, str)}
-        if isinstance(d.get("nics"), list):
-            mem.nics |= {h for h in d["nics"][:64] if isinstance(h, str)}
-        if isinstance(d.get("transport"), str):
-            mem.transport = d["transport"]
-        mem.oob_ip = mem.oob_ip or _oob_ip(d.get("oob"))
-    return {job: _bind(members) for job, members in raw.items()}
-
-
-def _bind(members: dict[tuple[str, str], Member]) -> Membership:
-    out = Membership(members=members)
-    nodes_by_size: dict[int, set[str]] = defaultdict(set)
-    first_by_size: dict[int, int] = {}
-    for mem in members.values():
-        if mem.size is not None:
-            nodes_by_size[mem.size].add(mem.node)
-            first_by_size[mem.size] = min(first_by_size.get(mem.size, mem.order), mem.order)
-    if nodes_by_size:  # the size most nodes claim; among equals the first claimed
-        out.size = max(nodes_by_size, key=lambda n: (len(nodes_by_size[n]), -first_by_size[n]))
-        for other in sorted(set(nodes_by_size) - {out.size}):
-            for node in sorted(nodes_by_size[other]):
-                out.finding(kind="size_conflict", node=node, claimed=other, size=out.size)
-    for mem in sorted(members.values(), key=lambda m: m.order):
-        if mem.rank is None or (mem.size is not None and mem.size != out.size):
-            continue
-        if not 0 <= mem.rank < max(out.size, 1):
-            out.finding(kind="rank_out_of_range", node=mem.node, rank=mem.rank, size=out.size)
-            continue
-        holder = out.ranks.get(mem.rank)
-        if holder is None:
-            out.ranks[mem.rank] = mem
-        elif holder.node != mem.node:  # one node's processes may restart; another node's claim is a conflict
-            out.finding(kind="rank_conflict", node=mem.node, rank=mem.rank, holder=holder.node)
-    return out
+    return {job: f.ms for job, f in facts_of(messages, ordered=ordered)[0].items()}
 
 
 def correlate(messages: list[dict[str, Any]]) -> list[Incident]:
     """Incidents for every job with a symptom, or with a hardware fault on a resource it used."""
-    messages = sorted(messages, key=_order)
-    jobs = members_of(messages, ordered=True)
-    hardware: dict[str, list[dict[str, Any]]] = defaultdict(list)  # node -> critical findings
-    for m in messages:
-        if _is_hardware(m) and isinstance(m.get("node"), str):
-            hardware[m["node"]].append(m)
-        elif (m.get("type") == "NCCLIBAsyncEvent" and m.get("severity") == "critical" and isinstance(m.get("node"), str)
-              and isinstance(_details(m).get("hca"), str) and _int(_details(m).get("port")) is not None):
-            # NCCL saw the port fail under a rank's feet: the same entity as the port's own condition, but
-            # a log line (the tenant's word): it names the port, it does not decide a cordon alone
-            d = _details(m)
-            hardware[m["node"]].append({**m, "entity": f"ib:{d['hca']}/{d['port']}"})
-    symptoms: dict[str, list[dict[str, Any]]] = defaultdict(list)  # job -> its NCCL symptoms
-    for m in messages:
-        if m.get("collector") == "nccl_logs" and m.get("type") in (
-                "NCCLCollectiveTimeout", "NCCLIBCompletionError", "NCCLSocketFallback", "NCCLWatchdogProgress",
-                "NCCLRASReport", "TorchFlightRecord") \
-                and m.get("status") != "resolved":
-            job = _details(m).get("job")
-            if isinstance(job, str) and job in jobs:
-                symptoms[job].append(m)
-    incidents = [inc for job, ms in sorted(jobs.items())
-                 if (inc := _judge(job, ms, symptoms.get(job, []), hardware)) is not None]
-    return incidents
+    jobs, hardware = facts_of(messages)
+    held = {node: list(by.values()) for node, by in hardware.items()}
+    out = []
+    for job in sorted(jobs):
+        f = jobs[job]
+        v = fast_verdict(f, held)
+        if v is None and f.symptomatic:
+            v = slow_verdict(f)
+        if v is not None:
+            out.append(incident(f, v))
+    return out
 
 
 @dataclass
@@ -286,7 +191,8 @@ class _Verdict:
 
     culprit: dict[str, str] | None
     confidence: float
-    evidence: list[dict[str, Any]]
+    deciding: list[dict[str, Any]]  # the messages (or briefs) that decide it: always shown
+    kinds: tuple[str, ...]  # the symptom types shown beside them (a sample of each, counted)
     reason: str
     reporters: set[str] = field(default_factory=set)
     tenant: bool = True  # decided by evidence the tenant controls
@@ -311,142 +217,166 @@ def _standing(v: _Verdict, contested: bool) -> tuple[float, bool, str]:
     return confidence, not v.tenant and how == "own node" and confidence >= ACTIONABLE_CONFIDENCE, how
 
 
-def _judge(job: str, ms: Membership, symptoms: list[dict[str, Any]],
-           hardware: dict[str, list[dict[str, Any]]]) -> Incident | None:
-    v = _verdict(job, ms, symptoms, hardware)
-    if v is None:
-        return None
-    nodes = sorted({mem.node for mem in ms.members.values()})
+def incident(f: JobFacts, v: _Verdict) -> Incident:
+    """The incident record of a verdict: its standing, its evidence (the deciding messages first, then
+    a sample of each symptom type shown beside them, at most EVIDENCE_MAX), victims and findings."""
+    ms = f.ms
+    nodes = sorted(ms.by_node)
     confidence, actionable, how = _standing(v, ms.contested)
     reason = v.reason
     if v.culprit is not None and how == "single reporter":
-        reason += f" (only {', '.join(sorted(v.reporters)) or 'nobody'} says so: shown, not acted on)"
+        reason += f" (only {', '.join(sorted(v.reporters)[:8]) or 'nobody'} says so: shown, not acted on)"
     elif v.culprit is not None and ms.contested and v.membership_only:
         reason += " (the job's membership is contested: shown, not acted on)"
-    inc = _incident(job, v.culprit, confidence, v.evidence, nodes, reason,
-                    culprit_nodes={c["node"] for c in v.culprits})
+    seen: set[tuple[str, ...]] = set()
+    deciding: list[dict[str, Any]] = []
+    shown: list[dict[str, Any]] = []
+    for i, items in enumerate([v.deciding, *(f.samples.get(k, ()) for k in v.kinds)]):
+        for m in items:
+            key = tuple(str(m.get(k))[:300] for k in ("node", "type", "entity", "time"))  # hostile: unhashable
+            if key not in seen:
+                seen.add(key)
+                (deciding if i == 0 else shown).append(m)
+    shown.sort(key=lambda m: str(m.get("time") or ""))
+    items = deciding[:EVIDENCE_MAX] + shown[:max(0, EVIDENCE_MAX - len(deciding))]
+    items.sort(key=lambda m: str(m.get("time") or ""))
+    evidence = [brief(m) if "collector" in m else m for m in items]  # raw messages (findings, RAS) as briefs
+    total = len(deciding) + sum(f.counts.get(k, 0) for k in v.kinds)
+    total -= sum(1 for m in deciding if m.get("type") in v.kinds)  # a deciding message is also counted by type
+    first = min((str(m.get("time")) for m in items if m.get("time") is not None), default=None)
+    blamed = {c["node"] for c in v.culprits} or ({v.culprit["node"]} if v.culprit else set())
+    inc = Incident(job=f.job, culprit=v.culprit, confidence=confidence, evidence=evidence,
+                   victims=[n for n in nodes if n not in blamed], nodes=nodes, reason=reason,
+                   first_evidence=first, evidence_total=max(total, len(items)))
     inc.actionable, inc.corroboration = actionable, how
     inc.reporters = sorted(v.reporters)[:64]
-    inc.contested, inc.findings = ms.contested, list(ms.findings)
+    inc.contested, inc.findings = ms.contested, ms.findings
     inc.culprits = v.culprits or ([v.culprit] if v.culprit else [])
     return inc
 
 
-def _verdict(job: str, ms: Membership, symptoms: list[dict[str, Any]],
-             hardware: dict[str, list[dict[str, Any]]]) -> _Verdict | None:
-    members = ms.members
-    # 1. a critical finding on a GPU or NIC port one of the job's ranks used (the node's word about its own)
+def fast_verdict(f: JobFacts, hardware: Hardware) -> _Verdict | None:
+    """The verdicts published at once: a critical finding on a GPU or NIC port one of the job's ranks
+    used (the node's word about its own), or one node on sockets while the job's others use IB."""
+    ms = f.ms
+    # 1. a critical finding on a GPU or NIC port one of the job's ranks used
     used: list[tuple[dict[str, Any], Member, str]] = []
-    for mem in members.values():
-        for f in hardware.get(mem.node, []):
-            entity = str(f.get("entity"))
-            if mem.pci and entity == f"gpu:{mem.pci}":
-                used.append((f, mem, "gpu"))
-            elif entity.startswith("ib:") and (entity[3:] in mem.hcas or
-                                               (entity.count("/") == 0 and any(h.startswith(entity[3:] + "/")
-                                                                               for h in mem.hcas))):
-                used.append((f, mem, "hca_port"))
+    nodes = ([n for n in hardware if n in ms.by_node] if len(hardware) <= len(ms.by_node)
+             else [n for n in ms.by_node if n in hardware])
+    for node in nodes + [n for n in f.async_ports if n not in hardware]:
+        findings = [h for h in hardware.get(node, ()) if _is_hardware(h)] + list(f.async_ports.get(node, {}).values())
+        for fi in findings:
+            entity = str(fi.get("entity"))
+            for mem in ms.by_node.get(node, ()):
+                if mem.pci and entity == f"gpu:{mem.pci}":
+                    used.append((fi, mem, "gpu"))
+                elif entity.startswith("ib:") and (entity[3:] in mem.hcas or (
+                        entity.count("/") == 0 and any(h.startswith(entity[3:] + "/") for h in mem.hcas))):
+                    used.append((fi, mem, "hca_port"))
     if used:
-        return _hardware_verdict(ms, used, symptoms)
+        return _hardware_verdict(f, used)
     # 2. one node on sockets while the job's other nodes use IB (each node's word about its own ranks)
-    by_node: dict[str, set[str]] = defaultdict(set)
-    for mem in members.values():
-        if mem.transport:
-            by_node[mem.node].add(mem.transport)
-    socket_nodes = sorted(n for n, t in by_node.items() if t == {"Socket"})
-    ib_nodes = [n for n, t in by_node.items() if any(x != "Socket" for x in t)]
-    if socket_nodes and ib_nodes and len(socket_nodes) <= len(ib_nodes):  # the fabric is IB: sockets are the odd one
+    socket_nodes = sorted(ms.socket_only)
+    if socket_nodes and ms.non_socket and len(socket_nodes) <= len(ms.non_socket):  # the fabric is IB
         if len(socket_nodes) == 1:
             node = socket_nodes[0]
-            return _Verdict({"node": node, "entity": "nccl:transport", "kind": "transport"}, 0.9,
-                            [s for s in symptoms if s.get("node") == node] + symptoms,
+            own = [s for s in f.samples.get("NCCLSocketFallback", ()) if s.get("node") == node]
+            return _Verdict({"node": node, "entity": "nccl:transport", "kind": "transport"}, 0.9, own, SYMPTOMS,
                             "NCCL on this node uses sockets while the job's other nodes use IB", reporters={node})
-        return _Verdict(None, 0.0, symptoms, f"NCCL over sockets on {len(socket_nodes)} nodes")
-    if not symptoms:
-        return None
+        return _Verdict(None, 0.0, [], SYMPTOMS, f"NCCL over sockets on {len(socket_nodes)} nodes")
+    return None
+
+
+def slow_verdict(f: JobFacts) -> _Verdict:
+    """The verdicts from symptoms (the tracker waits for them to settle): RAS, a rank behind by
+    PyTorch's numbers, a hung rank, the IB peer every completion error names; else no culprit."""
+    ms = f.ms
     # 3. the process NCCL's RAS says died, stopped answering, sent no data or failed
-    if (v := _ras(job, ms, symptoms)) is not None:
+    if (v := _ras(f)) is not None:
         return v
     # 4. a rank that never entered the collective the others wait in, by PyTorch's own numbers
-    if (v := _behind(ms, symptoms)) is not None:
+    if (v := _behind(f)) is not None:
         return v
     # 5. a hung rank: every other rank of the job timed out, this one said nothing
-    timeouts = [s for s in symptoms if s.get("type") == "NCCLCollectiveTimeout"]
-    if timeouts:
-        index = _rank_index(ms)
+    if f.counts.get("NCCLCollectiveTimeout"):
         size = ms.size
-        timed_out = {r for s in timeouts if (r := _rank_of(s, index)) is not None}
-        silent = sorted(r for r in ms.ranks if r not in timed_out)
-        if size and len(ms.ranks) == size and silent:
-            silent_nodes = {ms.ranks[r].node for r in silent}
-            if len(silent_nodes) == 1 and len(silent) <= max(1, size // 8):
-                mem = ms.ranks[silent[0]]
-                entity = f"rank:{silent[0]}" if len(silent) == 1 else "ranks:" + ",".join(map(str, silent))
-                reporters = {ms.ranks[r].node for r in timed_out}
-                return _Verdict({"node": mem.node, "entity": entity, "kind": "rank", "rank": str(silent[0])},
-                                0.85, timeouts,
-                                f"{len(timed_out)} of {size} ranks timed out; rank(s) {silent} on "
-                                f"{mem.node} did not: stuck before the collective", reporters=reporters,
-                                membership_only=True)
+        if size and len(ms.ranks) == size:
+            timed_out = {r for (node, entity), p in f.procs.items()
+                         if p.timed_out and (r := ms.rank_of_entity(node, entity)) is not None}
+            silent = sorted(r for r in ms.ranks if r not in timed_out) if len(timed_out) < size else []
+            if silent:
+                silent_nodes = {ms.ranks[r].node for r in silent}
+                if len(silent_nodes) == 1 and len(silent) <= max(1, size // 8):
+                    mem = ms.ranks[silent[0]]
+                    entity = f"rank:{silent[0]}" if len(silent) == 1 else "ranks:" + ",".join(map(str, silent))
+                    reporters = {ms.ranks[r].node for r in timed_out}
+                    return _Verdict({"node": mem.node, "entity": entity, "kind": "rank", "rank": str(silent[0])},
+                                    0.85, [], ("NCCLCollectiveTimeout",),
+                                    f"{len(timed_out)} of {size} ranks timed out; rank(s) {silent} on "
+                                    f"{mem.node} did not: stuck before the collective", reporters=reporters,
+                                    membership_only=True)
         elif size and len(ms.ranks) < size:
-            return _Verdict(None, 0.0, symptoms,
+            return _Verdict(None, 0.0, [], SYMPTOMS,
                             f"only {len(ms.ranks)} of {size} ranks are known (a node's agent is missing): no verdict")
     # 6. the IB completion errors point at one peer
-    return _link(ms, symptoms) or _Verdict(None, 0.0, symptoms, "symptoms, but no resource of the job stands out")
+    return _link(f) or _Verdict(None, 0.0, [], SYMPTOMS, "symptoms, but no resource of the job stands out")
 
 
-def _hardware_verdict(ms: Membership, used: list[tuple[dict[str, Any], Member, str]],
-                      symptoms: list[dict[str, Any]]) -> _Verdict:
+def _hardware_verdict(f: JobFacts, used: list[tuple[dict[str, Any], Member, str]]) -> _Verdict:
     """The node's own hardware collectors first (a tenant's log line naming a port only when nothing
     else does); NCCL lists every NIC a rank may use, so the rank whose channels use the port comes
     first; faults on more than MAX_CULPRIT_NODES of the job's nodes are the fabric's, not a node's."""
+    ms = f.ms
     used.sort(key=lambda t: (is_tenant(t[0]), t[2] == "hca_port" and str(t[0].get("entity"))[3:] not in t[1].nics,
-                             _order(t[0])))
+                             _order(t[0]), t[1].claim))
     own = [t for t in used if not is_tenant(t[0])] or used
     tenant = is_tenant(own[0][0])
     firsts: dict[str, tuple[dict[str, Any], Member, str]] = {}
     for t in own:
         firsts.setdefault(t[1].node, t)
-    evidence = [f for f, _m, _k in used] + symptoms
+    deciding = list({id(fi): fi for fi, _m, _k in used}.values())
     if len(firsts) > MAX_CULPRIT_NODES:
-        return _Verdict(None, 0.0, evidence, f"hardware faults on resources of the job on {len(firsts)} nodes: "
-                                             f"{', '.join(sorted(firsts))}", tenant=tenant)
+        return _Verdict(None, 0.0, deciding, SYMPTOMS, f"hardware faults on resources of the job on {len(firsts)} "
+                                                       f"nodes: {', '.join(sorted(firsts)[:16])}", tenant=tenant)
     culprits = []
-    for f, mem, kind in firsts.values():
-        c = {"node": mem.node, "entity": str(f.get("entity")), "kind": kind}
+    for fi, mem, kind in firsts.values():
+        c = {"node": mem.node, "entity": str(fi.get("entity")), "kind": kind}
         rank = ms.rank_of(mem)
         if rank is not None:
             c["rank"] = str(rank)
         culprits.append(c)
-    f, mem, kind = own[0]
+    fi, mem, kind = own[0]
     # error counters rising (over a real window) on a job that is not hit yet: a port to watch, not yet
     # a reason to take the node out (a state finding -- down, fell off the bus -- is)
-    early_counters = not symptoms and all(t[0].get("type") in _COUNTER_TYPES for t in own)
-    confidence = (0.97 if symptoms else 0.8 if early_counters else 0.9) if not tenant else 0.8
+    early_counters = not f.symptomatic and all(t[0].get("type") in _COUNTER_TYPES for t in own)
+    confidence = (0.97 if f.symptomatic else 0.8 if early_counters else 0.9) if not tenant else 0.8
     what = "GPU" if kind == "gpu" else "NIC port"
-    reason = f"{f.get('type')} on a {what} rank {ms.rank_of(mem)} used"
+    reason = f"{fi.get('type')} on a {what} rank {ms.rank_of(mem)} used"
     if len(culprits) > 1:
         reason += f"; also on {', '.join(c['node'] for c in culprits[1:])}"
     if tenant:
         reason += " (from the job's own log: no hardware collector of the node confirms it)"
     elif early_counters:
         reason += " (error counters only, the job not hit yet: shown, not acted on)"
-    return _Verdict(culprits[0], confidence, evidence, reason, reporters=set(firsts), tenant=tenant,
+    return _Verdict(culprits[0], confidence, deciding, SYMPTOMS, reason, reporters=set(firsts), tenant=tenant,
                     culprits=culprits)
 
 
 RAS_CULPRIT_REASONS = ("dead", "unresponsive", "missing", "error")  # collectors/nccl_ras.py RasSuspect.reason
 
 
-def _ras(job: str, ms: Membership, symptoms: list[dict[str, Any]]) -> _Verdict | None:
+def _ras(f: JobFacts) -> _Verdict | None:
     """RAS names processes (host address and pid, or the rank of a communicator): the ones that died,
     stopped answering, sent no data or failed on their own (not "remote" errors: those are victims).
     Mapped to the job's members by the world communicator's rank, else by pid and address; named
     when they are few (at most size/8) and on one node. A suspect that maps to nobody is ignored; a
     node whose RAS names another node's processes is one reporter: corroborated by a second node's
     RAS, or by the suspect's own node, it names the rank; alone it is shown."""
+    if not f.ras:
+        return None
+    ms = f.ms
     try:
-        job_hash = int(job, 16)
+        job_hash = int(f.job, 16)
     except ValueError:
         job_hash = None
     by_pid: dict[int, list[Member]] = defaultdict(list)
@@ -458,31 +388,31 @@ def _ras(job: str, ms: Membership, symptoms: list[dict[str, Any]]) -> _Verdict |
     named: dict[str, dict[tuple[str, str], Member]] = defaultdict(dict)
     reporters: dict[str, set[str]] = defaultdict(set)
     evidence: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for s in symptoms:
-        if s.get("type") != "NCCLRASReport":
-            continue
-        suspects = _details(s).get("suspects")
-        for sus in suspects[:64] if isinstance(suspects, list) else []:
-            if not isinstance(sus, dict) or sus.get("reason") not in RAS_CULPRIT_REASONS:
-                continue
-            found: Member | None = None
-            rank, comm = _int(sus.get("rank")), sus.get("comm_hash")
-            try:
-                same_comm = job_hash is not None and isinstance(comm, str) and len(comm) <= 32 \
-                    and int(comm, 16) == job_hash
-            except ValueError:
-                same_comm = False
-            if rank is not None and same_comm:
-                found = ms.ranks.get(rank)
-            pid, host = _int(sus.get("pid")), sus.get("host")
-            if found is None and pid is not None:
-                cands = [m for m in by_pid.get(pid, []) if host in (m.oob_ip, m.node, m.process.rsplit(":", 1)[0])]
-                found = cands[0] if len(cands) == 1 else None
-            if found is None:
-                continue  # a suspect we cannot place names nobody
-            named[found.node][(found.node, found.process)] = found
-            reporters[found.node].add(str(s.get("node")))
-            evidence[found.node].append(s)
+    for reports in f.ras.values():
+        for s in reports:
+            suspects = _details(s).get("suspects")
+            for sus in suspects[:64] if isinstance(suspects, list) else []:
+                if not isinstance(sus, dict) or sus.get("reason") not in RAS_CULPRIT_REASONS:
+                    continue
+                found: Member | None = None
+                rank, comm = _int(sus.get("rank")), sus.get("comm_hash")
+                try:
+                    same_comm = job_hash is not None and isinstance(comm, str) and len(comm) <= 32 \
+                        and int(comm, 16) == job_hash
+                except ValueError:
+                    same_comm = False
+                if rank is not None and same_comm:
+                    found = ms.ranks.get(rank)
+                pid, host = _int(sus.get("pid")), sus.get("host")
+                if found is None and pid is not None:
+                    cands = [m for m in by_pid.get(pid, []) if host in (m.oob_ip, m.node, m.process.rsplit(":", 1)[0])]
+                    found = cands[0] if len(cands) == 1 else None
+                if found is None:
+                    continue  # a suspect we cannot place names nobody
+                named[found.node][(found.node, found.process)] = found
+                reporters[found.node].add(str(s.get("node")))
+                if not evidence[found.node] or evidence[found.node][-1] is not s:
+                    evidence[found.node].append(s)
     if not named or not ms.size:
         return None
     backed = [n for n in named if n in reporters[n] or len(reporters[n] - {n}) >= 2]
@@ -501,87 +431,47 @@ def _ras(job: str, ms: Membership, symptoms: list[dict[str, Any]]) -> _Verdict |
     culprit = {"node": first.node, "entity": entity, "kind": "rank"}
     if ranks:
         culprit["rank"] = str(ranks[0])
-    return _Verdict(culprit, 0.9, evidence[node] + [s for s in symptoms if s.get("type") == "NCCLCollectiveTimeout"],
+    return _Verdict(culprit, 0.9, evidence[node], ("NCCLCollectiveTimeout",),
                     f"NCCL's RAS names {len(culprits)} process(es) on {first.node} that died, stopped "
                     f"answering, sent no data or failed", reporters=reporters[node])
 
 
-def _rank_index(ms: Membership) -> dict[tuple[str, str], int]:
-    """(node, entity "nccl:host:pid") -> the world rank bound to that process."""
-    return {(mem.node, f"nccl:{mem.process}"): r for mem in ms.members.values() if (r := ms.rank_of(mem)) is not None}
-
-
-def _rank_of(s: dict[str, Any], index: dict[tuple[str, str], int]) -> int | None:
-    """The world rank of the process a symptom came from: the rank its own node bound to that process
-    by membership, never a rank the payload names (a process without membership has no rank)."""
-    return index.get((str(s.get("node")), str(s.get("entity", ""))))
-
-
-def _flight_record(r: int, d: dict[str, Any], at: dict[str, dict[int, int]], enq: dict[str, dict[int, int]],
-                   self_reported: set[int]) -> None:
-    """A rank's Flight Recorder dump, per process group: the collective it waits in (its first one not
-    completed) and the newest collective it enqueued; with nothing pending and the newest below the
-    collective the others wait in, it never entered it (the rank the others wait for)."""
-    pgs = d.get("pgs")
-    if not isinstance(pgs, dict):
-        return
-    for pg, v in list(pgs.items())[:32]:
-        if not isinstance(v, dict):
-            continue
-        pending = v.get("first_not_completed")
-        seq = _int(pending.get("collective_seq_id")) if isinstance(pending, dict) else None
-        newest = _int(v.get("entries_last_enqueued"))
-        if seq is not None and seq >= 0:
-            at[str(pg)][r] = min(seq, at[str(pg)].get(r, seq))
-        if newest is not None:
-            enq[str(pg)][r] = min(newest, enq[str(pg)].get(r, newest))
-            if seq is None:
-                self_reported.add(r)
-
-
-def _behind(ms: Membership, symptoms: list[dict[str, Any]]) -> _Verdict | None:
+def _behind(f: JobFacts) -> _Verdict | None:
     """The rank(s) that never joined the collective the job waits in: PyTorch's watchdog says where
     each rank's process group failed (SeqNum, "at work") and how far it had enqueued; the collective
     most ranks fail at is the one the job waits in, and a rank that failed earlier, or whose last
     enqueued work is below it (it heard of the timeout but had nothing in flight), never entered it.
     Sequence numbers are per process group: only one group's numbers are compared. Each rank's
     numbers come from its own process (its node's word about itself)."""
-    ranks = ms.ranks
+    ms = f.ms
     size = ms.size
-    index = _rank_index(ms)
+    if not size or not f.procs:
+        return None
     at: dict[str, dict[int, int]] = defaultdict(dict)  # group -> rank -> the work its watchdog failed at
     enq: dict[str, dict[int, int]] = defaultdict(dict)  # group -> rank -> its last enqueued work
     self_reported: set[int] = set()
-    # PyTorch 2.5-2.13 print a timeout as "[Rank r]" whatever its group: where a progress line (which
-    # names the group) came from a rank, its timeout lines' sequence numbers are not compared
-    with_progress = {_rank_of(s, index) for s in symptoms if (s.get("type") == "NCCLWatchdogProgress"
-                     and _int(_details(s).get("at_seq")) is not None) or s.get("type") == "TorchFlightRecord"}
-    for s in symptoms:
-        d = _details(s)
-        r = _rank_of(s, index)
-        if r is None or r not in ranks:
+    rank_of = ms.rank_of_entity
+    for (node, entity), p in f.procs.items():
+        if p.at is None and p.enq is None and p.at_nopg is None and p.enq_nopg is None:
             continue
-        if s.get("type") == "TorchFlightRecord":
-            _flight_record(r, d, at, enq, self_reported)
+        r = rank_of(node, entity)
+        if r is None:
             continue
-        if s.get("type") not in ("NCCLCollectiveTimeout", "NCCLWatchdogProgress") or d.get("implausible"):
-            continue
-        timeout = s.get("type") == "NCCLCollectiveTimeout"
-        if timeout and d.get("pg_id") is None and r in with_progress:
-            continue
-        if not timeout and _int(d.get("at_seq")) is None and _int(d.get("signal_from_rank")) is None:
-            continue  # "from this local rank": its own watchdog, not a rank that heard of another's
-        pg = str(d.get("pg_id") or "0")
-        seq = _int(d.get("seq_num")) if timeout else _int(d.get("at_seq"))
-        if seq is not None and seq >= 0:
-            at[pg][r] = min(seq, at[pg].get(r, seq))
-        e = _int(d.get("last_enqueued"))
-        if e is not None:
-            enq[pg][r] = min(e, enq[pg].get(r, e))
-            if s.get("type") == "NCCLWatchdogProgress" and seq is None:  # heard of the timeout, nothing in flight
-                self_reported.add(r)
+        if p.at:
+            for pg, q in p.at.items():
+                at[pg][r] = q
+        if p.enq:
+            for pg, q in p.enq.items():
+                enq[pg][r] = q
+        if not p.progress:  # where a progress line named the group, its timeouts' numbers are not compared
+            if p.at_nopg is not None:
+                at["0"][r] = min(p.at_nopg, at["0"].get(r, p.at_nopg))
+            if p.enq_nopg is not None:
+                enq["0"][r] = min(p.enq_nopg, enq["0"].get(r, p.enq_nopg))
+        if p.self_reported:
+            self_reported.add(r)
     groups = [g for g in at if at[g]]
-    if not groups or not size:
+    if not groups:
         return None
     pg = "0" if "0" in groups else max(groups, key=lambda g: len(at[g]))
     counts: dict[int, int] = defaultdict(int)
@@ -592,54 +482,36 @@ def _behind(ms: Membership, symptoms: list[dict[str, Any]]) -> _Verdict | None:
     behind = sorted({r for r, q in at[pg].items() if q < waited} | {r for r, e in enq[pg].items() if e < waited})
     if not behind or len(heard) * 2 < size or len(behind) > max(1, size // 8):
         return None
-    behind_nodes = {ranks[r].node for r in behind}
+    behind_nodes = {ms.ranks[r].node for r in behind}
     if len(behind_nodes) != 1:
         return None
-    mem = ranks[behind[0]]
+    mem = ms.ranks[behind[0]]
     entity = f"rank:{behind[0]}" if len(behind) == 1 else "ranks:" + ",".join(map(str, behind))
     own = [r for r in behind if r in self_reported]
     how = (f"rank(s) {own} said their last enqueued work is below it" if own
            else f"rank(s) {behind} failed at an earlier one")
-    evidence = [s for s in symptoms if _rank_of(s, index) in behind] + \
-        [s for s in symptoms if s.get("type") == "NCCLCollectiveTimeout"]
+    wanted = set(behind)
+    deciding = [b for kind in ("at", "enq") for v, held in sorted(f.low[kind].get(pg, {}).items()) if v < waited
+                for key, b in held if rank_of(*key) in wanted]
     # the behind ranks' own numbers decide (their node is a reporter); the others' establish the collective
     return _Verdict({"node": mem.node, "entity": entity, "kind": "rank", "rank": str(behind[0])},
-                    0.9 if own else 0.85, evidence,
+                    0.9 if own else 0.85, deciding, ("NCCLCollectiveTimeout",),
                     f"{len(at[pg])} rank(s) of {size} failed in collective {waited} of process group {pg}; {how}: "
                     f"they never joined it", reporters={mem.node}, membership_only=True)
 
 
-def _link(ms: Membership, symptoms: list[dict[str, Any]]) -> _Verdict | None:
+def _link(f: JobFacts) -> _Verdict | None:
     """Every IB completion error names one peer's bootstrap address (an address two nodes claim
     names nobody); the peer is named by the nodes that saw the errors, so it takes two of them."""
-    claims: dict[str, set[str]] = defaultdict(set)
-    for mem in ms.members.values():
-        if mem.oob_ip:
-            claims[mem.oob_ip].add(mem.node)
-    ip_node = {ip: next(iter(nodes)) for ip, nodes in claims.items() if len(nodes) == 1}
-    errors = [s for s in symptoms if s.get("type") == "NCCLIBCompletionError" and _details(s).get("peer")]
-    peers = {ip_node.get(str(_details(s).get("peer", "")).split("<")[0]) for s in errors}
+    if not f.peers or f.peers_overflow:
+        return None
+    claims = f.ms.oob_claims
+    peers = {next(iter(claims[ip])) if len(claims.get(ip, ())) == 1 else None for ip in f.peers}
     if len(peers) != 1 or None in peers:
         return None
     peer_node = next(iter(peers))
     assert peer_node is not None
-    return _Verdict({"node": peer_node, "entity": "node", "kind": "link"}, 0.7, symptoms,
+    return _Verdict({"node": peer_node, "entity": "node", "kind": "link"}, 0.7,
+                    list(f.samples.get("NCCLIBCompletionError", ())), SYMPTOMS,
                     "every IB completion error names this node as the peer",
-                    reporters={str(s.get("node")) for s in errors})
-
-
-def _incident(job: str, culprit: dict[str, str] | None, confidence: float, evidence: Iterable[dict[str, Any]],
-              nodes: list[str], reason: str, culprit_nodes: set[str] | None = None) -> Incident:
-    seen: set[tuple[str, ...]] = set()
-    items: list[dict[str, Any]] = []
-    for m in evidence:
-        key = tuple(str(m.get(k))[:300] for k in ("node", "type", "entity", "time"))  # hostile values: unhashable
-        if key not in seen:
-            seen.add(key)
-            items.append(m)
-    items.sort(key=lambda m: str(m.get("time") or ""))
-    blamed = culprit_nodes or ({culprit["node"]} if culprit else set())
-    victims = [n for n in nodes if n not in blamed]
-    return Incident(job=job, culprit=culprit, confidence=confidence, evidence=[_brief(m) for m in items[:EVIDENCE_MAX]],
-                    victims=victims, nodes=nodes, reason=reason,
-                    first_evidence=str(items[0].get("time")) if items else None, evidence_total=len(items))
+                    reporters={n for nodes in f.peers.values() for n in nodes})

@@ -14,26 +14,22 @@ from __future__ import annotations
 import json
 import time
 import zlib
-from collections import deque
-from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 
 from agent.remediation.incidents import INCIDENTS_BUCKET as INCIDENTS_BUCKET  # re-exported: the correlator writes it
 from agent.subjects import (
-    JOB_FACT_TYPES,
     JOBS_PREFIX,
 )
-from fleet.correlator import _details, correlate
+from fleet.correlator import _details, fast_verdict, hardware_key, incident, slow_verdict
+from fleet.job_facts import SYMPTOMS, JobFacts
 
 log = structlog.get_logger(__name__)
 
 # the jobs stream's membership facts only: its evidence copies are the events stream's messages again
 MEMBERSHIP = f"{JOBS_PREFIX}.*.*.member"
 JUDGE_SLICE_S = 0.005  # s: the longest the judge loop runs before it lets the event loop serve others
-SYMPTOMS = ("NCCLCollectiveTimeout", "NCCLIBCompletionError", "NCCLSocketFallback", "NCCLWatchdogProgress",
-            "NCCLRASReport", "TorchFlightRecord")
 
 
 MAX_KEY = 1024  # characters of a KV key or subject token: nats-server closes a connection whose control
@@ -48,51 +44,65 @@ def owner(job: str, partitions: int) -> int:
 # Per-reporter shares (issue 20, "suppression"): one node's messages can crowd out only its own. A
 # job's state is kept per node and per process: a node has at most PROCESSES_PER_NODE processes in a
 # job (an HGX node runs 8 ranks; a process beyond the share is refused, never one already known
-# evicted: first claims stand), each with its last FACTS_PER_PROCESS membership facts (a rank joins
-# up to 32 communicators) and SYMPTOMS_PER_PROCESS other messages; a node takes part in at most
-# JOBS_PER_NODE jobs of the table, and a job has at most NODES_PER_JOB nodes.
+# evicted: first claims stand); a node takes part in at most JOBS_PER_NODE jobs of the table, and a
+# job has at most NODES_PER_JOB nodes. What a process said is reduced to its facts
+# (fleet/job_facts.py: one member record and one set of watchdog numbers per process, whatever how
+# many lines it printed), so the job's size and these shares bound a job's state.
 PROCESSES_PER_NODE = 64
-FACTS_PER_PROCESS = 64
-SYMPTOMS_PER_PROCESS = 64
 JOBS_PER_NODE = 256
 NODES_PER_JOB = 8192
+# A replica's budget: processes held over every job (about 1 KiB each, bench/incidents_scale.py);
+# over it the table forgets jobs as it does when full (counted in dropped_jobs)
+MAX_PROCESSES = 1 << 20
+IDS_PER_JOB = 1 << 14  # message ids remembered per job (two generations): a replayed message is filed once
 SETTLE_MAX = 2.0  # s: however often symptoms arrive, a verdict waits at most this long after the first
 ABANDON_AFTER = 24 * 3600.0  # s: an open incident of a job nobody has said anything about for this long
 # A job fact a node publishes when one of its processes of the job ended (collectors/nccl_logs.py)
 PROCESS_ENDED = "NCCLProcessEnded"
 
 
-@dataclass
 class _Job:
-    # node -> process (its entity, nccl:host:pid) -> its membership facts / its other messages
-    members: dict[str, dict[str, deque[dict[str, Any]]]] = field(default_factory=dict)
-    symptoms: dict[str, dict[str, deque[dict[str, Any]]]] = field(default_factory=dict)
-    ids: set[str] = field(default_factory=set)  # a job's evidence arrives on two streams: filed once
-    nodes: set[str] = field(default_factory=set)
-    ended: set[tuple[str, str]] = field(default_factory=set)  # (node, process) whose process ended
-    last_seen: float = 0.0
-    last_symptom: float = 0.0  # when the last timeout/completion error/fallback was received
-    unsettled_since: float | None = None  # the first symptom since the last verdict
-    published: dict[str, Any] | None = None  # the last record sent
+    __slots__ = ("ended", "ended_members", "facts", "ids", "ids_old", "last_seen", "last_symptom", "node_procs",
+                 "published", "unsettled_since")
 
-    def messages(self) -> list[dict[str, Any]]:
-        return [m for by in (self.members, self.symptoms) for procs in by.values() for q in procs.values() for m in q]
+    def __init__(self, job: str) -> None:
+        self.facts = JobFacts(job, members_per_node=PROCESSES_PER_NODE)
+        self.node_procs: dict[str, set[str]] = {}  # node -> its processes (entities) in the job
+        # a job's evidence may arrive twice (a replay after a takeover): filed once, by the id's hash
+        self.ids: set[int] = set()
+        self.ids_old: set[int] = set()
+        self.ended: set[tuple[str, str]] = set()  # (node, entity) whose process ended
+        self.ended_members = 0  # how many of the job's members are in ``ended``
+        self.last_seen = 0.0
+        self.last_symptom = 0.0  # when the last timeout/completion error/fallback was received
+        self.unsettled_since: float | None = None  # the first symptom since the last verdict
+        self.published: dict[str, Any] | None = None  # the last record sent
 
-    def size(self) -> int:
-        return sum(len(q) for by in (self.members, self.symptoms) for procs in by.values() for q in procs.values())
+    @property
+    def nodes(self) -> dict[str, set[str]]:
+        return self.node_procs
+
+    def weight(self) -> int:
+        return self.facts.weight()
+
+    def seen(self, mid: str) -> bool:
+        h = hash(mid)
+        if h in self.ids or h in self.ids_old:
+            return True
+        if len(self.ids) >= IDS_PER_JOB:
+            self.ids_old, self.ids = self.ids, set()
+        self.ids.add(h)
+        return False
 
     def processes_ended(self) -> bool:
         """Every process the job's nodes said was a member has ended (NCCLProcessEnded from its node)."""
-        if not self.ended:  # the common case, judged on every message: nothing ended yet
-            return False
-        procs = {(node, proc) for node, by_proc in self.members.items() for proc in by_proc}
-        return bool(procs) and procs <= self.ended
+        return self.ended_members > 0 and self.ended_members >= len(self.facts.ms.members)
 
 
 class IncidentTracker:
     def __init__(self, *, partitions: int = 1, partition: int = 0, resolve_after: float = 600.0,
                  max_jobs: int = 10000, settle: float = 1.0, settle_max: float = SETTLE_MAX,
-                 abandon_after: float = ABANDON_AFTER) -> None:
+                 abandon_after: float = ABANDON_AFTER, max_processes: int = MAX_PROCESSES) -> None:
         if not 0 <= partition < partitions:
             raise ValueError(f"partition {partition} is not in 0..{partitions - 1}")
         self.partitions, self.partition = partitions, partition
@@ -100,12 +110,14 @@ class IncidentTracker:
         self.resolve_after = resolve_after
         self.abandon_after = max(abandon_after, resolve_after)
         self.max_jobs = max_jobs
+        self.max_processes = max_processes
         self.jobs: dict[str, _Job] = {}
         self.hardware: dict[str, dict[tuple[str, str], dict[str, Any]]] = {}  # node -> (type, entity) -> msg
         self.node_jobs: dict[str, set[str]] = {}
         self.dropped_jobs = 0
         self.refused: dict[str, int] = {}  # reason -> messages refused by a per-reporter share
         self._arrival = 0
+        self._weight = 0  # processes held over every job (approximately: refreshed as jobs change)
         # A hung rank is the one that did NOT time out: while timeouts still arrive, the last ranks to
         # report would look silent. Such a verdict (and "no culprit yet") waits until no symptom
         # arrived for ``settle`` s (watchdogs with one timeout fire within a second of each other), but
@@ -117,10 +129,11 @@ class IncidentTracker:
         self.pending: dict[str, float] = {}  # job -> when to judge it again
 
     def stats(self) -> dict[str, int]:
-        """Self-metrics for the service's periodic stats line: jobs, members, messages held, refusals."""
+        """Self-metrics for the service's periodic stats line: jobs, members, processes held, refusals."""
         return {"jobs": len(self.jobs), "nodes_with_hardware": len(self.hardware),
-                "messages_held": sum(j.size() for j in self.jobs.values()),
-                "dropped_jobs": self.dropped_jobs, "refused": sum(self.refused.values())}
+                "members": sum(len(j.facts.ms.members) for j in self.jobs.values()),
+                "processes_held": self._weight, "dropped_jobs": self.dropped_jobs,
+                "refused": sum(self.refused.values())}
 
     def owns(self, job: str) -> bool:
         return owner(job, self.partitions) in self.owned
@@ -136,7 +149,9 @@ class IncidentTracker:
         return set()
 
     def _drop(self, job: str) -> None:
-        for n in self.jobs.pop(job).nodes:
+        j = self.jobs.pop(job)
+        self._weight -= j.weight()
+        for n in j.node_procs:
             self.node_jobs.get(n, set()).discard(job)
         self.pending.pop(job, None)
 
@@ -156,44 +171,43 @@ class IncidentTracker:
             if job not in mine and len(mine) >= JOBS_PER_NODE:
                 return self._refuse("jobs_per_node")  # one node cannot fill the job table
             if j is None:
-                if len(self.jobs) >= self.max_jobs:
+                while self.jobs and (len(self.jobs) >= self.max_jobs or self._weight >= self.max_processes):
                     self._forget_one()
-                j = self.jobs[job] = _Job()
-            elif node not in j.nodes and len(j.nodes) >= NODES_PER_JOB:
+                j = self.jobs[job] = _Job(job)
+            elif node not in j.node_procs and len(j.node_procs) >= NODES_PER_JOB:
                 return self._refuse("nodes_per_job")
             mid = msg.get("id")
-            if isinstance(mid, str):
-                if mid in j.ids:
-                    return set()
-                if len(j.ids) >= 2 * j.size() + 4096:
-                    j.ids = {str(m.get("id")) for m in j.messages()}  # forget the ids that left the windows
-                j.ids.add(mid)
-            self._arrival += 1
-            msg["_arrival"] = self._arrival  # claims are ordered by arrival: a reporter chooses its "time"
-            fact = msg.get("type") in JOB_FACT_TYPES
-            by, cap = (j.members, FACTS_PER_PROCESS) if fact else (j.symptoms, SYMPTOMS_PER_PROCESS)
-            procs = by.setdefault(node, {})
+            if isinstance(mid, str) and j.seen(mid):
+                return set()
             proc = str(msg.get("entity", ""))[:600]
-            q = procs.get(proc)
-            if q is None:
-                if len(procs) >= PROCESSES_PER_NODE:
-                    return self._refuse("processes_per_node")  # the node's known processes stand
-                q = procs[proc] = deque(maxlen=cap)
-            q.append(msg)  # a full window drops this process's oldest message, never another's
-            if msg.get("type") == PROCESS_ENDED:
+            procs = j.node_procs.get(node)
+            if procs is not None and proc not in procs and len(procs) >= PROCESSES_PER_NODE:
+                return self._refuse("processes_per_node")  # the node's known processes stand
+            self._arrival += 1
+            before = j.weight()
+            members_before = len(j.facts.ms.members)
+            if not j.facts.add(msg, self._arrival):
+                return self._refuse("processes_per_node")
+            self._weight += j.weight() - before
+            if procs is None:
+                procs = j.node_procs[node] = set()
+            procs.add(proc)
+            if msg.get("type") == PROCESS_ENDED and (node, proc) not in j.ended and len(j.ended) < 1 << 20:
                 j.ended.add((node, proc))
-            j.nodes.add(node)
+                if (node, proc) in j.facts.ms.by_entity:
+                    j.ended_members += 1
+            elif len(j.facts.ms.members) > members_before and (node, proc) in j.ended:
+                j.ended_members += 1  # a process that said it ended before its membership arrived
             j.last_seen = now
-            if msg.get("type") in SYMPTOMS:
+            if msg.get("type") in SYMPTOMS and msg.get("status") != "resolved":
                 j.last_symptom = now
                 if j.unsettled_since is None:
                     j.unsettled_since = now
             self.node_jobs.setdefault(node, set()).add(job)
             return {job}
-        entity = str(msg.get("entity", ""))
-        if entity.startswith(("gpu:", "ib:")) and msg.get("collector") != "nccl_logs":
+        key = hardware_key(msg)
+        if key is not None:
             held = self.hardware.setdefault(node, {})
-            key = (str(msg.get("type")), entity)
             if msg.get("status") == "resolved":
                 held.pop(key, None)
             elif msg.get("severity") == "critical":
@@ -202,6 +216,8 @@ class IncidentTracker:
                 held[key] = msg
             else:
                 return set()
+            if not held:
+                del self.hardware[node]
             touched = self.node_jobs.get(node, set())
             for job in touched:
                 self.jobs[job].last_seen = max(self.jobs[job].last_seen, now)
@@ -213,7 +229,7 @@ class IncidentTracker:
         longest quiet (a node's flood of jobs of its own goes before a job several nodes report)."""
         def cost(k: str) -> tuple[bool, int, float]:
             j = self.jobs[k]
-            return (bool(j.published and j.published["status"] == "open"), len(j.nodes), j.last_seen)
+            return (bool(j.published and j.published["status"] == "open"), len(j.node_procs), j.last_seen)
         self._drop(min(self.jobs, key=cost))
         self.dropped_jobs += 1
 
@@ -226,9 +242,17 @@ class IncidentTracker:
                 out.append(record)
         return out
 
+    def _hardware_of(self, j: _Job) -> dict[str, list[dict[str, Any]]]:
+        nodes = j.node_procs
+        if len(self.hardware) <= len(nodes):
+            return {n: list(held.values()) for n, held in self.hardware.items() if n in nodes}
+        return {n: list(held.values()) for n in nodes if (held := self.hardware.get(n))}
+
     def judge_one(self, job: str, now: float) -> dict[str, Any] | None:
         """The job's new record, when its verdict changed (the service judges one job at a time and
-        yields between them, so no round holds the event loop)."""
+        yields between them, so no round holds the event loop). A judgement reads the job's facts
+        (fleet/job_facts.py), not its messages: cheap verdicts first, the ones from symptoms only once
+        the symptoms settled."""
         j = self.jobs.get(job)
         if j is None:
             return None
@@ -240,21 +264,24 @@ class IncidentTracker:
                           "reason": "the job's processes ended (their nodes said so)"}
             self._drop(job)
             return record
-        msgs = j.messages() + [m for n in j.nodes for m in self.hardware.get(n, {}).values()]
-        found = [inc for inc in correlate(msgs) if inc.job == job]
+        f = j.facts
+        v = fast_verdict(f, self._hardware_of(j))
         # verdicts from symptoms alone wait for the symptoms to settle: other ranks' timeouts may follow,
         # and a hardware finding (on the events stream) may trail the evidence (on the jobs stream)
-        unsettled = found and (found[0].culprit is None or found[0].culprit["kind"] in ("rank", "link"))
+        unsettled = (v is None and f.symptomatic) or (
+            v is not None and (v.culprit is None or v.culprit["kind"] in ("rank", "link")))
         if unsettled and now - j.last_symptom < self.settle:
             since = j.unsettled_since if j.unsettled_since is not None else j.last_symptom
             if now - since < self.settle_max:
                 self.pending[job] = min(j.last_symptom + self.settle, since + self.settle_max)
                 return None
+        if v is None and f.symptomatic:
+            v = slow_verdict(f)
         self.pending.pop(job, None)
         j.unsettled_since = None
         record = None
-        if found:
-            record = {"status": "open", **found[0].to_dict()}
+        if v is not None:
+            record = {"status": "open", **incident(f, v).to_dict()}
         elif j.published and j.published["status"] == "open":
             record = {**j.published, "status": "resolved", "reason": "no symptom or fault left"}
         if record is not None and _verdict(record) != _verdict(j.published):

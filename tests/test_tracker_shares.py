@@ -48,7 +48,7 @@ def test_a_flood_of_one_nodes_members_never_pushes_out_the_others() -> None:
         touched |= t.add(_member("n3", 24 + i % 8, pid=100000 + i), now=100.0)
     (rec,) = t.judge(touched, now=101.0)
     assert rec["culprit"]["node"] == "n1" and rec["culprit"]["rank"] == "13", rec["reason"]
-    assert len(t.jobs[JOB].members["n3"]) == PROCESSES_PER_NODE  # n3's known processes stand, the rest refused
+    assert len(t.jobs[JOB].node_procs["n3"]) == PROCESSES_PER_NODE  # n3's known processes stand, the rest refused
     assert t.refused["processes_per_node"] == 4200 - (PROCESSES_PER_NODE - 8)
 
 

@@ -1,0 +1,440 @@
+"""A job's facts, kept as its messages arrive: who its members are and what each process said.
+
+fleet/correlator.py judges a job from these facts, never from a window of raw messages (issue 21):
+a job of 4,096 nodes (32,768 ranks) is one ``Member`` and one ``Proc`` per process, whatever
+how many lines each process printed, and a message updates them in O(1) amortised:
+
+* ``Membership``: each process's claim (world rank and size, GPU, NICs, transport, bootstrap
+  address) and the ranks bound to them. A rank is bound to the first process that claims it, in
+  arrival order; the job's size is the one claimed by the most nodes; a conflicting claim is a
+  finding (the trust model, docs/correlator.md "Who may say what"). Bindings are rebuilt only
+  when the majority size changes (the job's first size claim, or an attack), never per message.
+* ``Proc``: per process, what its watchdog said (timed out; per process group the lowest
+  collective sequence number it failed at and the lowest last-enqueued work; whether it reported
+  progress lines, which name their group), reduced to numbers as the messages arrive.
+* evidence: a bounded sample per message type (the first ``SAMPLES_PER_TYPE``) with exact counts,
+  and the messages that may decide a verdict kept apart so they are never crowded out: per
+  process group the messages of the lowest sequence numbers (a rank behind the others is among
+  them), the RAS reports per reporting node, NCCL's own port failures per node.
+
+Everything a reporter can grow is bounded: processes per node (the tracker's share), NICs per
+member, findings, distinct peers, sequence values; what was refused is counted.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections import deque
+from typing import Any
+
+SAMPLES_PER_TYPE = 8  # evidence messages kept per type and job (the rest counted)
+FINDINGS_MAX = 32  # conflicting claims kept per job (the rest counted)
+NICS_MAX = 64  # NICs kept per member (NCCL lists at most a node's HCAs)
+LOW_VALUES = 16  # distinct lowest sequence numbers kept with their messages, per process group
+BRIEFS_PER_VALUE = 8  # messages kept per such number
+PGS_MAX = 32  # process groups kept per process (a rank joins a few communicators)
+RAS_PER_NODE = 2  # RAS reports kept per reporting node: the newest say what RAS thinks now
+PEERS_MAX = 256  # distinct peer addresses of IB completion errors kept per job
+ASYNC_PER_NODE = 16  # ports NCCL saw fail, per node
+MEMBERS_PER_NODE = 64  # processes a node may claim in one job (an HGX node runs 8 ranks)
+
+SYMPTOMS = ("NCCLCollectiveTimeout", "NCCLIBCompletionError", "NCCLSocketFallback", "NCCLWatchdogProgress",
+            "NCCLRASReport", "TorchFlightRecord")
+# types whose evidence the tenant controls: its processes' log lines, its RAS port's answers, its dumps
+# (collectors/nccl_logs.py publishes every one of them, collector "nccl_logs")
+TENANT_COLLECTORS = frozenset({"nccl_logs"})
+
+_OOB_IP = re.compile(r"(\d{1,3}(?:\.\d{1,3}){3}|[0-9a-fA-F:]*:[0-9a-fA-F:]+)")
+
+
+def _details(m: dict[str, Any]) -> dict[str, Any]:
+    d = m.get("details")
+    return d if isinstance(d, dict) else {}
+
+
+def _int(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def _oob_ip(oob: Any) -> str | None:
+    if not isinstance(oob, str):
+        return None
+    # "ib0:10.0.0.5<0>" -> 10.0.0.5
+    m = _OOB_IP.search(oob.split(":", 1)[1] if ":" in oob and "." in oob else oob)
+    return m.group(1) if m else None
+
+
+def is_tenant(m: dict[str, Any]) -> bool:
+    """Evidence the job's own processes (its user) control: log lines, RAS answers, dumps."""
+    return m.get("collector") in TENANT_COLLECTORS
+
+
+def _intern(v: str) -> str:
+    # node names, PCI addresses, NIC and transport names repeat across a job's members: one copy each
+    return sys.intern(v) if len(v) <= 256 else v
+
+
+_SETS: dict[frozenset[str], frozenset[str]] = {}
+
+
+def _shared(s: frozenset[str]) -> frozenset[str]:
+    """One copy of each NIC set (a node's eight ranks list the same NICs)."""
+    if len(_SETS) > 65536:
+        _SETS.clear()
+    return _SETS.setdefault(s, s)
+
+
+def brief(m: dict[str, Any]) -> dict[str, Any]:
+    """What an incident shows of a message (bounded: the wire bounds each field, the message is cut)."""
+    d = _details(m)
+    out = {"node": m.get("node"), "type": m.get("type"), "entity": m.get("entity"), "severity": m.get("severity"),
+           "time": m.get("time"), "message": str(m.get("message", ""))[:300]}
+    for k in ("rank", "seq_num", "op_type", "peer", "pci"):
+        if d.get(k) is not None:
+            out[k] = d[k]
+    return out
+
+
+class Member:
+    """One process of a job as its own node claims it."""
+
+    __slots__ = ("claim", "hcas", "nics", "node", "oob_ip", "order", "pci", "process", "rank", "size", "transport")
+
+    def __init__(self, node: str, process: str, order: int) -> None:
+        self.node = node
+        self.process = process  # host:pid
+        self.rank: int | None = None
+        self.size: int | None = None
+        self.pci: str | None = None
+        self.hcas: frozenset[str] = frozenset()  # "mlx5_0/1": every NIC NCCL listed
+        self.nics: frozenset[str] = frozenset()  # the ones its channel lines use (empty: not known)
+        self.transport: str | None = None
+        self.oob_ip: str | None = None
+        self.order = order  # when its first message arrived
+        self.claim = order  # when its rank claim arrived: bindings go in this order
+
+    def __repr__(self) -> str:
+        return f"Member({self.node!r}, {self.process!r}, rank={self.rank}, size={self.size})"
+
+
+class Membership:
+    """A job's members as their own nodes claim them, and the ranks bound to them.
+
+    A rank is bound to the first member that claims it with the job's size (the size claimed by the
+    most nodes); another node's claim of a bound rank, or of another size, is a finding and makes
+    the job contested. Ranks are only ever taken from here, never from a symptom's payload."""
+
+    def __init__(self, *, members_per_node: int = MEMBERS_PER_NODE) -> None:
+        self.members: dict[tuple[str, str], Member] = {}
+        self.by_entity: dict[tuple[str, str], Member] = {}  # (node, "nccl:host:pid"), a symptom's process
+        self.by_node: dict[str, list[Member]] = {}
+        self.ranks: dict[int, Member] = {}
+        self.size = 0
+        self.members_per_node = members_per_node
+        self.refused = 0  # claims of a process beyond its node's share
+        self._size_nodes: dict[int, set[str]] = {}
+        self._size_first: dict[int, int] = {}
+        self._rank_findings: list[dict[str, Any]] = []
+        self._rank_findings_total = 0
+        # node -> the transports its members use; the nodes on sockets only, and those with another
+        self.transports: dict[str, frozenset[str]] = {}
+        self.socket_only: set[str] = set()
+        self.non_socket: set[str] = set()
+        self.oob_claims: dict[str, set[str]] = {}  # bootstrap address -> the nodes claiming it
+
+    # -- the trust model's view ---------------------------------------------------------------
+    @property
+    def findings_total(self) -> int:
+        return self._rank_findings_total + sum(len(n) for s, n in self._size_nodes.items() if s != self.size)
+
+    @property
+    def contested(self) -> bool:
+        return self.findings_total > 0
+
+    @property
+    def findings(self) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        for other in sorted(set(self._size_nodes) - {self.size}):
+            for node in sorted(self._size_nodes[other]):
+                if len(out) >= FINDINGS_MAX:
+                    return out
+                out.append({"kind": "size_conflict", "node": node, "claimed": other, "size": self.size})
+        return out + self._rank_findings[:FINDINGS_MAX - len(out)]
+
+    def rank_of(self, mem: Member | None) -> int | None:
+        """The rank bound to this member, or None (no claim, or another member holds it)."""
+        if mem is None or mem.rank is None:
+            return None
+        return mem.rank if self.ranks.get(mem.rank) is mem else None
+
+    def rank_of_entity(self, node: str, entity: str) -> int | None:
+        """The world rank of a symptom's process: the rank its own node bound to it by membership."""
+        return self.rank_of(self.by_entity.get((node, entity)))
+
+    # -- updates ------------------------------------------------------------------------------
+    def claim(self, node: str, d: dict[str, Any], order: int) -> Member | None:
+        """One message's process summary (its node's word about its own process); None: refused."""
+        proc = f"{d.get('host')}:{d.get('pid')}"[:600]
+        key = (node, proc)
+        mem = self.members.get(key)
+        if mem is None:
+            on_node = self.by_node.setdefault(node, [])
+            if len(on_node) >= self.members_per_node:
+                self.refused += 1  # the node's known processes stand
+                return None
+            node = _intern(node)
+            mem = self.members[key] = Member(node, proc, order)
+            on_node.append(mem)
+            self.by_entity[(node, f"nccl:{proc}")] = mem
+        rebind = bind = False
+        size = _int(d.get("world_size"))
+        if mem.size is None and size is not None:
+            mem.size = size
+            nodes = self._size_nodes.setdefault(size, set())
+            self._size_first.setdefault(size, order)
+            nodes.add(node)
+            if self._majority() != self.size or (mem.rank is not None and size != self.size):
+                rebind = True
+            bind = True
+        rank = _int(d.get("world_rank"))
+        if mem.rank is None and rank is not None:
+            mem.rank, mem.claim, bind = rank, order, True
+        pci = d.get("pci")
+        if mem.pci is None and isinstance(pci, str):
+            mem.pci = _intern(pci)
+        for attr in ("hcas", "nics"):
+            listed = d.get(attr)
+            if isinstance(listed, list) and listed:
+                have: frozenset[str] = getattr(mem, attr)
+                new = {_intern(h) for h in listed[:NICS_MAX] if isinstance(h, str)} - have
+                if new and len(have) < NICS_MAX:
+                    setattr(mem, attr, _shared(frozenset(list(have | new)[:NICS_MAX])))
+        transport = d.get("transport")
+        if isinstance(transport, str) and transport != mem.transport:
+            mem.transport = _intern(transport[:64])
+            self._transports_of(mem.node)
+        if mem.oob_ip is None and (ip := _oob_ip(d.get("oob"))) is not None:
+            mem.oob_ip = ip
+            claims = self.oob_claims.get(ip)
+            if claims is None and len(self.oob_claims) < 65536:
+                claims = self.oob_claims[ip] = set()
+            if claims is not None and len(claims) < 8:
+                claims.add(mem.node)
+        if rebind:
+            self._rebind()
+        elif bind:
+            self._bind(mem)
+        return mem
+
+    def _majority(self) -> int:
+        """The size most nodes claim; among equals the first claimed."""
+        if not self._size_nodes:
+            return 0
+        return max(self._size_nodes, key=lambda n: (len(self._size_nodes[n]), -self._size_first[n]))
+
+    def _finding(self, **what: Any) -> None:
+        self._rank_findings_total += 1
+        if len(self._rank_findings) < FINDINGS_MAX:
+            self._rank_findings.append(what)
+
+    def _bind(self, mem: Member) -> None:
+        if mem.rank is None or (mem.size is not None and mem.size != self.size):
+            return
+        if not 0 <= mem.rank < max(self.size, 1):
+            self._finding(kind="rank_out_of_range", node=mem.node, rank=mem.rank, size=self.size)
+            return
+        holder = self.ranks.get(mem.rank)
+        if holder is None:
+            self.ranks[mem.rank] = mem
+        elif holder is not mem and holder.node != mem.node:
+            # one node's processes may restart; another node's claim is a conflict
+            self._finding(kind="rank_conflict", node=mem.node, rank=mem.rank, holder=holder.node)
+
+    def _rebind(self) -> None:
+        """The majority size changed: every claim bound again, in the order the claims arrived."""
+        self.size = self._majority()
+        self.ranks = {}
+        self._rank_findings, self._rank_findings_total = [], 0
+        for mem in sorted((m for m in self.members.values() if m.rank is not None), key=lambda m: m.claim):
+            self._bind(mem)
+
+    def _transports_of(self, node: str) -> None:
+        t = frozenset(m.transport for m in self.by_node.get(node, ()) if m.transport)
+        self.transports[node] = t
+        (self.socket_only.add if t == {"Socket"} else self.socket_only.discard)(node)
+        (self.non_socket.add if any(x != "Socket" for x in t) else self.non_socket.discard)(node)
+
+
+class Proc:
+    """What one process's watchdog said, reduced to numbers (PyTorch's ProcessGroupNCCL lines,
+    collectors/nccl_parse.py; Flight Recorder dumps, collectors/flight_recorder.py)."""
+
+    __slots__ = ("at", "at_nopg", "enq", "enq_nopg", "progress", "self_reported", "timed_out")
+
+    def __init__(self) -> None:
+        self.timed_out = False
+        self.at: dict[str, int] | None = None  # process group -> the lowest collective it failed at
+        self.enq: dict[str, int] | None = None  # process group -> its lowest last-enqueued work
+        # a timeout line without its group (PyTorch 2.5-2.13 print "[Rank r]" whatever the group): counted
+        # as group "0" unless the process printed progress lines, which name the group
+        self.at_nopg: int | None = None
+        self.enq_nopg: int | None = None
+        self.progress = False  # a progress line with its collective, or a Flight Recorder dump
+        self.self_reported = False  # said its last enqueued work, with nothing in flight
+
+    def lower(self, attr: str, pg: str, v: int) -> bool:
+        d: dict[str, int] | None = getattr(self, attr)
+        if d is None:
+            d = {}
+            setattr(self, attr, d)
+        old = d.get(pg)
+        if old is not None and old <= v:
+            return False
+        if old is None and len(d) >= PGS_MAX:
+            return False
+        d[pg] = v
+        return True
+
+
+class JobFacts:
+    """Everything the correlator knows about one job, updated message by message."""
+
+    def __init__(self, job: str, *, members_per_node: int = MEMBERS_PER_NODE) -> None:
+        self.job = job
+        self.ms = Membership(members_per_node=members_per_node)
+        self.procs: dict[tuple[str, str], Proc] = {}  # (node, entity) -> its watchdog's numbers
+        self.samples: dict[str, list[dict[str, Any]]] = {}  # type -> the first SAMPLES_PER_TYPE briefs
+        self.counts: dict[str, int] = {}  # type -> messages counted
+        # kind ("at"/"enq") -> process group -> sequence number -> (process, brief) of the lowest numbers
+        self.low: dict[str, dict[str, dict[int, list[tuple[tuple[str, str], dict[str, Any]]]]]] = {"at": {}, "enq": {}}
+        self.ras: dict[str, deque[dict[str, Any]]] = {}  # reporting node -> its newest RAS reports
+        self.peers: dict[str, set[str]] = {}  # peer address of IB completion errors -> nodes that saw them
+        self.peers_overflow = False
+        self.async_ports: dict[str, dict[str, dict[str, Any]]] = {}  # node -> "ib:hca/port" -> NCCL's line
+        self.symptomatic = False
+
+    def add(self, m: dict[str, Any], order: int) -> bool:
+        """One of the job's NCCL messages (collector nccl_logs, details.job this job); False: refused."""
+        node = m.get("node")
+        if not isinstance(node, str):
+            return False
+        d = _details(m)
+        if self.ms.claim(node, d, order) is None:
+            return False
+        type_ = m.get("type")
+        if type_ == "NCCLIBAsyncEvent":
+            if m.get("severity") == "critical" and isinstance(d.get("hca"), str) and _int(d.get("port")) is not None:
+                # NCCL saw the port fail under a rank's feet: the same entity as the port's own condition, but a
+                # log line (the tenant's word): it names the port, it does not decide a cordon alone
+                entity = f"ib:{d['hca']}/{d['port']}"
+                ports = self.async_ports.setdefault(node, {})
+                if entity in ports or len(ports) < ASYNC_PER_NODE:
+                    ports[entity] = {**m, "entity": entity}
+            return True
+        if type_ not in SYMPTOMS or m.get("status") == "resolved":
+            return True
+        assert isinstance(type_, str)
+        self.symptomatic = True
+        self.counts[type_] = self.counts.get(type_, 0) + 1
+        b: dict[str, Any] | None = None
+        sample = self.samples.setdefault(type_, [])
+        if len(sample) < SAMPLES_PER_TYPE:
+            b = brief(m)
+            sample.append(b)
+        key = (node, str(m.get("entity", ""))[:600])
+        if type_ == "NCCLRASReport":
+            self.ras.setdefault(node, deque(maxlen=RAS_PER_NODE)).append(m)
+        elif type_ == "NCCLIBCompletionError":
+            peer = d.get("peer")
+            if peer:
+                ip = str(peer).split("<")[0][:64]
+                seen = self.peers.get(ip)
+                if seen is None:
+                    if len(self.peers) >= PEERS_MAX:
+                        self.peers_overflow = True  # errors point at too many peers: no single one
+                        return True
+                    seen = self.peers[ip] = set()
+                if len(seen) < 64:
+                    seen.add(node)
+        elif type_ in ("NCCLCollectiveTimeout", "NCCLWatchdogProgress", "TorchFlightRecord"):
+            self._watchdog(key, type_, d, m, b)
+        return True
+
+    def _proc(self, key: tuple[str, str]) -> Proc:
+        p = self.procs.get(key)
+        if p is None:
+            p = self.procs[key] = Proc()
+        return p
+
+    def _low(self, kind: str, pg: str, v: int, key: tuple[str, str], m: dict[str, Any],
+             b: dict[str, Any] | None) -> None:
+        """Keep the message with one of the LOW_VALUES lowest numbers of its group: a rank behind the
+        others is among them, whatever how many ranks report the number they all wait in."""
+        by_value = self.low[kind].setdefault(pg, {})
+        held = by_value.get(v)
+        if held is None:
+            if len(by_value) >= LOW_VALUES:
+                top = max(by_value)
+                if v > top:
+                    return
+                del by_value[top]
+            held = by_value[v] = []
+        if len(held) < BRIEFS_PER_VALUE:
+            held.append((key, b or brief(m)))
+
+    def _watchdog(self, key: tuple[str, str], type_: str, d: dict[str, Any], m: dict[str, Any],
+                  b: dict[str, Any] | None) -> None:
+        p = self._proc(key)
+        if type_ == "TorchFlightRecord":
+            # a rank's Flight Recorder dump, per process group: the collective it waits in (its first one
+            # not completed) and the newest collective it enqueued
+            pgs = d.get("pgs")
+            if not isinstance(pgs, dict):
+                return
+            p.progress = True
+            for pg, v in list(pgs.items())[:PGS_MAX]:
+                if not isinstance(v, dict):
+                    continue
+                pending = v.get("first_not_completed")
+                seq = _int(pending.get("collective_seq_id")) if isinstance(pending, dict) else None
+                newest = _int(v.get("entries_last_enqueued"))
+                if seq is not None and seq >= 0 and p.lower("at", str(pg), seq):
+                    self._low("at", str(pg), seq, key, m, b)
+                if newest is not None:
+                    if p.lower("enq", str(pg), newest):
+                        self._low("enq", str(pg), newest, key, m, b)
+                    if seq is None:
+                        p.self_reported = True
+            return
+        if d.get("implausible"):
+            return
+        timeout = type_ == "NCCLCollectiveTimeout"
+        seq = _int(d.get("seq_num")) if timeout else _int(d.get("at_seq"))
+        if timeout:
+            p.timed_out = True
+        elif seq is None and _int(d.get("signal_from_rank")) is None:
+            return  # "from this local rank": its own watchdog, not a rank that heard of another's
+        elif seq is not None:
+            p.progress = True
+        e = _int(d.get("last_enqueued"))
+        if timeout and d.get("pg_id") is None:
+            if seq is not None and seq >= 0 and (p.at_nopg is None or seq < p.at_nopg):
+                p.at_nopg = seq
+                self._low("at", "0", seq, key, m, b)
+            if e is not None and (p.enq_nopg is None or e < p.enq_nopg):
+                p.enq_nopg = e
+                self._low("enq", "0", e, key, m, b)
+            return
+        pg = str(d.get("pg_id") or "0")[:64]
+        if seq is not None and seq >= 0 and p.lower("at", pg, seq):
+            self._low("at", pg, seq, key, m, b)
+        if e is not None:
+            if p.lower("enq", pg, e):
+                self._low("enq", pg, e, key, m, b)
+            if not timeout and seq is None:  # heard of the timeout, nothing in flight
+                p.self_reported = True
+
+    def weight(self) -> int:
+        """Objects held, roughly (the tracker's per-replica budget counts processes)."""
+        return len(self.ms.members) + len(self.procs)
