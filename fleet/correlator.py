@@ -301,12 +301,11 @@ def slow_verdict(f: JobFacts) -> _Verdict:
     if f.counts.get("NCCLCollectiveTimeout"):
         size = ms.size
         if size and len(ms.ranks) == size:
-            timed_out = {r for (node, entity), p in f.procs.items()
-                         if p.timed_out and (r := ms.rank_of_entity(node, entity)) is not None}
-            silent = sorted(r for r in ms.ranks if r not in timed_out) if len(timed_out) < size else []
-            if silent:
+            timed_out = f.timed_out_ranks  # bound ranks only
+            if 0 < size - len(timed_out) <= max(1, size // 8):
+                silent = sorted(ms.ranks.keys() - timed_out)
                 silent_nodes = {ms.ranks[r].node for r in silent}
-                if len(silent_nodes) == 1 and len(silent) <= max(1, size // 8):
+                if len(silent_nodes) == 1:
                     mem = ms.ranks[silent[0]]
                     entity = f"rank:{silent[0]}" if len(silent) == 1 else "ranks:" + ",".join(map(str, silent))
                     reporters = {ms.ranks[r].node for r in timed_out}
@@ -445,43 +444,25 @@ def _behind(f: JobFacts) -> _Verdict | None:
     numbers come from its own process (its node's word about itself)."""
     ms = f.ms
     size = ms.size
-    if not size or not f.procs:
-        return None
-    at: dict[str, dict[int, int]] = defaultdict(dict)  # group -> rank -> the work its watchdog failed at
-    enq: dict[str, dict[int, int]] = defaultdict(dict)  # group -> rank -> its last enqueued work
-    self_reported: set[int] = set()
-    rank_of = ms.rank_of_entity
-    for (node, entity), p in f.procs.items():
-        if p.at is None and p.enq is None and p.at_nopg is None and p.enq_nopg is None:
-            continue
-        r = rank_of(node, entity)
-        if r is None:
-            continue
-        if p.at:
-            for pg, q in p.at.items():
-                at[pg][r] = q
-        if p.enq:
-            for pg, q in p.enq.items():
-                enq[pg][r] = q
-        if not p.progress:  # where a progress line named the group, its timeouts' numbers are not compared
-            if p.at_nopg is not None:
-                at["0"][r] = min(p.at_nopg, at["0"].get(r, p.at_nopg))
-            if p.enq_nopg is not None:
-                enq["0"][r] = min(p.enq_nopg, enq["0"].get(r, p.enq_nopg))
-        if p.self_reported:
-            self_reported.add(r)
-    groups = [g for g in at if at[g]]
-    if not groups:
+    at, enq = f.rank_values["at"], f.rank_values["enq"]
+    groups = [g for g, ranks in at.items() if ranks]
+    if not size or not groups:
         return None
     pg = "0" if "0" in groups else max(groups, key=lambda g: len(at[g]))
-    counts: dict[int, int] = defaultdict(int)
-    for q in at[pg].values():
-        counts[q] += 1
-    waited = max(counts, key=lambda q: (counts[q], q))  # the collective most ranks wait in
-    heard = set(at[pg]) | set(enq[pg])
-    behind = sorted({r for r, q in at[pg].items() if q < waited} | {r for r, e in enq[pg].items() if e < waited})
-    if not behind or len(heard) * 2 < size or len(behind) > max(1, size // 8):
+    by_value = f.ranks_at["at"][pg]
+    waited = max(by_value, key=lambda q: (len(by_value[q]), q))  # the collective most ranks wait in
+    below: set[int] = set()
+    for kind in ("at", "enq"):
+        for q, ranks in f.ranks_at[kind].get(pg, {}).items():
+            if q < waited:
+                below |= ranks
+                if len(below) > max(1, size // 8):
+                    return None  # too many: not one rank the others wait for
+    behind = sorted(below)
+    if not behind or len(at[pg].keys() | enq.get(pg, {}).keys()) * 2 < size:
         return None
+    self_reported = f.self_reported_ranks
+    rank_of = ms.rank_of_entity
     behind_nodes = {ms.ranks[r].node for r in behind}
     if len(behind_nodes) != 1:
         return None

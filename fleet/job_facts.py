@@ -85,6 +85,22 @@ def _shared(s: frozenset[str]) -> frozenset[str]:
     return _SETS.setdefault(s, s)
 
 
+_NIC_SETS: dict[tuple[Any, ...], frozenset[str]] = {}
+
+
+def _nic_set(listed: list[Any]) -> frozenset[str]:
+    """The NICs a member lists, as one shared set (a node's ranks list the same ones, message after message)."""
+    key = tuple(listed[:NICS_MAX])
+    got = _NIC_SETS.get(key) if all(isinstance(h, str) for h in key) else None
+    if got is None:
+        got = _shared(frozenset(_intern(h) for h in key if isinstance(h, str)))
+        if len(_NIC_SETS) > 65536:
+            _NIC_SETS.clear()
+        if all(isinstance(h, str) for h in key):
+            _NIC_SETS[key] = got
+    return got
+
+
 def brief(m: dict[str, Any]) -> dict[str, Any]:
     """What an incident shows of a message (bounded: the wire bounds each field, the message is cut)."""
     d = _details(m)
@@ -142,6 +158,7 @@ class Membership:
         self.socket_only: set[str] = set()
         self.non_socket: set[str] = set()
         self.oob_claims: dict[str, set[str]] = {}  # bootstrap address -> the nodes claiming it
+        self.generation = 0  # bumped when every binding was rebuilt: what was derived from them is stale
 
     # -- the trust model's view ---------------------------------------------------------------
     @property
@@ -194,7 +211,8 @@ class Membership:
             nodes = self._size_nodes.setdefault(size, set())
             self._size_first.setdefault(size, order)
             nodes.add(node)
-            if self._majority() != self.size or (mem.rank is not None and size != self.size):
+            # the majority's own count only grows when a node claims it: no need to look again
+            if size != self.size and (self._majority() != self.size or mem.rank is not None):
                 rebind = True
             bind = True
         rank = _int(d.get("world_rank"))
@@ -207,13 +225,16 @@ class Membership:
             listed = d.get(attr)
             if isinstance(listed, list) and listed:
                 have: frozenset[str] = getattr(mem, attr)
-                new = {_intern(h) for h in listed[:NICS_MAX] if isinstance(h, str)} - have
-                if new and len(have) < NICS_MAX:
+                new = _nic_set(listed)
+                if not have:
+                    setattr(mem, attr, new)
+                elif not new <= have and len(have) < NICS_MAX:
                     setattr(mem, attr, _shared(frozenset(list(have | new)[:NICS_MAX])))
         transport = d.get("transport")
         if isinstance(transport, str) and transport != mem.transport:
-            mem.transport = _intern(transport[:64])
-            self._transports_of(mem.node)
+            was, mem.transport = mem.transport, _intern(transport[:64])
+            if was is not None or mem.transport not in self.transports.get(mem.node, ()):
+                self._transports_of(mem.node)
         if mem.oob_ip is None and (ip := _oob_ip(d.get("oob"))) is not None:
             mem.oob_ip = ip
             claims = self.oob_claims.get(ip)
@@ -254,6 +275,7 @@ class Membership:
     def _rebind(self) -> None:
         """The majority size changed: every claim bound again, in the order the claims arrived."""
         self.size = self._majority()
+        self.generation += 1
         self.ranks = {}
         self._rank_findings, self._rank_findings_total = [], 0
         for mem in sorted((m for m in self.members.values() if m.rank is not None), key=lambda m: m.claim):
@@ -313,6 +335,14 @@ class JobFacts:
         self.peers_overflow = False
         self.async_ports: dict[str, dict[str, dict[str, Any]]] = {}  # node -> "ib:hca/port" -> NCCL's line
         self.symptomatic = False
+        # Derived per bound rank, kept as each process's numbers or binding change (never recomputed per
+        # judgement; rebuilt when the bindings are): kind ("at"/"enq") -> group -> rank -> its number, and
+        # -> group -> number -> the ranks at it (the collective most ranks wait in is the largest set)
+        self.rank_values: dict[str, dict[str, dict[int, int]]] = {"at": {}, "enq": {}}
+        self.ranks_at: dict[str, dict[str, dict[int, set[int]]]] = {"at": {}, "enq": {}}
+        self.timed_out_ranks: set[int] = set()
+        self.self_reported_ranks: set[int] = set()
+        self._generation = 0
 
     def add(self, m: dict[str, Any], order: int) -> bool:
         """One of the job's NCCL messages (collector nccl_logs, details.job this job); False: refused."""
@@ -320,8 +350,19 @@ class JobFacts:
         if not isinstance(node, str):
             return False
         d = _details(m)
-        if self.ms.claim(node, d, order) is None:
+        mem = self.ms.claim(node, d, order)
+        if mem is None:
             return False
+        key = (node, str(m.get("entity", ""))[:600])
+        self._file(m, d, node, key)
+        if key in self.procs or self._generation != self.ms.generation:
+            self._derive(key)  # its numbers, or its binding, may have changed
+        own = (mem.node, f"nccl:{mem.process}")
+        if own != key and own in self.procs:
+            self._derive(own)  # the process's binding came with a message filed under another entity
+        return True
+
+    def _file(self, m: dict[str, Any], d: dict[str, Any], node: str, key: tuple[str, str]) -> None:
         type_ = m.get("type")
         if type_ == "NCCLIBAsyncEvent":
             if m.get("severity") == "critical" and isinstance(d.get("hca"), str) and _int(d.get("port")) is not None:
@@ -331,9 +372,9 @@ class JobFacts:
                 ports = self.async_ports.setdefault(node, {})
                 if entity in ports or len(ports) < ASYNC_PER_NODE:
                     ports[entity] = {**m, "entity": entity}
-            return True
+            return
         if type_ not in SYMPTOMS or m.get("status") == "resolved":
-            return True
+            return
         assert isinstance(type_, str)
         self.symptomatic = True
         self.counts[type_] = self.counts.get(type_, 0) + 1
@@ -342,7 +383,6 @@ class JobFacts:
         if len(sample) < SAMPLES_PER_TYPE:
             b = brief(m)
             sample.append(b)
-        key = (node, str(m.get("entity", ""))[:600])
         if type_ == "NCCLRASReport":
             self.ras.setdefault(node, deque(maxlen=RAS_PER_NODE)).append(m)
         elif type_ == "NCCLIBCompletionError":
@@ -353,13 +393,68 @@ class JobFacts:
                 if seen is None:
                     if len(self.peers) >= PEERS_MAX:
                         self.peers_overflow = True  # errors point at too many peers: no single one
-                        return True
+                        return
                     seen = self.peers[ip] = set()
                 if len(seen) < 64:
                     seen.add(node)
         elif type_ in ("NCCLCollectiveTimeout", "NCCLWatchdogProgress", "TorchFlightRecord"):
             self._watchdog(key, type_, d, m, b)
-        return True
+        return
+
+    def _derive(self, key: tuple[str, str]) -> None:
+        """What one process's numbers say about its bound rank (a no-op until both are known)."""
+        if self._generation != self.ms.generation:
+            self._rederive()
+            return
+        p = self.procs.get(key)
+        if p is None:
+            return
+        r = self.ms.rank_of_entity(*key)
+        if r is None:
+            return
+        if p.timed_out:
+            self.timed_out_ranks.add(r)
+        if p.self_reported:
+            self.self_reported_ranks.add(r)
+        for kind, by_pg, nopg in (("at", p.at, p.at_nopg), ("enq", p.enq, p.enq_nopg)):
+            eff = dict(by_pg) if by_pg else {}
+            if nopg is not None and not p.progress:  # where a progress line named the group, not compared
+                eff["0"] = min(nopg, eff.get("0", nopg))
+            values = self.rank_values[kind]
+            if "0" not in eff and r in values.get("0", {}):
+                self._set(kind, "0", r, None)
+            for pg, v in eff.items():
+                self._set(kind, pg, r, v)
+
+    def _set(self, kind: str, pg: str, r: int, v: int | None) -> None:
+        values = self.rank_values[kind].get(pg)
+        if values is None:
+            if v is None or len(self.rank_values[kind]) >= PGS_MAX:
+                return
+            values = self.rank_values[kind][pg] = {}
+            self.ranks_at[kind][pg] = {}
+        old = values.get(r)
+        if old == v:
+            return
+        at = self.ranks_at[kind][pg]
+        if old is not None:
+            held = at[old]
+            held.discard(r)
+            if not held:
+                del at[old]
+        if v is None:
+            del values[r]
+            return
+        values[r] = v
+        at.setdefault(v, set()).add(r)
+
+    def _rederive(self) -> None:
+        """The bindings were rebuilt (the majority size changed): every rank's numbers derived again."""
+        self._generation = self.ms.generation
+        self.rank_values, self.ranks_at = {"at": {}, "enq": {}}, {"at": {}, "enq": {}}
+        self.timed_out_ranks, self.self_reported_ranks = set(), set()
+        for key in self.procs:
+            self._derive(key)
 
     def _proc(self, key: tuple[str, str]) -> Proc:
         p = self.procs.get(key)
@@ -407,15 +502,15 @@ class JobFacts:
                     if seq is None:
                         p.self_reported = True
             return
+        timeout = type_ == "NCCLCollectiveTimeout"
+        if timeout:
+            p.timed_out = True  # it timed out, whatever its numbers are worth
         if d.get("implausible"):
             return
-        timeout = type_ == "NCCLCollectiveTimeout"
         seq = _int(d.get("seq_num")) if timeout else _int(d.get("at_seq"))
-        if timeout:
-            p.timed_out = True
-        elif seq is None and _int(d.get("signal_from_rank")) is None:
+        if not timeout and seq is None and _int(d.get("signal_from_rank")) is None:
             return  # "from this local rank": its own watchdog, not a rank that heard of another's
-        elif seq is not None:
+        if not timeout and seq is not None:
             p.progress = True
         e = _int(d.get("last_enqueued"))
         if timeout and d.get("pg_id") is None:
