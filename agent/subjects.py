@@ -44,6 +44,8 @@ def encode_token(name: str) -> str:
 def decode_token(token: str) -> str:
     if token == "_":
         return ""
+    if "_" not in token and "=" not in token:
+        return token  # nothing escaped (most node names): each character stands for itself
     raw = bytearray()
     i = 0
     while i < len(token):

@@ -52,6 +52,7 @@ DETAIL_INT_RANGE = {"world_rank": (0, (1 << 18) - 1), "world_size": (1, 1 << 18)
 MAX_RANKS = 1 << 18  # 262,144 ranks: larger than any job a fleet of this kind runs
 # list lengths: an HGX node has 8-10 NICs; RAS names at most every process of the job
 LIST_MAX = {"hcas": 64, "nics": 64, "suspects": 4096}
+_BOUNDED = frozenset(DETAIL_TEXT_MAX) | frozenset(DETAIL_INT_RANGE) | frozenset(LIST_MAX)
 _STATE_TEXT = ("node", "time", "started", "agent_version")
 _CONDITION_TEXT = ("collector", "type", "entity", "severity", "since", "message_id", "reason", "message",
                    "suggested_action")
@@ -159,18 +160,21 @@ def check_bounds(msg: wire_message.Message) -> None:
         if len(value) > limit:
             raise Rejected("too_long", f"{name} of {len(value)} characters (at most {limit})")
     d = msg.details
-    for name, limit in DETAIL_TEXT_MAX.items():
-        value = d.get(name)
-        if isinstance(value, str) and len(value) > limit:
-            raise Rejected("too_long", f"details.{name} of {len(value)} characters (at most {limit})")
-    for name, (lo, hi) in DETAIL_INT_RANGE.items():
-        value = d.get(name)
-        if isinstance(value, int) and not isinstance(value, bool) and not lo <= value <= hi:
-            raise Rejected("out_of_range", f"details.{name} = {str(value)[:40]} (not in {lo}..{hi})")
-    for name, most in LIST_MAX.items():
-        value = d.get(name)
-        if isinstance(value, list) and (len(value) > most or any(isinstance(v, str) and len(v) > 64 for v in value)):
-            raise Rejected("too_long", f"details.{name}: {len(value)} items (at most {most} of 64 characters)")
+    for name in d.keys() & _BOUNDED:  # only the bounded fields a message carries (issue 21: every message pays this)
+        value = d[name]
+        if name in DETAIL_TEXT_MAX:
+            limit = DETAIL_TEXT_MAX[name]
+            if isinstance(value, str) and len(value) > limit:
+                raise Rejected("too_long", f"details.{name} of {len(value)} characters (at most {limit})")
+        elif name in DETAIL_INT_RANGE:
+            lo, hi = DETAIL_INT_RANGE[name]
+            if isinstance(value, int) and not isinstance(value, bool) and not lo <= value <= hi:
+                raise Rejected("out_of_range", f"details.{name} = {str(value)[:40]} (not in {lo}..{hi})")
+        else:
+            most = LIST_MAX[name]
+            if isinstance(value, list) and (len(value) > most or
+                                            any(isinstance(v, str) and len(v) > 64 for v in value)):
+                raise Rejected("too_long", f"details.{name}: {len(value)} items (at most {most} of 64 characters)")
 
 
 def _message(data: bytes, node_token: str) -> dict[str, Any]:
