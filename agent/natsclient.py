@@ -90,6 +90,14 @@ class ConnectionWatch:
         self.reason = f"the NATS connection of {what} closed for good" + (f": {describe(err)}" if err else "")
         self.closed.set()
 
+    def fail(self, reason: str) -> None:
+        """A connection that lives but no longer serves (a consumer that cannot be re-created: see
+        fleet/follow.py): the process exits 75 as for a closed one, and its restart resumes."""
+        if self.stopping or self.closed.is_set():
+            return
+        self.reason = reason[:500]
+        self.closed.set()
+
     def closed_cb(self, what: str, client: Callable[[], Any] | None = None) -> Callable[[], Awaitable[None]]:
         """A nats-py ``closed_cb``; ``client`` returns the client (for the server's last error)."""
         async def on_closed() -> None:

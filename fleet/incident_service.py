@@ -32,6 +32,7 @@ from agent.subjects import (
     STRAGGLERS_PREFIX,
     encode_token,
 )
+from fleet.follow import Follower
 from fleet.incidents import INCIDENTS_BUCKET, JUDGE_SLICE_S, MAX_KEY, MEMBERSHIP, IncidentTracker
 from fleet.leases import Leases, open_bucket
 from fleet.stragglers import STRAGGLERS_BUCKET, StragglerWatch
@@ -69,6 +70,8 @@ class IncidentService:
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[Any]] = []
         self._following = False
+        self.followers: list[Follower] = []
+        self.watch = natsclient.watching()  # a follower that cannot resume ends the process (75)
 
     async def start(self) -> None:
         self.nc = await natsclient.connect(self.servers, cfg=self.nats_cfg, name="gpu-node-agent-correlator",
@@ -108,36 +111,21 @@ class IncidentService:
         self.tracker.lose(partition)
 
     async def _replay(self, js: Any, subject: str, stream: str) -> None:
-        """The stream's history up to now, once (new messages reach the live consumers)."""
-        import datetime as dt
-
-        from nats.js.api import DeliverPolicy
-
-        from fleet.state import start_time_config
-
+        """The stream's history of the last ``history_s`` up to now, once (new messages reach the live
+        followers; a message both deliver is filed once, by its id)."""
         try:
             last = (await js.stream_info(stream)).state.last_seq
-        except Exception as exc:
-            log.warning("replay_failed", stream=stream, error=repr(exc))
+            f = Follower(js, stream, subject, self.accept, since=time.time() - self.history_s, until=last,
+                         name=f"replay:{stream}:{subject}", on_fail=self._give_up)
+            self.followers.append(f)
+            await f.run()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the follower gave up: the process is exiting (75)
+            log.warning("replay_failed", stream=stream, error=repr(exc)[:300])
             return
-        done = asyncio.Event()
-        seen = [time.monotonic()]
-
-        async def on_msg(m: Any) -> None:
-            self.accept(m.subject, m.data)
-            seen[0] = time.monotonic()
-            if m.metadata.sequence.stream >= last:
-                done.set()
-
-        since = dt.datetime.fromtimestamp(time.time() - self.history_s, dt.UTC)
-        sub = await js.subscribe(subject, cb=on_msg, ordered_consumer=True, deliver_policy=DeliverPolicy.BY_START_TIME,
-                                 config=start_time_config(since))
-        try:
-            while not done.is_set() and time.monotonic() - seen[0] < 5.0:  # nothing in the window: stop
-                await wait_event(done, 0.5)
         finally:
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
+            self.followers = [x for x in self.followers if x.until is None or not x.done.is_set()]
         self.replays += 1
         self._wake.set()
 
@@ -175,25 +163,14 @@ class IncidentService:
             self._wake.set()
 
     async def _follow(self, js: Any, subject: str) -> None:
-        import datetime as dt
-
-        from nats.js.api import DeliverPolicy
-
-        from fleet.state import start_time_config
-
-        since = dt.datetime.fromtimestamp(time.time() - self.history_s, dt.UTC)
-
-        async def on_msg(m: Any) -> None:
-            self.accept(m.subject, m.data)
-
+        """One stream, from ``history_s`` ago on, for as long as the service runs (fleet/follow.py:
+        resumed by sequence after any server loss; exits 75 when it cannot be)."""
+        cfg = self._stream_for(subject)
         while True:
             try:
                 # verified first: a stream carrying a republish, mirror or sources is never read
-                await await_stream(js, self._stream_for(subject))
-                await js.subscribe(subject, cb=on_msg, ordered_consumer=True,
-                                   deliver_policy=DeliverPolicy.BY_START_TIME,
-                                   config=start_time_config(since))
-                return
+                await await_stream(js, cfg)
+                break
             except asyncio.CancelledError:
                 raise
             except StreamRefused as exc:
@@ -202,6 +179,14 @@ class IncidentService:
             except Exception as exc:  # NATS trouble: try again
                 log.info("incidents_waiting_for_stream", error=repr(exc))
                 await asyncio.sleep(1)
+        f = Follower(js, cfg.name, subject, self.accept, since=time.time() - self.history_s,
+                     name=f"incidents:{cfg.name}", on_fail=self._give_up)
+        self.followers.append(f)
+        await f.run()
+
+    def _give_up(self, reason: str) -> None:
+        log.error("incidents_follower_failed", reason=reason)
+        self.watch.fail(f"the correlator cannot follow its streams: {reason}")
 
     def _stream_for(self, subject: str) -> Any:
         events, jobs, signals = stream_configs(self.nats_cfg)

@@ -237,14 +237,17 @@ def correlator_permissions(layout: Layout) -> Permissions:
         f"{JS_API}.STREAM.INFO.{n.stream}",
         f"{JS_API}.CONSUMER.CREATE.{n.stream}",  # an ordered push consumer replaying the history
         f"{JS_API}.CONSUMER.INFO.{n.stream}.*",
+        f"{JS_API}.STREAM.MSG.GET.{n.stream}",  # fleet/follow.py: a start time resolved to a sequence
         f"$JS.FC.{n.stream}.>",
         f"{JS_API}.STREAM.INFO.{n.jobs_stream}",  # the same over the jobs' membership and evidence
         f"{JS_API}.CONSUMER.CREATE.{n.jobs_stream}",
         f"{JS_API}.CONSUMER.INFO.{n.jobs_stream}.*",
+        f"{JS_API}.STREAM.MSG.GET.{n.jobs_stream}",
         f"$JS.FC.{n.jobs_stream}.>",
         f"{JS_API}.STREAM.INFO.{n.signals_stream}",  # and over the straggler vectors (fleet/stragglers.py)
         f"{JS_API}.CONSUMER.CREATE.{n.signals_stream}",
         f"{JS_API}.CONSUMER.INFO.{n.signals_stream}.*",
+        f"{JS_API}.STREAM.MSG.GET.{n.signals_stream}",
         f"$JS.FC.{n.signals_stream}.>",
         f"{INCIDENTS_PREFIX}.>",
         f"$KV.{n.incidents_bucket}.>",
@@ -276,6 +279,7 @@ def reader_permissions(layout: Layout) -> Permissions:
         f"{JS_API}.CONSUMER.CREATE.{n.stream}.>",  # named ephemeral pull consumers (events)
         f"{JS_API}.CONSUMER.INFO.{n.stream}.*",
         f"{JS_API}.CONSUMER.MSG.NEXT.{n.stream}.*",
+        f"{JS_API}.STREAM.MSG.GET.{n.stream}",  # fleet/follow.py: a start time resolved to a sequence
         f"$JS.FC.{n.stream}.>",  # flow-control replies of ordered consumers
         f"{JS_API}.STREAM.INFO.{n.jobs_stream}",   # jobs' membership and evidence, read the same way
         f"{JS_API}.CONSUMER.CREATE.{n.jobs_stream}",

@@ -30,6 +30,7 @@ from agent.nats_link import ensure_stream, open_kv, stream_configs
 from agent.remediation.incidents import INCIDENTS_BUCKET  # key: the job's token, value: its current record
 from agent.subjects import ACTIONS_PREFIX, EVENTS_PREFIX, HEARTBEAT_PREFIX, decode_token, is_valid_token
 from fleet import timeline
+from fleet.follow import Follower
 from fleet.wire import Rejected, Rejections, decode_action, decode_event, decode_state
 from gna_sdk import severity_rank
 
@@ -487,6 +488,7 @@ class FleetFeed:
         self.nc: Any = None
         self.ready = asyncio.Event()
         self._tasks: list[asyncio.Task[Any]] = []
+        self.followers: list[Follower] = []
 
     async def start(self) -> None:
         """Connected (or NatsUnavailable within the connect timeout); the stream and the KV bucket
@@ -500,11 +502,8 @@ class FleetFeed:
 
         await self.nc.subscribe(f"{HEARTBEAT_PREFIX}.>", cb=on_hb)
 
-        async def on_stream(msg: Any) -> None:
-            self.accept(msg.subject, msg.data)
-
         loop = asyncio.get_running_loop()
-        self._tasks.append(loop.create_task(self._follow_stream(js, on_stream), name="fleet:stream"))
+        self._tasks.append(loop.create_task(self._follow_stream(js), name="fleet:stream"))
         self._tasks.append(loop.create_task(self._watch_kv(js), name="fleet:kv"))
         self._tasks.append(loop.create_task(self._watch_incidents(js), name="fleet:incidents"))
 
@@ -530,30 +529,36 @@ class FleetFeed:
             return False
         return True
 
-    async def _follow_stream(self, js: Any, on_stream: Any) -> None:
-        import datetime as dt
-
-        from nats.js.api import DeliverPolicy
-
-        since = dt.datetime.fromtimestamp(time.time() - self.state.history_s, dt.UTC)
+    async def _follow_stream(self, js: Any) -> None:
+        """The events and actions, from ``history_s`` ago on (fleet/follow.py: resumed by sequence
+        after any server loss, never by start time; the process exits 75 when it cannot resume)."""
         said = False
         while True:
             try:
                 # verified first (agent.nats_link): a stream carrying a republish, mirror or sources is never read
                 await ensure_stream(js, stream_configs(self.nats_cfg)[0], create=False)
-                await js.subscribe(f"{EVENTS_PREFIX}.>", cb=on_stream, ordered_consumer=True,
-                                   deliver_policy=DeliverPolicy.BY_START_TIME,
-                                   config=start_time_config(since))
-                await js.subscribe(f"{ACTIONS_PREFIX}.>", cb=on_stream, ordered_consumer=True,
-                                   deliver_policy=DeliverPolicy.BY_START_TIME,
-                                   config=start_time_config(since))
                 break
+            except asyncio.CancelledError:
+                raise
             except Exception as exc:  # the stream does not exist until the first agent creates it
                 if not said:
                     log.info("fleet_waiting_for_stream", error=repr(exc))
                     said = True
                 await asyncio.sleep(1)
-        self.ready.set()
+        watch = natsclient.watching()
+        since = time.time() - self.state.history_s
+        self.followers = [Follower(js, self.stream, subject, self.accept, since=since, name=f"fleet:{subject}",
+                                   on_fail=lambda why: watch.fail(f"the fleet feed cannot follow its stream: {why}"))
+                          for subject in (f"{EVENTS_PREFIX}.>", f"{ACTIONS_PREFIX}.>")]
+        runs = [asyncio.ensure_future(f.run()) for f in self.followers]
+        try:
+            for f in self.followers:
+                await f.ready.wait()
+            self.ready.set()
+            await asyncio.gather(*runs)
+        finally:
+            for r in runs:
+                r.cancel()
 
     async def _watch_kv(self, js: Any) -> None:
         while True:
@@ -620,9 +625,3 @@ def _subject_node(subject: str) -> str:
     """gna.heartbeat.<node>, gna.events.<node>.<collector>.<severity>, gna.actions.<node>.<remediation>"""
     parts = subject.split(".")
     return decode_token(parts[2]) if len(parts) >= 3 else "\0"  # no node: matches no payload
-
-
-def start_time_config(since: Any) -> Any:
-    from nats.js.api import ConsumerConfig, DeliverPolicy
-
-    return ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_TIME, opt_start_time=since.isoformat())

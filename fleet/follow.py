@@ -1,0 +1,189 @@
+"""Following a stream through its own cluster's failures: ordered consumers resumed by sequence.
+
+Every central service that reads a stream (the correlator's replicas, the dashboard's feed) follows it
+with a ``Follower``: an ordered push consumer that starts at a stream *sequence*, never at a start time.
+nats-py (2.16) re-creates an ordered consumer after a gap or a missed heartbeat by copying the original
+request and setting a start sequence on it; a request that also carried ``opt_start_time`` is refused by
+the server ("deliver by start sequence, but optional start time is also set"; the same bug was fixed in
+nats.go #1341 and nats.net #424), and the error only reaches the connection's error callback: the
+subscription is silently deaf. So a start time is resolved to a sequence once, here (a binary search
+over ``STREAM.MSG.GET`` with ``next_by_subj``), and the consumer is created by sequence only.
+
+Even by sequence, a re-creation can fail (the stream has no leader during an election) and nats-py does
+not retry it until its heartbeat check fires again. The follower therefore watches its consumer
+(``CONSUMER.INFO`` every ``check_s``): a consumer the server no longer knows, or one with messages
+pending that delivers nothing, is replaced by a new one starting after the last sequence handed on.
+Messages are handed on at most once each, in stream order (a sequence at or below the last one is a
+duplicate of a reset and is dropped, counted). A follower that cannot get a consumer for ``fail_s``
+calls ``on_fail`` (the services exit 75: their supervisor restarts them, and a restart resumes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import time
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+
+from gna_sdk.aio import wait_event
+
+log = structlog.get_logger(__name__)
+
+CHECK_S = 2.0  # s between the checks of a follower's consumer
+FAIL_S = 60.0  # s without a working consumer before the process gives up (exit 75, restarted)
+IDLE_HEARTBEAT_S = 2.0  # the server's heartbeat on an idle consumer (nats-py resets after two missed)
+
+
+async def sequence_at(js: Any, stream: str, subject: str, since: float) -> int:
+    """A start sequence from which a consumer of ``stream`` filtered on ``subject`` delivers exactly the
+    messages stored at or after ``since`` (epoch s): after the last earlier message on the subject, at
+    or before the first later one (the next sequence to be stored when there is none). O(log n) gets."""
+    from nats.js.errors import NotFoundError
+
+    info = await js.stream_info(stream)
+    lo, hi = max(1, int(info.state.first_seq)), int(info.state.last_seq) + 1
+    if info.state.messages == 0:
+        return hi
+    at = dt.datetime.fromtimestamp(since, dt.UTC)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        try:
+            m = await js.get_msg(stream, seq=mid, subject=subject, next=True)
+        except NotFoundError:  # nothing on the subject from mid on
+            hi = mid
+            continue
+        if m.seq is None or m.time is None:
+            raise RuntimeError(f"{stream}: a message get without its sequence or time")
+        if m.time >= at:
+            hi = mid
+        else:
+            lo = int(m.seq) + 1
+    return lo
+
+
+class Follower:
+    """One subject of one stream, handed to ``on_msg(subject, data)`` in order, at most once each.
+
+    ``start``: the first sequence, or None to begin at ``since`` (epoch s; None: only new messages).
+    ``until``: a replay: stop once the stream's sequence ``until`` is reached (``done`` is set).
+    """
+
+    def __init__(self, js: Any, stream: str, subject: str, on_msg: Callable[[str, bytes], object], *,
+                 since: float | None = None, start: int | None = None, until: int | None = None,
+                 name: str = "", check_s: float = CHECK_S, fail_s: float = FAIL_S,
+                 on_fail: Callable[[str], None] | None = None) -> None:
+        self.js, self.stream, self.subject, self.on_msg = js, stream, subject, on_msg
+        self.since, self.until = since, until
+        self.next_seq = start  # the next sequence to ask for
+        self.name = name or f"{stream}:{subject}"
+        self.check_s, self.fail_s = check_s, fail_s
+        self.on_fail = on_fail
+        self.last = 0  # the last stream sequence handed on
+        self.handed = 0
+        self.duplicates = 0
+        self.resubscribes = 0
+        self.failures = 0
+        self.done = asyncio.Event()
+        self.ready = asyncio.Event()  # subscribed at least once
+        self._sub: Any = None
+
+    def _deliver(self, m: Any) -> None:
+        try:
+            seq = m.metadata.sequence.stream
+        except Exception:  # not a JetStream delivery (a status message nats-py let through)
+            return
+        if seq <= self.last:
+            self.duplicates += 1
+            return
+        self.last = seq
+        self.handed += 1
+        self.on_msg(m.subject, m.data)
+        if self.until is not None and seq >= self.until:
+            self.done.set()
+
+    async def _subscribe(self) -> None:
+        from nats.js.api import ConsumerConfig, DeliverPolicy
+
+        if self.next_seq is None:
+            self.next_seq = (await sequence_at(self.js, self.stream, self.subject, self.since)
+                             if self.since is not None else (await self.js.stream_info(self.stream)).state.last_seq + 1)
+        start = max(self.next_seq, self.last + 1)
+        if self.until is not None and start > self.until:
+            self.done.set()  # a replay with nothing left to read
+            return
+
+        async def cb(m: Any) -> None:
+            self._deliver(m)
+
+        self._sub = await self.js.subscribe(
+            self.subject, stream=self.stream, cb=cb, ordered_consumer=True, idle_heartbeat=IDLE_HEARTBEAT_S,
+            config=ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=start))
+        self.ready.set()
+
+    async def _drop(self) -> None:
+        sub, self._sub = self._sub, None
+        if sub is not None:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+
+    async def _healthy(self, seen: tuple[int, int, int] | None) -> tuple[bool, tuple[int, int, int] | None]:
+        """Whether the consumer still serves us, by asking the server about it."""
+        from nats.js.errors import NotFoundError
+
+        try:
+            info = await self._sub.consumer_info()
+        except NotFoundError:
+            return False, None  # the server lost it (a restart, a failed re-creation)
+        d = info.delivered
+        delivered, cseq = (d.stream_seq or 0, d.consumer_seq or 0) if d is not None else (0, 0)
+        pending = info.num_pending or 0
+        now = (delivered, self.last, pending)
+        if self.until is not None and (self.last >= self.until or (
+                pending == 0 and (cseq == 0 or delivered <= self.last or now == seen))):
+            self.done.set()  # a replay: everything up to ``until`` (or all there is) was handed on
+        stuck = seen is not None and pending > 0 and now == seen  # pending, and nothing moved
+        return not stuck, now
+
+    async def run(self) -> None:
+        """Until cancelled (or, for a replay, until ``until`` is reached): subscribed, watched, resumed."""
+        failing_since: float | None = None
+        seen: tuple[int, int, int] | None = None
+        try:
+            while not self.done.is_set():
+                try:
+                    if self._sub is None:
+                        if self.until is not None and self.last >= self.until:
+                            break
+                        await self._subscribe()
+                        seen = None
+                    if await wait_event(self.done, self.check_s):
+                        break
+                    ok, seen = await self._healthy(seen)
+                    if not ok:
+                        log.warning("follower_resubscribing", follower=self.name, after=self.last)
+                        self.resubscribes += 1
+                        await self._drop()
+                    failing_since = None
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # no leader, server away, a timeout: try again, for a while
+                    self.failures += 1
+                    now = time.monotonic()
+                    failing_since = failing_since or now
+                    log.info("follower_retry", follower=self.name, error=repr(exc)[:300])
+                    if now - failing_since > self.fail_s:
+                        if self.on_fail is not None:
+                            self.on_fail(f"{self.name}: no consumer for {self.fail_s:.0f} s ({repr(exc)[:200]})")
+                        raise
+                    await self._drop()
+                    await asyncio.sleep(min(self.check_s, 1.0))
+        finally:
+            await self._drop()
+
+    def stats(self) -> dict[str, int]:
+        return {"last": self.last, "handed": self.handed, "duplicates": self.duplicates,
+                "resubscribes": self.resubscribes, "failures": self.failures}

@@ -1,0 +1,197 @@
+"""fleet/follow.py: a stream followed through its own servers' failures, resumed by sequence, never by time.
+
+Real nats-servers (one, and a routed 3-node JetStream cluster with an R3 stream): killed with SIGKILL
+and started again on the same port and store, while messages keep arriving. Every message published
+after a loss must reach the follower exactly once, in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import nats
+import pytest
+from nats.js.api import DeliverPolicy, StreamConfig
+
+from agent.nats_server import NatsCluster, NatsServerProcess
+from fleet.follow import Follower, sequence_at
+
+STREAM = "T_FOLLOW"
+
+
+class Seen:
+    def __init__(self) -> None:
+        self.items: list[tuple[str, bytes]] = []
+
+    def __call__(self, subject: str, data: bytes) -> None:
+        self.items.append((subject, data))
+
+    def numbers(self) -> list[int]:
+        return [int(d) for _s, d in self.items]
+
+
+async def _until(cond: Any, timeout: float, what: str) -> None:
+    t0 = time.monotonic()
+    while not cond():
+        if time.monotonic() - t0 > timeout:
+            raise AssertionError(f"not within {timeout} s: {what}")
+        await asyncio.sleep(0.05)
+
+
+async def _publish(js: Any, first: int, n: int, subject: str = "t.a", timeout: float = 30.0) -> None:
+    """n numbered messages; each retried until the stream has it (a cluster is electing)."""
+    for i in range(first, first + n):
+        t0 = time.monotonic()
+        while True:
+            try:
+                await js.publish(subject, str(i).encode(), headers={"Nats-Msg-Id": f"{subject}:{i}"}, timeout=2.0)
+                break
+            except Exception:
+                if time.monotonic() - t0 > timeout:
+                    raise
+                await asyncio.sleep(0.2)
+
+
+async def _connect(urls: list[str]) -> Any:
+    return await nats.connect(urls, max_reconnect_attempts=-1, reconnect_time_wait=0.2, connect_timeout=2)
+
+
+async def test_sequence_at_finds_the_first_message_on_the_subject_at_or_after_a_time(tmp_path: Path,
+                                                                                   nats_server: NatsServerProcess) -> None:
+    nc = await _connect([nats_server.url])
+    js = nc.jetstream()
+    try:
+        await js.add_stream(StreamConfig(name=STREAM, subjects=["t.>"]))
+        assert await sequence_at(js, STREAM, "t.>", time.time() - 60) == 1  # empty: the next sequence
+        for i in range(20):  # 1..20, a and b interleaved
+            await js.publish("t.a" if i % 2 == 0 else "t.b", str(i).encode())
+        await asyncio.sleep(0.3)
+        cut = time.time()
+        await asyncio.sleep(0.3)
+        for i in range(20, 30):  # 21..30
+            await js.publish("t.b", str(i).encode())
+        assert await sequence_at(js, STREAM, "t.>", cut) == 21
+        assert await sequence_at(js, STREAM, "t.a", time.time() - 60) == 1
+        # a start from which the filtered consumer delivers exactly what was stored since: any sequence
+        # after the last earlier message on the subject and at or before the first later one
+        assert await sequence_at(js, STREAM, "t.b", time.time() - 60) in (1, 2)
+        assert 20 <= await sequence_at(js, STREAM, "t.a", cut) <= 31  # t.a's last is 19; none since
+        assert await sequence_at(js, STREAM, "t.>", time.time() + 60) == 31
+    finally:
+        await nc.close()
+
+
+async def test_a_follower_resumes_by_sequence_after_its_server_is_killed(tmp_path: Path,
+                                                                        nats_server: NatsServerProcess) -> None:
+    nc = await _connect([nats_server.url])
+    js = nc.jetstream()
+    seen = Seen()
+    await js.add_stream(StreamConfig(name=STREAM, subjects=["t.>"]))
+    await _publish(js, 0, 30)
+    f = Follower(js, STREAM, "t.>", seen, since=time.time() - 3600, check_s=0.5)
+    task = asyncio.ensure_future(f.run())
+    try:
+        await _until(lambda: len(seen.items) == 30, 10, "the history")
+        for round_ in range(2):
+            nats_server.stop(kill=True)
+            await asyncio.sleep(0.5)
+            nats_server.start()
+            await _publish(js, 30 + 20 * round_, 20)
+            await _until(lambda r=round_: len(seen.items) >= 50 + 20 * r, 20, f"the messages after kill {round_ + 1}")
+        await asyncio.sleep(1.0)
+        assert seen.numbers() == list(range(70)), "every message once, in order"
+        info = await f._sub.consumer_info()
+        # what the bug needs never exists: a consumer by start sequence with no start time
+        assert info.config.deliver_policy == DeliverPolicy.BY_START_SEQUENCE
+        assert info.config.opt_start_time is None
+        assert f.stats()["handed"] == 70
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await nc.close()
+
+
+async def test_a_replay_stops_at_its_sequence_and_an_empty_window_ends_at_once(
+        tmp_path: Path, nats_server: NatsServerProcess) -> None:
+    nc = await _connect([nats_server.url])
+    js = nc.jetstream()
+    try:
+        await js.add_stream(StreamConfig(name=STREAM, subjects=["t.>"]))
+        await _publish(js, 0, 10, "t.a")
+        await _publish(js, 10, 5, "t.b")  # the replay's end is a message it does not read
+        last = (await js.stream_info(STREAM)).state.last_seq
+        seen = Seen()
+        f = Follower(js, STREAM, "t.a", seen, since=time.time() - 3600, until=last, check_s=0.3)
+        await asyncio.wait_for(f.run(), 10)
+        assert f.done.is_set() and seen.numbers() == list(range(10))
+        empty = Follower(js, STREAM, "t.a", Seen(), since=time.time() + 60, until=last, check_s=0.3)
+        await asyncio.wait_for(empty.run(), 5)
+        assert empty.done.is_set() and empty.handed == 0
+    finally:
+        await nc.close()
+
+
+async def test_a_follower_that_cannot_resume_says_so_and_ends(tmp_path: Path,
+                                                            nats_server: NatsServerProcess) -> None:
+    """The stream is gone (deleted by an admin): no consumer can be made; after fail_s the follower calls
+    on_fail (the services exit 75) and raises, it does not sit there deaf."""
+    nc = await _connect([nats_server.url])
+    js = nc.jetstream()
+    try:
+        await js.add_stream(StreamConfig(name=STREAM, subjects=["t.>"]))
+        failed: list[str] = []
+        f = Follower(js, STREAM, "t.>", Seen(), check_s=0.2, fail_s=1.0, on_fail=failed.append)
+        task = asyncio.ensure_future(f.run())
+        await asyncio.wait_for(f.ready.wait(), 5)
+        await js.delete_stream(STREAM)
+        with pytest.raises(Exception):  # noqa: B017 - whatever the server answered, it is raised
+            await asyncio.wait_for(task, 10)
+        assert len(failed) == 1 and "no consumer" in failed[0] and f.failures > 0
+    finally:
+        await nc.close()
+
+
+async def test_a_follower_survives_each_server_of_a_cluster_killed_in_turn(tmp_path: Path) -> None:
+    cluster = NatsCluster(tmp_path / "cluster", size=3)
+    cluster.start()
+    nc = None
+    task = None
+    try:
+        nc = await _connect(cluster.urls)
+        js = nc.jetstream(timeout=5)
+        t0 = time.monotonic()
+        while True:  # the cluster elects its meta leader first
+            try:
+                await js.add_stream(StreamConfig(name=STREAM, subjects=["t.>"], num_replicas=3))
+                break
+            except Exception:
+                if time.monotonic() - t0 > 30:
+                    raise
+                await asyncio.sleep(0.5)
+        seen = Seen()
+        f = Follower(js, STREAM, "t.>", seen, since=time.time() - 3600, check_s=0.5)
+        task = asyncio.ensure_future(f.run())
+        await _publish(js, 0, 20)
+        await _until(lambda: len(seen.items) == 20, 20, "before any loss")
+        n = 20
+        for i, server in enumerate(cluster.servers):
+            server.stop(kill=True)
+            await _publish(js, n, 20)  # while one server of three is gone
+            n += 20
+            await _until(lambda n=n: len(seen.items) >= n, 40, f"with server {i} killed")
+            server.start()
+            await _publish(js, n, 10)  # and after it is back
+            n += 10
+            await _until(lambda n=n: len(seen.items) >= n, 40, f"after server {i} came back")
+        await asyncio.sleep(1.0)
+        assert seen.numbers() == list(range(n)), "every message once, in order"
+    finally:
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        if nc is not None:
+            await nc.close()
+        cluster.stop(kill=True)
