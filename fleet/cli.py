@@ -24,6 +24,7 @@ from agent.cliargs import (
     positive_float,
     positive_int,
 )
+from fleet import leases
 
 
 def add_commands(sub: argparse._SubParsersAction[Parser]) -> None:
@@ -80,10 +81,10 @@ def add_commands(sub: argparse._SubParsersAction[Parser]) -> None:
     add_nats(corr)
     corr.add_argument("--partitions", type=positive_int, default=1, help="replicas sharing the jobs (default 1)")
     corr.add_argument("--partition", type=int, default=0, help="this replica's index, 0..partitions-1 (default 0)")
-    corr.add_argument("--lease-ttl", type=float, default=15.0,
+    corr.add_argument("--lease-ttl", type=float, default=leases.DEFAULT_TTL,
                       help="with several partitions: seconds after which a silent replica's partition is taken "
                            "over by a survivor (KV bucket gna-correlator-leases); 0 keeps the split static "
-                           "(default 15)")
+                           f"(default {leases.DEFAULT_TTL:g})")
     corr.add_argument("--straggler-interval", type=positive_float, default=10.0,
                       help="seconds between judgements of the fleet's straggler vectors (fleet/stragglers.py; "
                            "default 10)")

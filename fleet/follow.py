@@ -89,6 +89,10 @@ class Follower:
         self.failures = 0
         self.done = asyncio.Event()
         self.ready = asyncio.Event()  # subscribed at least once
+        # what the stream held when the follower began has been handed on (a service judges only then:
+        # a verdict from half its history would be published and then corrected)
+        self.caught_up = asyncio.Event()
+        self.mark: int | None = None
         self._sub: Any = None
 
     def _deliver(self, m: Any) -> None:
@@ -102,6 +106,8 @@ class Follower:
         self.last = seq
         self.handed += 1
         self.on_msg(m.subject, m.data)
+        if self.mark is not None and seq >= self.mark:
+            self.caught_up.set()
         if self.until is not None and seq >= self.until:
             self.done.set()
 
@@ -112,6 +118,10 @@ class Follower:
             self.next_seq = (await sequence_at(self.js, self.stream, self.subject, self.since)
                              if self.since is not None else (await self.js.stream_info(self.stream)).state.last_seq + 1)
         start = max(self.next_seq, self.last + 1)
+        if self.mark is None:
+            self.mark = int((await self.js.stream_info(self.stream)).state.last_seq)
+            if self.mark < start:
+                self.caught_up.set()
         if self.until is not None and start > self.until:
             self.done.set()  # a replay with nothing left to read
             return
@@ -142,6 +152,8 @@ class Follower:
         delivered, cseq = (d.stream_seq or 0, d.consumer_seq or 0) if d is not None else (0, 0)
         pending = info.num_pending or 0
         now = (delivered, self.last, pending)
+        if pending == 0 and (cseq == 0 or delivered <= self.last):
+            self.caught_up.set()
         if self.until is not None and (self.last >= self.until or (
                 pending == 0 and (cseq == 0 or delivered <= self.last or now == seen))):
             self.done.set()  # a replay: everything up to ``until`` (or all there is) was handed on

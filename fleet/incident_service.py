@@ -33,19 +33,25 @@ from agent.subjects import (
     encode_token,
 )
 from fleet.follow import Follower
-from fleet.incidents import INCIDENTS_BUCKET, JUDGE_SLICE_S, MAX_KEY, MEMBERSHIP, IncidentTracker
-from fleet.leases import Leases, open_bucket
+from fleet.incidents import INCIDENTS_BUCKET, JUDGE_SLICE_S, MAX_KEY, MEMBERSHIP, IncidentTracker, _verdict, owner
+from fleet.leases import DEFAULT_TTL, Leases, open_bucket
 from fleet.stragglers import STRAGGLERS_BUCKET, StragglerWatch
 from fleet.wire import Rejected, Rejections, decode_event, decode_job, decode_signals
 from gna_sdk.aio import wait_event, within
 
 log = structlog.get_logger(__name__)
 
+CATCH_UP_MAX_S = 120.0  # s: judging starts then even if a follower has not caught up (logged)
+STATS_INTERVAL_S = 30.0  # s between `correlator_stats` lines
+STALL_PROBE_S = 0.05  # s between the loop-stall probe's wake-ups
+WRITE_TIMEOUT_S = 10.0  # s one incident write may take before it is retried
+
 
 class IncidentService:
     def __init__(self, servers: list[str], *, nats_cfg: NatsConfig | None = None, partitions: int = 1,
                  partition: int = 0, history_s: float = 6 * 3600.0, resolve_after: float = 600.0,
-                 debounce: float = 0.05, lease_ttl: float = 15.0, straggler_interval: float = 10.0) -> None:
+                 debounce: float = 0.05, lease_ttl: float = DEFAULT_TTL, straggler_interval: float = 10.0,
+                 stats_interval: float = STATS_INTERVAL_S) -> None:
         self.servers = servers
         self.nats_cfg = nats_cfg or NatsConfig()
         self.tracker = IncidentTracker(partitions=partitions, partition=partition, resolve_after=resolve_after)
@@ -72,6 +78,21 @@ class IncidentService:
         self._following = False
         self.followers: list[Follower] = []
         self.watch = natsclient.watching()  # a follower that cannot resume ends the process (75)
+        # judging waits until the live followers handed on what the streams held at start (a verdict
+        # from half the history would be published, then corrected: two records for one incident)
+        self._judging = False
+        self._started = time.monotonic()
+        self._replaying: dict[int, int] = {}  # partition -> replays in flight (its jobs are not judged yet)
+        self._deferred: set[str] = set()
+        # publishing (issue 21): the newest record per job waits here until the KV and the subject have it
+        self._outbox: dict[str, dict[str, Any]] = {}
+        self._outbox_wake = asyncio.Event()
+        self.publish_retries = 0
+        self.publish_same = 0  # records the KV already held (another replica, or ours before a restart)
+        self.superseded = 0  # records replaced by a newer one of the same job before they were written
+        self.accepted = 0
+        self.stats_interval = stats_interval
+        self.loop_stall_max_ms = 0.0  # the longest the event loop was held, since start
 
     async def start(self) -> None:
         self.nc = await natsclient.connect(self.servers, cfg=self.nats_cfg, name="gpu-node-agent-correlator",
@@ -94,6 +115,8 @@ class IncidentService:
                         loop.create_task(self._follow(js, f"{EVENTS_PREFIX}.>"), name="incidents:events"),
                         loop.create_task(self._follow(js, f"{SIGNALS_PREFIX}.>"), name="incidents:signals"),
                         loop.create_task(self._judge_loop(), name="incidents:judge"),
+                        loop.create_task(self._publish_loop(), name="incidents:publish"),
+                        loop.create_task(self._stats_loop(), name="incidents:stats"),
                         loop.create_task(self._straggler_loop(), name="incidents:stragglers")]
         self._following = True
 
@@ -104,13 +127,14 @@ class IncidentService:
             js = self.nc.jetstream()
             for subject, stream in ((MEMBERSHIP, self.nats_cfg.jobs_stream),
                                     (f"{EVENTS_PREFIX}.>", self.nats_cfg.stream)):
-                self._tasks.append(loop.create_task(self._replay(js, subject, stream),
+                self._replaying[partition] = self._replaying.get(partition, 0) + 1
+                self._tasks.append(loop.create_task(self._replay(js, subject, stream, partition),
                                                     name=f"incidents:replay:{partition}"))
 
     async def _loss(self, partition: int) -> None:
         self.tracker.lose(partition)
 
-    async def _replay(self, js: Any, subject: str, stream: str) -> None:
+    async def _replay(self, js: Any, subject: str, stream: str, partition: int) -> None:
         """The stream's history of the last ``history_s`` up to now, once (new messages reach the live
         followers; a message both deliver is filed once, by its id)."""
         try:
@@ -126,8 +150,16 @@ class IncidentService:
             return
         finally:
             self.followers = [x for x in self.followers if x.until is None or not x.done.is_set()]
+            left = self._replaying.get(partition, 1) - 1
+            if left > 0:
+                self._replaying[partition] = left
+            else:  # the partition's history is in: its jobs are judged from here on
+                self._replaying.pop(partition, None)
+                mine = {j for j in self._deferred if owner(j, self.tracker.partitions) == partition}
+                self._deferred -= mine
+                self._dirty |= mine
+                self._wake.set()
         self.replays += 1
-        self._wake.set()
 
     async def stop(self) -> None:
         if self.leases is not None and self.nc is not None:
@@ -158,6 +190,7 @@ class IncidentService:
             self.rejections.record(f"unhandled:{type(exc).__name__}", subject, data, repr(exc))
             log.exception("incidents_message_failed", subject=subject[:200])
             return
+        self.accepted += 1
         if touched:
             self._dirty |= touched
             self._wake.set()
@@ -197,10 +230,18 @@ class IncidentService:
         while True:
             nxt = self.tracker.next_due()
             wait = 5.0 if nxt is None else min(5.0, max(0.0, nxt - time.time()))
+            if not self._ready_to_judge():
+                wait = 0.2
             await wait_event(self._wake, wait)  # not wait_for: on 3.11 it can swallow the stop's cancellation
             self._wake.clear()
+            if not self._ready_to_judge():
+                continue  # what arrives meanwhile stays dirty
             await asyncio.sleep(self.debounce)  # a burst of 1,000 timeouts is judged once, not 1,000 times
             dirty, self._dirty = self._dirty | self.tracker.due(), set()
+            if self._replaying:  # a gained partition's jobs wait for its history
+                held = {j for j in dirty if owner(j, self.tracker.partitions) in self._replaying}
+                self._deferred |= held
+                dirty -= held
             # one job at a time, yielding between them: a round over many jobs never holds the loop
             # (the cordoner's and the followers' callbacks run in between)
             slice_start = time.monotonic()
@@ -251,24 +292,138 @@ class IncidentService:
         except Exception as exc:  # NATS away: the state is kept; a later change publishes again
             log.warning("straggler_publish_failed", node=record["node"], error=repr(exc))
 
+    def _ready_to_judge(self) -> bool:
+        if not self._judging:
+            # the incidents come from the events and jobs streams (the signals feed the straggler watch)
+            need = {self.nats_cfg.stream, self.nats_cfg.jobs_stream}
+            live = [f for f in self.followers if f.until is None and f.stream in need]
+            waited = time.monotonic() - self._started
+            if (len(live) == len(need) and all(f.caught_up.is_set() for f in live)) or waited > CATCH_UP_MAX_S:
+                self._judging = True
+                log.info("incidents_caught_up", after_s=round(waited, 2), accepted=self.accepted,
+                         followers={f.name: f.last for f in live},
+                         complete=all(f.caught_up.is_set() for f in live))
+        return self._judging
+
     async def _publish(self, record: dict[str, Any]) -> None:
+        """Queued: the publish loop writes it, retrying until it succeeds (a write that timed out in an
+        election is not lost); a newer record of the same job replaces one not yet written."""
+        if len(encode_token(record["job"])) > MAX_KEY:  # fleet/wire.py bounds job ids well below this
+            self.rejections.record("key_too_long", f"job {record['job'][:200]}", json.dumps(record)[:200])
+            return
+        if record["job"] in self._outbox:
+            self.superseded += 1
+        self._outbox[record["job"]] = record
+        self._outbox_wake.set()
+
+    async def _publish_loop(self) -> None:
+        backoff = 0.2
+        while True:
+            if not self._outbox:
+                await wait_event(self._outbox_wake, 5.0)
+                self._outbox_wake.clear()
+                continue
+            failed = False
+            for job in list(self._outbox):
+                rec = self._outbox.get(job)
+                if rec is None:
+                    continue
+                try:
+                    await within(self._write(rec), WRITE_TIMEOUT_S)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # no leader, NATS away, a timeout: kept, tried again
+                    self.publish_retries += 1
+                    failed = True
+                    log.warning("incident_publish_retry", job=job[:200], error=repr(exc)[:300], retry_in=backoff)
+                    break
+                if self._outbox.get(job) is rec:
+                    del self._outbox[job]
+            if failed:
+                await asyncio.sleep(backoff)
+                backoff = min(5.0, backoff * 2)
+            else:
+                backoff = 0.2
+
+    async def _write(self, record: dict[str, Any]) -> None:
+        """One record into the KV, then on its subject; idempotent: a KV already holding this version
+        (written by another replica, or by this one before it restarted) is left as it is, and every
+        write is a compare-and-set on the revision read, so two writers never both add a version."""
+        from nats.js.errors import KeyDeletedError, KeyNotFoundError, KeyWrongLastSequenceError
+
         data = json.dumps(record, separators=(",", ":")).encode()
         token = encode_token(record["job"])
-        if len(token) > MAX_KEY:  # fleet/wire.py bounds job ids well below this: never a key the server refuses
-            self.rejections.record("key_too_long", f"job {record['job'][:200]}", data[:200])
-            return
-        try:
-            if self._kv is None:
-                js = self.nc.jetstream()
-                self._kv = await open_kv(js, INCIDENTS_BUCKET, create_with=KeyValueConfig(
-                    bucket=INCIDENTS_BUCKET, history=5, replicas=self.nats_cfg.stream_replicas))
-            await self._kv.put(token, data)  # first: whoever hears the subject finds the KV current
-            await self.nc.publish(f"{INCIDENTS_PREFIX}.{token}", data)
-            self.published += 1
-            c = record.get("culprit")
-            log.info("incident", job=record["job"], status=record["status"], culprit=c,
-                     victims=len(record.get("victims", [])), confidence=record.get("confidence"))
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # NATS away: the next change re-publishes; views read the KV when it is back
-            log.warning("incident_publish_failed", job=record["job"], error=repr(exc))
+        if self._kv is None:
+            js = self.nc.jetstream()
+            self._kv = await open_kv(js, INCIDENTS_BUCKET, create_with=KeyValueConfig(
+                bucket=INCIDENTS_BUCKET, history=5, replicas=self.nats_cfg.stream_replicas))
+        for _attempt in range(8):
+            try:
+                entry = await self._kv.get(token)
+            except (KeyNotFoundError, KeyDeletedError):
+                entry = None
+            if entry is not None and entry.value and same_version(entry.value, record):
+                self.publish_same += 1
+                return
+            try:
+                if entry is None:
+                    await self._kv.create(token, data)
+                else:
+                    await self._kv.update(token, data, last=entry.revision)
+                break
+            except KeyWrongLastSequenceError:
+                continue  # another replica wrote meanwhile: read it again
+        else:
+            raise RuntimeError(f"{INCIDENTS_BUCKET}: the key of job {record['job'][:100]!r} kept changing")
+        await self.nc.publish(f"{INCIDENTS_PREFIX}.{token}", data)  # after the KV: whoever hears it finds it there
+        self.published += 1
+        log.info("incident", job=record["job"], status=record["status"], culprit=record.get("culprit"),
+                 victims=len(record.get("victims", [])), confidence=record.get("confidence"))
+
+    def stats(self) -> dict[str, Any]:
+        """What the periodic ``correlator_stats`` line says (and bench/incidents_scale.py reads)."""
+        return {"accepted": self.accepted, "rejected": self.rejections.total(), "published": self.published,
+                "publish_same": self.publish_same, "publish_retries": self.publish_retries,
+                "publish_pending": len(self._outbox), "superseded": self.superseded, "replays": self.replays,
+                "judging": self._judging, "owned": sorted(self.tracker.owned),
+                "followers": {f.name: f.stats() for f in self.followers},
+                "loop_stall_max_ms": round(self.loop_stall_max_ms, 1), **self.tracker.stats()}
+
+    async def _stats_loop(self) -> None:
+        """The loop-stall probe (how late a short sleep wakes: what held the loop that long held every
+        message and verdict behind it) and the periodic stats line."""
+        last = time.monotonic()
+        window_max = 0.0
+        next_line = last + self.stats_interval
+        while True:
+            await asyncio.sleep(STALL_PROBE_S)
+            now = time.monotonic()
+            stall = max(0.0, now - last - STALL_PROBE_S) * 1000.0
+            last = now
+            window_max = max(window_max, stall)
+            self.loop_stall_max_ms = max(self.loop_stall_max_ms, stall)
+            if now >= next_line:
+                log.info("correlator_stats", **{**self.stats(), "loop_stall_window_ms": round(window_max, 1)})
+                window_max = 0.0
+                next_line = now + self.stats_interval
+
+
+def same_version(stored: bytes, record: dict[str, Any]) -> bool:
+    """Whether the KV's record is this version of the incident: the same standing, culprit and victims,
+    with at least this much evidence (a replica that rebuilt the state from the streams counts the
+    same or fewer messages; it never adds a second record of the same verdict)."""
+    try:
+        old = json.loads(stored)
+        if not isinstance(old, dict):
+            return False
+        if _verdict(old) == _verdict(record):
+            return True
+        return bool(_identity(old) == _identity(record)
+                    and int(old.get("evidence_total") or 0) >= int(record.get("evidence_total") or 0))
+    except (ValueError, TypeError, KeyError):
+        return False
+
+
+def _identity(r: dict[str, Any]) -> Any:
+    return (r.get("status"), json.dumps(r.get("culprit"), sort_keys=True), tuple(r.get("victims") or ()),
+            r.get("actionable"), r.get("contested"))

@@ -4,10 +4,17 @@ Replicas split the jobs by a hash of the job (``fleet.incidents.owner``). Each r
 lease of its own partition in a KV bucket whose entries expire after ``ttl`` unless renewed. A
 partition whose lease expired (its replica died, or lost NATS) is taken by a surviving replica
 with a create-if-absent, so exactly one replica wins it; the winner replays the streams for it and
-judges its jobs from then on (within about two TTLs of the loss: the lost replica's ``alive`` key
-expires, and a survivor waits one more TTL so replicas starting one after another do not grab each
-other's partitions). When the partition's own replica is back (its ``alive`` key is
+judges its jobs from then on. When the partition's own replica is back (its ``alive`` key is
 present again), the stand-in releases the lease and the owner takes it on its next renewal.
+
+Takeover rule (issue 21: failover within a few seconds, measured in bench/incidents_scale.py): a
+replica ticks every ``ttl / 3`` s. A partition whose replica this one has *seen alive* is taken over
+once its ``alive`` key is found missing on two ticks in a row, each after this replica's own write
+succeeded (the bucket works now: an election that stalled every replica's renewals is not a death;
+the second tick gives a replica that just came back one tick to say so). The lost replica's key
+expires ``ttl`` after its last write, at most ``ttl / 3`` before it died, so a partition moves within
+``ttl`` + two ticks of a death: 3 to 5 s at the default 3 s. A partition never seen alive (replicas
+starting one after another) is taken only after ``STARTUP_GRACE_S``, so a slow start is not a loss.
 
 Every write is a compare-and-set on the entry's revision: a replica that lost a lease (expired
 while it was partitioned from NATS) finds out on its next renewal and stops judging.
@@ -26,7 +33,9 @@ import structlog
 log = structlog.get_logger(__name__)
 
 LEASES_BUCKET = "gna-correlator-leases"
-DEFAULT_TTL = 15.0  # `gpu-node-agent correlator --lease-ttl` and `nats setup --lease-ttl`: one default
+DEFAULT_TTL = 3.0  # `gpu-node-agent correlator --lease-ttl` and `nats setup --lease-ttl`: one default
+ABSENT_TICKS = 2  # ticks in a row a seen-alive replica's key must be missing before its partition moves
+STARTUP_GRACE_S = 20.0  # s a partition never seen alive is left to its own replica to claim
 
 
 def bucket_config(*, ttl: float = DEFAULT_TTL, replicas: int = 1) -> Any:
@@ -71,9 +80,10 @@ class Leases:
         self.held: dict[int, int] = {}  # partition -> revision of our lease entry
         self.takeovers = 0
         self.errors = 0
-        # when we first saw a partition's replica absent: taken over only after a full ttl more, so
-        # replicas starting one after another do not grab each other's partitions
-        self._absent_since: dict[int, float] = {}
+        self._seen_alive: set[int] = set()  # partitions whose replica we saw alive
+        self._absent: dict[int, int] = {}  # partition -> ticks in a row its alive key was missing
+        self._started = time.monotonic()
+        self.grace = max(STARTUP_GRACE_S, ttl)
 
     def _value(self, p: int) -> bytes:
         return json.dumps({"holder": self.holder, "partition": p, "time": time.time()}).encode()
@@ -121,13 +131,16 @@ class Leases:
                 await self.on_loss(p)
         candidates = [self.partition] if self.partition not in self.held else []
         if self.takeover:
-            now = time.monotonic()
+            starting = time.monotonic() - self._started < self.grace
             for p in range(self.partitions):
                 if p == self.partition or p in self.held:
                     continue
                 if await self._get(alive_key(p)) is not None:
-                    self._absent_since.pop(p, None)
-                elif now - self._absent_since.setdefault(p, now) >= self.ttl:
+                    self._seen_alive.add(p)
+                    self._absent.pop(p, None)
+                    continue
+                self._absent[p] = self._absent.get(p, 0) + 1
+                if self._absent[p] >= ABSENT_TICKS and (p in self._seen_alive or not starting):
                     candidates.append(p)
         for p in candidates:
             if await self._try_create(p):
@@ -154,6 +167,7 @@ class Leases:
                 raise
             except Exception as exc:
                 self.errors += 1
+                self._absent.clear()  # "in a row" counts only ticks whose own write went through
                 log.warning("lease_tick_failed", error=repr(exc))
             await asyncio.sleep(self.ttl / 3)
 
