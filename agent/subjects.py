@@ -21,6 +21,10 @@ JOBS_PREFIX = "gna.jobs"  # gna.jobs.<job token>.<node token>.member|evidence (d
 # Messages that are facts about a job, not about the node: published only under the job's subjects
 # (NCCLProcessEnded: one of the job's processes on the node ended: an incident resolves on evidence)
 JOB_FACT_TYPES = frozenset({"NCCLJobMember", "NCCLProcessEnded"})
+# a job id's longest accepted form (fleet/wire.py bounds it the same): NCCL's commId (0x + 16 hex digits)
+# or an operator's namespace/name (Kubernetes: 253 + 63). Every job id the fleet accepts has its job
+# subjects, so a replica reading only its partitions' jobs (fleet/incident_service.py) misses none.
+JOB_MAX = 320
 JOB_KINDS = ("member", "evidence")
 SIGNALS_PREFIX = "gna.signals"  # gna.signals.<node token>.<collector>: straggler vectors (docs/subjects.md)
 SIGNAL_TYPES = frozenset({"StragglerSignals", "NCCLInspectorSummary"})
@@ -95,7 +99,7 @@ def subjects_for(node: str, collector: str, severity: str, type_: str, details: 
     if type_ in SIGNAL_TYPES:  # periodic measurements: their own bounded stream, never the event history
         return [signals_subject(node, collector)]
     job = details.get("job") if isinstance(details, dict) else None
-    if isinstance(job, str) and 0 < len(job) <= 128:
+    if isinstance(job, str) and 0 < len(job) <= JOB_MAX:
         if type_ in JOB_FACT_TYPES:
             return [job_subject(job, node, "member")]
         if severity in ("warning", "critical"):

@@ -30,13 +30,14 @@ from agent.subjects import (
     JOBS_PREFIX,
     SIGNALS_PREFIX,
     STRAGGLERS_PREFIX,
+    decode_token,
     encode_token,
 )
 from fleet.follow import Follower
 from fleet.incidents import INCIDENTS_BUCKET, JUDGE_SLICE_S, MAX_KEY, MEMBERSHIP, IncidentTracker, _verdict, owner
 from fleet.leases import DEFAULT_TTL, Leases, open_bucket
 from fleet.stragglers import STRAGGLERS_BUCKET, StragglerWatch
-from fleet.wire import Rejected, Rejections, decode_event, decode_job, decode_signals
+from fleet.wire import Rejected, Rejections, decode_event, decode_job, decode_signals, peek_job
 from gna_sdk.aio import wait_event, within
 
 log = structlog.get_logger(__name__)
@@ -91,6 +92,7 @@ class IncidentService:
         self.publish_same = 0  # records the KV already held (another replica, or ours before a restart)
         self.superseded = 0  # records replaced by a newer one of the same job before they were written
         self.accepted = 0
+        self.skipped = 0  # messages read off their subject as another replica's (or a copy) and not decoded
         self.stats_interval = stats_interval
         self.loop_stall_max_ms = 0.0  # the longest the event loop was held, since start
 
@@ -122,17 +124,25 @@ class IncidentService:
 
     async def _gain(self, partition: int) -> None:
         self.tracker.owned.add(partition)
-        if self._following:  # a lost replica's partition: its jobs' history was dropped here, replay it
+        if self._following:  # a lost replica's partition: its jobs' history was not read here, replay it
             loop = asyncio.get_running_loop()
             js = self.nc.jetstream()
-            for subject, stream in ((MEMBERSHIP, self.nats_cfg.jobs_stream),
-                                    (f"{EVENTS_PREFIX}.>", self.nats_cfg.stream)):
+            # its jobs' membership and NCCL's messages (the rest of the events stream, the nodes'
+            # hardware findings, every replica reads anyway); partition 0 brings the straggler watch:
+            # every job's membership (the same replay) and the vectors
+            replays = [(MEMBERSHIP, self.nats_cfg.jobs_stream),
+                       (f"{EVENTS_PREFIX}.*.nccl_logs.*", self.nats_cfg.stream)]
+            if partition == 0:
+                replays.append((f"{SIGNALS_PREFIX}.>", self.nats_cfg.signals_stream))
+            for subject, stream in replays:
                 self._replaying[partition] = self._replaying.get(partition, 0) + 1
                 self._tasks.append(loop.create_task(self._replay(js, subject, stream, partition),
                                                     name=f"incidents:replay:{partition}"))
 
     async def _loss(self, partition: int) -> None:
         self.tracker.lose(partition)
+        if partition == 0:  # another replica judges the stragglers now: their state is its
+            self.stragglers = StragglerWatch()
 
     async def _replay(self, js: Any, subject: str, stream: str, partition: int) -> None:
         """The stream's history of the last ``history_s`` up to now, once (new messages reach the live
@@ -173,16 +183,33 @@ class IncidentService:
                 await within(self.nc.close(), 5.0)
 
     def accept(self, subject: str, data: bytes) -> None:
-        """One message from the wire, live or replayed: filed, or counted with a sample. Nothing a
-        message holds may raise out of here (a replay that dies on a poison message would kill every
-        restart after it)."""
+        """One message from the wire, live or replayed: filed, skipped unread (not this replica's, or
+        a copy of one read elsewhere), or counted with a sample. Nothing a message holds may raise out
+        of here (a replay that dies on a poison message would kill every restart after it).
+
+        Partitions split reading too (issue 21): what a message is for is read before it is decoded.
+        A job's membership (``gna.jobs.<job>.<node>.member``: the job is in the subject) is decoded
+        only by the replica that judges the job, and by the holder of partition 0 (the straggler
+        watch needs every job's GPUs and NICs); NCCL's messages on ``gna.events`` only by the judge of
+        the job their details name (``peek_job`` reads that one field); a node's hardware findings by
+        every replica (any job may have used the device). A job's evidence is read on the events
+        stream, in one order with the hardware findings (its copies on the jobs stream are not read:
+        across two streams a symptom could be judged before the finding that explains it). Straggler
+        vectors only on partition 0."""
+        route = self._route(subject, data)
+        if route is None:
+            self.skipped += 1
+            return
+        mine, straggle = route
         try:
             if subject.startswith(SIGNALS_PREFIX + "."):
                 self.stragglers.add(decode_signals(subject, data))
+                self.accepted += 1
                 return
             msg = decode_job(subject, data) if subject.startswith(JOBS_PREFIX + ".") else decode_event(subject, data)
-            self.stragglers.add(msg)  # membership: which GPUs and NICs each job uses
-            touched = self.tracker.add(msg)
+            if straggle:
+                self.stragglers.add(msg)  # membership: which GPUs and NICs each job uses
+            touched = self.tracker.add(msg) if mine else set()
         except Rejected as exc:
             self.rejections.record(exc.reason, subject, data, str(exc))
             return
@@ -194,6 +221,26 @@ class IncidentService:
         if touched:
             self._dirty |= touched
             self._wake.set()
+
+    def _route(self, subject: str, data: bytes) -> tuple[bool, bool] | None:
+        """(for the tracker, for the straggler watch) from the subject (and a NCCL message's job);
+        None: skip it undecoded. What this cannot place is decoded (and refused there, counted)."""
+        parts = subject.split(".")
+        stragglers = 0 in self.tracker.owned
+        if len(parts) == 5 and subject.startswith(JOBS_PREFIX + "."):
+            try:
+                job = decode_token(parts[2])
+            except ValueError:
+                return True, False
+            mine = self.tracker.owns(job)
+            straggle = stragglers and parts[4] == "member"
+            return (mine, straggle) if mine or straggle else None
+        if len(parts) == 5 and parts[3] == "nccl_logs" and subject.startswith(EVENTS_PREFIX + "."):
+            named = peek_job(data)
+            return None if named is not None and not self.tracker.owns(named) else (True, False)
+        if subject.startswith(SIGNALS_PREFIX + "."):
+            return (False, True) if stragglers else None
+        return True, False
 
     async def _follow(self, js: Any, subject: str) -> None:
         """One stream, from ``history_s`` ago on, for as long as the service runs (fleet/follow.py:
@@ -382,7 +429,8 @@ class IncidentService:
 
     def stats(self) -> dict[str, Any]:
         """What the periodic ``correlator_stats`` line says (and bench/incidents_scale.py reads)."""
-        return {"accepted": self.accepted, "rejected": self.rejections.total(), "published": self.published,
+        return {"accepted": self.accepted, "skipped": self.skipped, "rejected": self.rejections.total(),
+                "published": self.published,
                 "publish_same": self.publish_same, "publish_retries": self.publish_retries,
                 "publish_pending": len(self._outbox), "superseded": self.superseded, "replays": self.replays,
                 "judging": self._judging, "owned": sorted(self.tracker.owned),

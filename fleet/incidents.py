@@ -19,15 +19,14 @@ from typing import Any
 import structlog
 
 from agent.remediation.incidents import INCIDENTS_BUCKET as INCIDENTS_BUCKET  # re-exported: the correlator writes it
-from agent.subjects import (
-    JOBS_PREFIX,
-)
+from agent.subjects import JOBS_PREFIX
 from fleet.correlator import _details, fast_verdict, hardware_key, incident, slow_verdict
 from fleet.job_facts import SYMPTOMS, JobFacts
 
 log = structlog.get_logger(__name__)
 
-# the jobs stream's membership facts only: its evidence copies are the events stream's messages again
+# the jobs stream's membership facts only: its evidence copies are the events stream's messages again,
+# read there in one order with the nodes' hardware findings (fleet/incident_service.py)
 MEMBERSHIP = f"{JOBS_PREFIX}.*.*.member"
 JUDGE_SLICE_S = 0.005  # s: the longest the judge loop runs before it lets the event loop serve others
 

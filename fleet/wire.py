@@ -23,6 +23,7 @@ from agent import message as wire_message
 from agent.subjects import (
     JOB_FACT_TYPES,
     JOB_KINDS,
+    JOB_MAX,
     JOBS_PREFIX,
     SIGNAL_TYPES,
     SIGNALS_PREFIX,
@@ -43,7 +44,6 @@ MAX_SUBJECT = 2048  # characters: well under nats-server's max_control_line (4 K
 # namespace/name (Kubernetes: 253 + 63).
 FIELD_MAX = {"id": 64, "time": 256, "node": 253, "collector": 64, "type": 128, "entity": 512, "reason": 256,
              "message": 16384}
-JOB_MAX = 320
 # the fields of a NCCL message's process summary and symptoms that the fleet reads (docs/messages.md)
 DETAIL_TEXT_MAX = {"job": JOB_MAX, "comm_id": JOB_MAX, "host": 253, "pci": 32, "transport": 32, "oob": 256,
                    "pg_id": 128, "peer": 256, "hca": 64}
@@ -194,6 +194,31 @@ def _message(data: bytes, node_token: str) -> dict[str, Any]:
         raise Rejected("schema", f"type {msg.type[:80]!r} is not CamelCase")
     check_bounds(msg)
     return wire_message.to_dict(msg)
+
+
+class _DetailsPeek(msgspec.Struct):
+    job: Any = None
+
+
+class _JobPeek(msgspec.Struct):
+    details: _DetailsPeek | None = None
+
+
+_peek_job = msgspec.json.Decoder(_JobPeek)
+
+
+def peek_job(data: bytes) -> str | None:
+    """The job a message's details name, read without decoding the rest (a replica skips other
+    partitions' messages by it: fleet/incident_service.py); None when it names none or cannot be read
+    this way. Never a verdict on the message: what is kept is decoded in full (``decode_event``)."""
+    if len(data) > MAX_PAYLOAD:
+        return None
+    try:
+        d = _peek_job.decode(data).details
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return None
+    job = d.job if d is not None else None
+    return job if isinstance(job, str) and 0 < len(job) <= JOB_MAX else None
 
 
 def decode_action(subject: str, data: bytes) -> dict[str, Any]:

@@ -179,7 +179,7 @@ async def test_spoofed_and_broken_messages_are_counted_not_used(tmp_path: Path,
         member = next(m for m in msgs if m["type"] == "NCCLJobMember")
         await js.publish(event_subject("someone-else", member["collector"], member["severity"]),
                          json.dumps(member).encode())  # payload names another node
-        await js.publish(event_subject("n1", "nccl_logs", "critical"), b"{not json")
+        await js.publish(event_subject("n1", "kmsg_xid", "critical"), b"{not json")
         job, node = member["details"]["job"], member["node"]
         await js.publish(job_subject(job, "someone-else", "member"), json.dumps(member).encode())
         await js.publish(job_subject("0xbad", node, "member"), json.dumps(member).encode())  # another job's subject

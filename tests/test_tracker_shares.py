@@ -117,3 +117,39 @@ def test_a_poison_message_is_counted_and_the_service_goes_on(monkeypatch: Any) -
                         details={"job": "0x" + "f" * 5000, "host": "n0", "pid": 1})
     svc.accept(event_subject("n0", "nccl_logs", "critical"), encode(long))
     assert svc.rejections.counts.get("too_long") == 1 and not svc.tracker.jobs
+
+
+def test_a_replica_decodes_only_its_partitions_jobs_and_every_nodes_hardware() -> None:
+    """Issue 21: partitions split reading. Replica 0 of 2 skips, undecoded, the membership and NCCL
+    messages of jobs that hash to partition 1 (even broken ones: they are another replica's to count),
+    and decodes its own jobs' and every hardware finding."""
+    from agent.message import encode, make_message
+    from agent.subjects import event_subject, job_subject
+    from fleet.incidents import owner
+
+    svc = IncidentService(["nats://127.0.0.1:1"], partitions=2, partition=0)
+    svc.tracker.owned = {1}  # holds only partition 1 (0 went to another replica): no straggler watch
+    ours = next(f"0x{i:016x}" for i in range(100) if owner(f"0x{i:016x}", 2) == 1)
+    theirs = next(f"0x{i:016x}" for i in range(100) if owner(f"0x{i:016x}", 2) == 0)
+
+    def nccl(job: str, type_: str, severity: str) -> bytes:
+        return encode(make_message(node="n0", collector="nccl_logs", kind="event", type=type_, severity=severity,
+                                   entity="nccl:n0:1", reason="x", message="x",
+                                   details={"job": job, "host": "n0", "pid": 1, "rank": 0, "nranks": 2}))
+
+    svc.accept(job_subject(theirs, "n0", "member"), b"{broken")
+    svc.accept(job_subject(theirs, "n0", "member"), nccl(theirs, "NCCLJobMember", "info"))
+    svc.accept(event_subject("n0", "nccl_logs", "critical"), nccl(theirs, "NCCLCollectiveTimeout", "critical"))
+    assert svc.skipped == 3 and svc.accepted == 0 and not svc.rejections.counts
+    svc.accept(job_subject(ours, "n0", "member"), nccl(ours, "NCCLJobMember", "info"))
+    svc.accept(event_subject("n0", "nccl_logs", "critical"), nccl(ours, "NCCLCollectiveTimeout", "critical"))
+    hw = make_message(node="n0", collector="kmsg_xid", kind="condition", type="GPUFellOffBus", status="firing",
+                      severity="critical", entity="gpu:0000:18:00.0", reason="Xid79", message="x")
+    svc.accept(event_subject("n0", "kmsg_xid", "critical"), encode(hw))
+    svc.accept(event_subject("n0", "nccl_logs", "critical"), b"{broken")  # no job to place it by: decoded, counted
+    assert svc.skipped == 3 and svc.accepted == 3 and svc.rejections.counts == {"not_json": 1}
+    assert set(svc.tracker.jobs) == {ours} and "n0" in svc.tracker.hardware
+    # the holder of partition 0 decodes every job's membership for the straggler watch, judges only its own
+    svc0 = IncidentService(["nats://127.0.0.1:1"], partitions=2, partition=0)
+    svc0.accept(job_subject(ours, "n0", "member"), nccl(ours, "NCCLJobMember", "info"))
+    assert svc0.skipped == 0 and not svc0.tracker.jobs
