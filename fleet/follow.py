@@ -35,6 +35,7 @@ log = structlog.get_logger(__name__)
 
 CHECK_S = 2.0  # s between the checks of a follower's consumer
 FAIL_S = 60.0  # s without a working consumer before the process gives up (exit 75, restarted)
+SLICE_S = 0.005  # s of message handling before the follower lets the event loop serve the others
 IDLE_HEARTBEAT_S = 2.0  # the server's heartbeat on an idle consumer (nats-py resets after two missed)
 
 
@@ -94,6 +95,7 @@ class Follower:
         self.caught_up = asyncio.Event()
         self.mark: int | None = None
         self._sub: Any = None
+        self._slice = time.monotonic()
 
     def _deliver(self, m: Any) -> None:
         try:
@@ -128,6 +130,13 @@ class Follower:
 
         async def cb(m: Any) -> None:
             self._deliver(m)
+            # nats-py's delivery task takes the next message without yielding while its queue holds
+            # any (nats/aio/subscription.py _wait_for_msgs): a backlog of 100,000 would hold the loop
+            # for a minute, the judge loop and every other follower behind it. A slice, then a yield.
+            now = time.monotonic()
+            if now - self._slice > SLICE_S:
+                await asyncio.sleep(0)
+                self._slice = time.monotonic()
 
         self._sub = await self.js.subscribe(
             self.subject, stream=self.stream, cb=cb, ordered_consumer=True, idle_heartbeat=IDLE_HEARTBEAT_S,
