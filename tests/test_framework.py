@@ -78,7 +78,8 @@ async def test_failures_are_isolated_backed_off_and_reported() -> None:
     assert ticker.calls >= 20
     # the hanging one was timed out each pass and backed off (0.05, 0.1, 0.2, 0.4, 0.4...: few calls)
     assert 2 <= hangs.calls <= 10
-    assert metrics.collector_errors.labels("hangs", "timeout")._value.get() == hangs.calls
+    # every pass timed out but the one in flight when the runner was cancelled (under load it may be)
+    assert hangs.calls - 1 <= metrics.collector_errors.labels("hangs", "timeout")._value.get() <= hangs.calls
     # flaky failed 4 times, then recovered
     assert flaky.calls > 5
     assert metrics.collector_errors.labels("flaky", "exception")._value.get() == 4
