@@ -89,6 +89,7 @@ class IncidentService:
         self._outbox: dict[str, dict[str, Any]] = {}
         self._outbox_wake = asyncio.Event()
         self.publish_retries = 0
+        self.replay_retries = 0
         self.publish_same = 0  # records the KV already held (another replica, or ours before a restart)
         self.superseded = 0  # records replaced by a newer one of the same job before they were written
         self.accepted = 0
@@ -132,44 +133,69 @@ class IncidentService:
             # every job's membership (the same replay) and the vectors
             replays = [(MEMBERSHIP, self.nats_cfg.jobs_stream),
                        (f"{EVENTS_PREFIX}.*.nccl_logs.*", self.nats_cfg.stream)]
-            if partition == 0:
-                replays.append((f"{SIGNALS_PREFIX}.>", self.nats_cfg.signals_stream))
             for subject, stream in replays:
                 self._replaying[partition] = self._replaying.get(partition, 0) + 1
                 self._tasks.append(loop.create_task(self._replay(js, subject, stream, partition),
                                                     name=f"incidents:replay:{partition}"))
+            if partition == 0:  # the straggler vectors: no incident waits for them
+                self._tasks.append(loop.create_task(
+                    self._replay(js, f"{SIGNALS_PREFIX}.>", self.nats_cfg.signals_stream, partition, gates=False),
+                    name="incidents:replay:signals"))
 
     async def _loss(self, partition: int) -> None:
         self.tracker.lose(partition)
         if partition == 0:  # another replica judges the stragglers now: their state is its
             self.stragglers = StragglerWatch()
 
-    async def _replay(self, js: Any, subject: str, stream: str, partition: int) -> None:
+    async def _replay(self, js: Any, subject: str, stream: str, partition: int, *, gates: bool = True) -> None:
         """The stream's history of the last ``history_s`` up to now, once (new messages reach the live
-        followers; a message both deliver is filed once, by its id)."""
+        followers; a message both deliver is filed once, by its id). Retried until it is complete
+        while the partition is held: its jobs are judged only after it (a replay given up half-way
+        would have them judged without the members it did not read)."""
+        complete = False
+        tries = 0
         try:
-            last = (await js.stream_info(stream)).state.last_seq
-            f = Follower(js, stream, subject, self.accept, since=time.time() - self.history_s, until=last,
-                         name=f"replay:{stream}:{subject}", on_fail=self._give_up)
-            self.followers.append(f)
-            await f.run()
+            while partition in self.tracker.owned and not complete:
+                try:
+                    last = (await js.stream_info(stream)).state.last_seq
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # an election, NATS away: again
+                    self.replay_retries += 1
+                    tries += 1
+                    log.info("replay_retry", stream=stream, partition=partition, error=repr(exc)[:300])
+                    await asyncio.sleep(min(5.0, 0.25 * 2 ** min(tries, 5)))
+                    continue
+                f = Follower(js, stream, subject, self.accept, since=time.time() - self.history_s, until=last,
+                             name=f"replay:{stream}:{subject}", on_fail=self._give_up)
+                self.followers.append(f)
+                try:
+                    await f.run()  # retries inside; after FAIL_S it ends the process (75) and raises
+                finally:
+                    self.followers = [x for x in self.followers if x is not f]
+                complete = f.done.is_set()
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the follower gave up: the process is exiting (75)
             log.warning("replay_failed", stream=stream, error=repr(exc)[:300])
             return
         finally:
-            self.followers = [x for x in self.followers if x.until is None or not x.done.is_set()]
-            left = self._replaying.get(partition, 1) - 1
-            if left > 0:
-                self._replaying[partition] = left
-            else:  # the partition's history is in: its jobs are judged from here on
-                self._replaying.pop(partition, None)
-                mine = {j for j in self._deferred if owner(j, self.tracker.partitions) == partition}
-                self._deferred -= mine
-                self._dirty |= mine
-                self._wake.set()
-        self.replays += 1
+            if gates:
+                self._replay_done(partition)
+        if complete:
+            self.replays += 1
+
+    def _replay_done(self, partition: int) -> None:
+        left = self._replaying.get(partition, 1) - 1
+        if left > 0:
+            self._replaying[partition] = left
+            return
+        self._replaying.pop(partition, None)
+        mine = {j for j in self._deferred if owner(j, self.tracker.partitions) == partition}
+        self._deferred -= mine
+        if partition in self.tracker.owned:  # the partition's history is in: judged from here on
+            self._dirty |= mine
+            self._wake.set()
 
     async def stop(self) -> None:
         if self.leases is not None and self.nc is not None:
@@ -433,8 +459,12 @@ class IncidentService:
                 "published": self.published,
                 "publish_same": self.publish_same, "publish_retries": self.publish_retries,
                 "publish_pending": len(self._outbox), "superseded": self.superseded, "replays": self.replays,
+                "replay_retries": self.replay_retries,
                 "judging": self._judging, "owned": sorted(self.tracker.owned),
                 "followers": {f.name: f.stats() for f in self.followers},
+                "leases": ({"held": sorted(self.leases.held), "takeovers": self.leases.takeovers,
+                            "reclaimed": self.leases.reclaimed, "errors": self.leases.errors}
+                           if self.leases is not None else None),
                 "loop_stall_max_ms": round(self.loop_stall_max_ms, 1), **self.tracker.stats()}
 
     async def _stats_loop(self) -> None:

@@ -16,8 +16,12 @@ expires ``ttl`` after its last write, at most ``ttl / 3`` before it died, so a p
 ``ttl`` + two ticks of a death: 3 to 5 s at the default 3 s. A partition never seen alive (replicas
 starting one after another) is taken only after ``STARTUP_GRACE_S``, so a slow start is not a loss.
 
-Every write is a compare-and-set on the entry's revision: a replica that lost a lease (expired
-while it was partitioned from NATS) finds out on its next renewal and stops judging.
+Every write is a compare-and-set on the entry's revision: a replica that lost a lease (another
+replica took it while this one was cut off) finds out on its next renewal and stops judging. An
+election is not a loss: a renewal that fails without an answer keeps the lease until a TTL after
+the last good renewal; a compare-and-set refused because the entry expired meanwhile (nobody else
+claimed it) or because our last renewal was stored but its answer lost (the entry names us) keeps it
+too (``reclaimed``) -- dropping it would forget the partition's jobs and replay their history.
 """
 
 from __future__ import annotations
@@ -79,7 +83,9 @@ class Leases:
         self.takeover = takeover
         self.held: dict[int, int] = {}  # partition -> revision of our lease entry
         self.takeovers = 0
+        self.reclaimed = 0  # own leases kept through an election (an expired entry or a lost answer)
         self.errors = 0
+        self._renewed: dict[int, float] = {}  # partition -> when we last renewed (monotonic)
         self._seen_alive: set[int] = set()  # partitions whose replica we saw alive
         self._absent: dict[int, int] = {}  # partition -> ticks in a row its alive key was missing
         self._started = time.monotonic()
@@ -101,6 +107,7 @@ class Leases:
 
         try:
             self.held[p] = await self.kv.create(lease_key(p), self._value(p))
+            self._renewed[p] = time.monotonic()
             return True
         except KeyWrongLastSequenceError:
             return False  # someone holds it
@@ -109,13 +116,43 @@ class Leases:
                 return False
             raise
 
-    async def _renew(self, p: int) -> bool:
+    async def _renew(self, p: int) -> bool | None:
+        """True: renewed; False: lost (another replica holds it, or it went unrenewed for a TTL);
+        None: not known yet (NATS is away or electing: kept until a TTL after the last renewal)."""
+        from nats.js.errors import KeyWrongLastSequenceError
+
         try:
             self.held[p] = await self.kv.update(lease_key(p), self._value(p), last=self.held[p])
+            self._renewed[p] = time.monotonic()
             return True
-        except Exception as exc:  # another replica took it after ours expired, or NATS is away
-            log.warning("lease_lost", partition=p, error=repr(exc))
-            return False
+        except Exception as exc:
+            wrong = isinstance(exc, KeyWrongLastSequenceError) or "wrong last sequence" in str(exc).lower()
+            if wrong:
+                # an election can lose a renewal's ack (stored, the revision we hold is stale) or let
+                # the entry expire (nobody renewed for a TTL): neither is another replica's claim
+                try:
+                    entry = await self._get(lease_key(p))
+                    if entry is None:
+                        if await self._try_create(p):
+                            self._renewed[p] = time.monotonic()
+                            self.reclaimed += 1
+                            log.info("lease_reclaimed", partition=p, why="expired while the bucket was away")
+                            return True
+                    elif _holder(entry.value) == self.holder:
+                        self.held[p] = entry.revision
+                        self._renewed[p] = time.monotonic()
+                        self.reclaimed += 1
+                        log.info("lease_reclaimed", partition=p, why="a renewal stored, its answer lost")
+                        return True
+                    log.warning("lease_lost", partition=p, holder=_holder(entry.value) if entry else None)
+                    return False
+                except Exception as again:
+                    exc = again
+            if time.monotonic() - self._renewed.get(p, 0.0) > self.ttl:
+                log.warning("lease_lost", partition=p, error=repr(exc)[:200], unrenewed_s=self.ttl)
+                return False
+            log.info("lease_renewal_failed", partition=p, error=repr(exc)[:200])
+            return None
 
     async def tick(self) -> None:
         """One round: renew what we hold, claim our own, take over expired ones, hand back stand-ins."""
@@ -126,7 +163,7 @@ class Leases:
                 # the partition's own replica is alive again: hand its lease back
                 await self._release(p)
                 continue
-            if not await self._renew(p):
+            if await self._renew(p) is False:
                 del self.held[p]
                 await self.on_loss(p)
         candidates = [self.partition] if self.partition not in self.held else []
@@ -179,3 +216,12 @@ class Leases:
             await self.kv.delete(alive_key(self.partition))
         except Exception as exc:
             log.info("alive_release_failed", error=repr(exc))
+
+
+def _holder(value: bytes | None) -> str | None:
+    try:
+        doc = json.loads(value or b"")
+    except (ValueError, TypeError):
+        return None
+    h = doc.get("holder") if isinstance(doc, dict) else None
+    return h if isinstance(h, str) else None
