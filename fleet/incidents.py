@@ -50,8 +50,10 @@ def owner(job: str, partitions: int) -> int:
 PROCESSES_PER_NODE = 64
 JOBS_PER_NODE = 256
 NODES_PER_JOB = 8192
-# A replica's budget: processes held over every job (about 1 KiB each, bench/incidents_scale.py);
-# over it the table forgets jobs as it does when full (counted in dropped_jobs)
+# A replica's budget, in the facts it holds over every job: a member record per process plus a
+# watchdog record per process that reported (so a rank that timed out counts twice: 2^20 holds
+# 512k such ranks, 25 times a 4,096-node job); over it the table forgets jobs as it does when full
+# (counted in dropped_jobs). Bytes per rank: docs/benchmarks.md (bench/incidents_scale.py).
 MAX_PROCESSES = 1 << 20
 IDS_PER_JOB = 1 << 14  # message ids remembered per job (two generations): a replayed message is filed once
 SETTLE_MAX = 2.0  # s: however often symptoms arrive, a verdict waits at most this long after the first
@@ -131,7 +133,8 @@ class IncidentTracker:
         """Self-metrics for the service's periodic stats line: jobs, members, processes held, refusals."""
         return {"jobs": len(self.jobs), "nodes_with_hardware": len(self.hardware),
                 "members": sum(len(j.facts.ms.members) for j in self.jobs.values()),
-                "processes_held": self._weight, "dropped_jobs": self.dropped_jobs,
+                "processes_held": self._weight,  # members + process facts (MAX_PROCESSES)
+                "dropped_jobs": self.dropped_jobs,
                 "refused": sum(self.refused.values())}
 
     def owns(self, job: str) -> bool:
