@@ -154,6 +154,7 @@ async def test_a_follower_that_cannot_resume_says_so_and_ends(tmp_path: Path,
         await nc.close()
 
 
+@pytest.mark.slow  # the service-level test (tests/test_cluster_failover.py) runs this in the default suite
 async def test_a_follower_survives_each_server_of_a_cluster_killed_in_turn(tmp_path: Path) -> None:
     cluster = NatsCluster(tmp_path / "cluster", size=3)
     cluster.start()
