@@ -86,6 +86,7 @@ from agent.logsetup import configure
 from agent.nats_link import stream_configs
 from agent.nats_server import NatsCluster, NatsServerProcess
 from agent.subjects import EVENTS_PREFIX, SIGNALS_PREFIX, encode_token, subjects_for
+from fleet.incident_service import incident_versions
 from fleet.incidents import INCIDENTS_BUCKET, owner
 from sim.scenarios import generate
 
@@ -447,17 +448,8 @@ class Correlator:
 
     async def stats_after(self, t: float, timeout: float) -> dict[str, Any] | None:
         """The first stats line logged after monotonic time ``t``."""
-        deadline = time.monotonic() + timeout
-        while True:
-            for ts, rec in self.stats:
-                if ts > t:
-                    return rec
-            left = deadline - time.monotonic()
-            if left <= 0 or not self.alive():
-                return None
-            self.new_stats.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.new_stats.wait(), min(left, 0.5))
+        got = await self.until(lambda _rec: True, timeout, since=t)
+        return got[1] if got is not None else None
 
     async def until(self, pred: Any, timeout: float, since: float = 0.0) -> tuple[float, dict[str, Any]] | None:
         """The first stats line after ``since`` for which ``pred`` holds, with when it arrived."""
@@ -697,22 +689,33 @@ async def one_job_trial(work: Path, p: Prepared, i: int, args: argparse.Namespac
             "digest_evidence_s": None if got is None else got[0] - t0, "early_culprit_records": early,
             "cpu_members_s": cpu1 - cpu0, "cpu_evidence_s": corr.cpu() - cpu1,
             "nats_cpu_s": (cpu_seconds(server.proc.pid) if server.proc else 0.0) - nats_cpu0,
-            "hwm_mib": hwm, "hwm_delta_mib": hwm - hwm0, "ranks_held": ranks,
+            **held(last, hwm, hwm0, ranks, stall_total, stall_window),
+            "publish_pending": last.get("publish_pending"), "correlator_problems": corr.problems_text()})
+        return r
+    finally:
+        await shut(nc, corr, server, "    ")
+        shutil.rmtree(work / f"nats-{i}", ignore_errors=True)
+
+
+async def shut(nc: Any, corr: Any, server: Any, indent: str) -> None:
+    """A trial's connection, correlator and nats-server stopped (a correlator's failure said)."""
+    await nc.close()
+    rc = await corr.stop()
+    if rc not in (0, None):
+        print(f"{indent}the correlator exited {rc}: {corr.problems_text()}", flush=True)
+    server.stop()
+
+
+def held(last: dict[str, Any], hwm: float, hwm0: float, ranks: int, stall_total: Any,
+         stall_window: Any) -> dict[str, Any]:
+    """What a correlator held and did, from its last stats line and its VmHWM (one-job and many-jobs)."""
+    return {"hwm_mib": hwm, "hwm_delta_mib": hwm - hwm0, "ranks_held": ranks,
             "processes_held": last.get("processes_held"),
             "kib_per_rank": (hwm - hwm0) * 1024 / ranks if ranks else None,
             "stall_max_ms": stall_total, "stall_window_ms": stall_window,
             "published": last.get("published"), "publish_same": last.get("publish_same"),
-            "publish_retries": last.get("publish_retries"), "publish_pending": last.get("publish_pending"),
-            "rejected": last.get("rejected"), "refused": last.get("refused"), "dropped_jobs": last.get("dropped_jobs"),
-            "correlator_problems": corr.problems_text()})
-        return r
-    finally:
-        await nc.close()
-        rc = await corr.stop()
-        if rc not in (0, None):
-            print(f"    the correlator exited {rc}: {corr.problems_text()}", flush=True)
-        server.stop()
-        shutil.rmtree(work / f"nats-{i}", ignore_errors=True)
+            "publish_retries": last.get("publish_retries"), "rejected": last.get("rejected"),
+            "refused": last.get("refused"), "dropped_jobs": last.get("dropped_jobs")}
 
 
 def one_job_specs(args: argparse.Namespace, size: int, si: int) -> list[dict[str, Any]]:
@@ -899,22 +902,13 @@ async def many_jobs_async(args: argparse.Namespace, work: Path, metas: list[dict
                  "ranks": sum(p.meta["ranks"] for p in prepared), "members_published": n_members,
                  "members_published_s": members_pub_s, "digest_members_s": digest_s, "digest_all_s": noise_s,
                  "cpu_members_s": cpu1 - cpu0, "cpu_faults_s": corr.cpu() - cpu1, "cpu_total_s": corr.cpu() - cpu0,
-                 "hwm_mib": hwm, "hwm_delta_mib": hwm - hwm0, "ranks_held": ranks,
-                 "processes_held": last.get("processes_held"), "jobs_held": last.get("jobs"),
-                 "kib_per_rank": (hwm - hwm0) * 1024 / ranks if ranks else None,
-                 "stall_max_ms": stall_total, "stall_window_ms": stall_window, "faults_since_s": t_end - tf,
+                 **held(last, hwm, hwm0, ranks, stall_total, stall_window), "jobs_held": last.get("jobs"),
+                 "faults_since_s": t_end - tf,
                  "healthy_blamed": len(fp), "healthy_blamed_sample": dict(list(fp.items())[:5]),
-                 "published": last.get("published"), "publish_same": last.get("publish_same"),
-                 "publish_retries": last.get("publish_retries"), "rejected": last.get("rejected"),
-                 "refused": last.get("refused"), "dropped_jobs": last.get("dropped_jobs"),
                  "correlator_problems": corr.problems_text(), "incident_records": inc.total}
         return {"fleet": fleet, "faults": results}
     finally:
-        await nc.close()
-        rc = await corr.stop()
-        if rc not in (0, None):
-            print(f"  the correlator exited {rc}: {corr.problems_text()}", flush=True)
-        server.stop()
+        await shut(nc, corr, server, "  ")
 
 
 def run_many_jobs(args: argparse.Namespace, work: Path) -> dict[str, Any]:
@@ -984,21 +978,10 @@ def cluster_scenarios(args: argparse.Namespace, work: Path) -> list[dict[str, An
 
 async def kv_versions(js: Any, job: str) -> list[dict[str, Any]]:
     """Every record the gna-incidents KV holds for the job (its history: one entry per write)."""
-    subject = f"$KV.{INCIDENTS_BUCKET}.{encode_token(job)}"
     try:
-        info = await js.stream_info(f"KV_{INCIDENTS_BUCKET}", subjects_filter=subject)
+        return await incident_versions(js, job)
     except Exception:
         return []
-    out: list[dict[str, Any]] = []
-    seq = info.state.first_seq
-    while True:
-        try:
-            m = await js.get_msg(f"KV_{INCIDENTS_BUCKET}", seq=seq, subject=subject, next=True)
-        except Exception:
-            return out
-        if m.data:
-            out.append(json.loads(m.data))
-        seq = m.seq + 1
 
 
 def duplicates(versions: list[dict[str, Any]]) -> int:

@@ -505,3 +505,21 @@ def same_version(stored: bytes, record: dict[str, Any]) -> bool:
 def _identity(r: dict[str, Any]) -> Any:
     return (r.get("status"), json.dumps(r.get("culprit"), sort_keys=True), tuple(r.get("victims") or ()),
             r.get("actionable"), r.get("contested"))
+
+
+async def incident_versions(js: Any, job: str, bucket: str = INCIDENTS_BUCKET) -> list[dict[str, Any]]:
+    """Every record the incidents KV still holds for ``job`` (its history, oldest first: one entry per
+    write; what the tests and bench/incidents_scale.py read to find a version written twice)."""
+    from nats.js.errors import NotFoundError
+
+    subject = f"$KV.{bucket}.{encode_token(job)}"
+    out: list[dict[str, Any]] = []
+    seq = (await js.stream_info(f"KV_{bucket}")).state.first_seq
+    while True:
+        try:
+            m = await js.get_msg(f"KV_{bucket}", seq=seq, subject=subject, next=True)
+        except NotFoundError:
+            return out
+        if m.data:
+            out.append(json.loads(m.data))
+        seq = int(m.seq or seq) + 1

@@ -21,9 +21,9 @@ from agent.config import NatsConfig
 from agent.message import make_message, to_dict
 from agent.nats_link import stream_configs
 from agent.nats_server import NatsCluster
-from agent.subjects import encode_token, subjects_for
-from fleet.incident_service import IncidentService
-from fleet.incidents import INCIDENTS_BUCKET, owner
+from agent.subjects import subjects_for
+from fleet.incident_service import IncidentService, incident_versions
+from fleet.incidents import owner
 from sim.scenarios import generate
 
 PARTITIONS = 3
@@ -125,22 +125,6 @@ async def _die(svc: IncidentService) -> None:
         await svc.nc.close()
 
 
-async def _versions(js: Any, job: str) -> list[dict[str, Any]]:
-    """Every record the gna-incidents KV holds for the job (its history: one entry per write)."""
-    info = await js.stream_info(f"KV_{INCIDENTS_BUCKET}", subjects_filter=f"$KV.{INCIDENTS_BUCKET}.{encode_token(job)}")
-    out = []
-    seq = info.state.first_seq
-    while True:
-        try:
-            m = await js.get_msg(f"KV_{INCIDENTS_BUCKET}", seq=seq,
-                                 subject=f"$KV.{INCIDENTS_BUCKET}.{encode_token(job)}", next=True)
-        except Exception:
-            return out
-        if m.data:
-            out.append(json.loads(m.data))
-        seq = m.seq + 1
-
-
 def _no_duplicate_versions(versions: list[dict[str, Any]]) -> None:
     keys = [(v["status"], json.dumps(v.get("culprit"), sort_keys=True), tuple(v.get("victims") or ()),
              v.get("evidence_total")) for v in versions]
@@ -183,7 +167,7 @@ async def test_every_fault_after_each_server_loss_gets_its_incident(tmp_path: Pa
             assert not r.watch.closed.is_set(), r.watch.reason
             assert all(f.resubscribes + f.failures >= 0 for f in r.followers)
         for f in faults[:10]:
-            _no_duplicate_versions(await _versions(js, f.job))
+            _no_duplicate_versions(await incident_versions(js, f.job))
     finally:
         stop.set()
         if noise is not None:
@@ -227,8 +211,8 @@ async def test_a_killed_replica_and_a_server_together_fail_over_in_seconds_witho
         await _incident(got, faults[2], 30)
         await asyncio.sleep(2.0)
         for f in faults:
-            _no_duplicate_versions(await _versions(js, f.job))
-        versions = await _versions(js, faults[0].job)
+            _no_duplicate_versions(await incident_versions(js, f.job))
+        versions = await incident_versions(js, faults[0].job)
         assert versions[0]["culprit"] == first["culprit"]
         assert failover < 15, f"failover took {failover:.1f} s"
     finally:
