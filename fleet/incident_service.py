@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import json
 import os
 import socket
@@ -47,14 +46,6 @@ CATCH_UP_MAX_S = 120.0  # s: judging starts then even if a follower has not caug
 STATS_INTERVAL_S = 30.0  # s between `correlator_stats` lines
 STALL_PROBE_S = 0.05  # s between the loop-stall probe's wake-ups
 WRITE_TIMEOUT_S = 10.0  # s one incident write may take before it is retried
-# CPython's full collections scan every tracked object: 46-55 ms over a 4,096-node job's state
-# (32,768 ranks, measured in process), ~200 ms at a 144k-rank fleet, the loop held throughout. The
-# tracker's state holds no reference cycles (dropped, it is freed by reference counts alone), so
-# what is alive once the history is in is frozen out of the collector's scans (gc.freeze), again
-# whenever the facts held grew by half, and once an hour everything is thawed and collected (one
-# full pass: cycles elsewhere that died frozen are reclaimed) and frozen again.
-GC_REFREEZE_GROWTH = 1.5
-GC_THAW_S = 3600.0
 
 
 class IncidentService:
@@ -105,10 +96,6 @@ class IncidentService:
         self.skipped = 0  # messages read off their subject as another replica's (or a copy) and not decoded
         self.stats_interval = stats_interval
         self.loop_stall_max_ms = 0.0  # the longest the event loop was held, since start
-        self.gc_freezes = 0
-        self.gc_thaw_ms = 0.0  # the last hourly full collection
-        self._frozen_at = 1
-        self._thawed = time.monotonic()
 
     async def start(self) -> None:
         self.nc = await natsclient.connect(self.servers, cfg=self.nats_cfg, name="gpu-node-agent-correlator",
@@ -386,7 +373,6 @@ class IncidentService:
             waited = time.monotonic() - self._started
             if (len(live) == len(need) and all(f.caught_up.is_set() for f in live)) or waited > CATCH_UP_MAX_S:
                 self._judging = True
-                self._freeze()
                 log.info("incidents_caught_up", after_s=round(waited, 2), accepted=self.accepted,
                          followers={f.name: f.last for f in live},
                          complete=all(f.caught_up.is_set() for f in live))
@@ -467,25 +453,6 @@ class IncidentService:
         log.info("incident", job=record["job"], status=record["status"], culprit=record.get("culprit"),
                  victims=len(record.get("victims", [])), confidence=record.get("confidence"))
 
-    def _freeze(self) -> None:
-        gc.freeze()
-        self._frozen_at = max(1, self.tracker.stats()["processes_held"])
-        self.gc_freezes += 1
-
-    def _tend_gc(self, now: float) -> None:
-        """On each stats tick: re-freeze after growth; thaw, collect and re-freeze once an hour."""
-        if not self._judging:
-            return
-        if now - self._thawed >= GC_THAW_S:
-            gc.unfreeze()
-            t0 = time.monotonic()
-            gc.collect()
-            self.gc_thaw_ms = round((time.monotonic() - t0) * 1000.0, 1)
-            self._thawed = now
-            self._freeze()
-        elif self.tracker.stats()["processes_held"] > GC_REFREEZE_GROWTH * self._frozen_at:
-            self._freeze()
-
     def stats(self) -> dict[str, Any]:
         """What the periodic ``correlator_stats`` line says (and bench/incidents_scale.py reads)."""
         return {"accepted": self.accepted, "skipped": self.skipped, "rejected": self.rejections.total(),
@@ -498,7 +465,6 @@ class IncidentService:
                 "leases": ({"held": sorted(self.leases.held), "takeovers": self.leases.takeovers,
                             "reclaimed": self.leases.reclaimed, "errors": self.leases.errors}
                            if self.leases is not None else None),
-                "gc_freezes": self.gc_freezes, "gc_frozen": gc.get_freeze_count(), "gc_thaw_ms": self.gc_thaw_ms,
                 "loop_stall_max_ms": round(self.loop_stall_max_ms, 1), **self.tracker.stats()}
 
     async def _stats_loop(self) -> None:
@@ -515,7 +481,6 @@ class IncidentService:
             window_max = max(window_max, stall)
             self.loop_stall_max_ms = max(self.loop_stall_max_ms, stall)
             if now >= next_line:
-                self._tend_gc(now)
                 log.info("correlator_stats", **{**self.stats(), "loop_stall_window_ms": round(window_max, 1)})
                 window_max = 0.0
                 next_line = now + self.stats_interval
