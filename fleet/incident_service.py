@@ -34,7 +34,7 @@ from agent.subjects import (
     encode_token,
 )
 from fleet.follow import Follower
-from fleet.incidents import INCIDENTS_BUCKET, JUDGE_SLICE_S, MAX_KEY, MEMBERSHIP, IncidentTracker, _verdict, owner
+from fleet.incidents import INCIDENTS_BUCKET, JUDGE_SLICE_S, MAX_KEY, MEMBERSHIP, IncidentTracker, owner, same_version
 from fleet.leases import DEFAULT_TTL, Leases, open_bucket
 from fleet.stragglers import STRAGGLERS_BUCKET, StragglerWatch
 from fleet.wire import Rejected, Rejections, decode_event, decode_job, decode_signals, peek_job
@@ -484,27 +484,6 @@ class IncidentService:
                 log.info("correlator_stats", **{**self.stats(), "loop_stall_window_ms": round(window_max, 1)})
                 window_max = 0.0
                 next_line = now + self.stats_interval
-
-
-def same_version(stored: bytes, record: dict[str, Any]) -> bool:
-    """Whether the KV's record is this version of the incident: the same standing, culprit and victims,
-    with at least this much evidence (a replica that rebuilt the state from the streams counts the
-    same or fewer messages; it never adds a second record of the same verdict)."""
-    try:
-        old = json.loads(stored)
-        if not isinstance(old, dict):
-            return False
-        if _verdict(old) == _verdict(record):
-            return True
-        return bool(_identity(old) == _identity(record)
-                    and int(old.get("evidence_total") or 0) >= int(record.get("evidence_total") or 0))
-    except (ValueError, TypeError, KeyError):
-        return False
-
-
-def _identity(r: dict[str, Any]) -> Any:
-    return (r.get("status"), json.dumps(r.get("culprit"), sort_keys=True), tuple(r.get("victims") or ()),
-            r.get("actionable"), r.get("contested"))
 
 
 async def incident_versions(js: Any, job: str, bucket: str = INCIDENTS_BUCKET) -> list[dict[str, Any]]:

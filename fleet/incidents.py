@@ -341,3 +341,24 @@ def _verdict(record: dict[str, Any] | None) -> Any:
     return (record["status"], json.dumps(record.get("culprit"), sort_keys=True), tuple(record.get("victims", ())),
             record.get("evidence_total"), record.get("actionable"), record.get("contested"),
             round(float(record.get("confidence") or 0), 2))
+
+
+def same_version(stored: bytes, record: dict[str, Any]) -> bool:
+    """Whether the KV's record is this version of the incident: the same standing, culprit and victims,
+    with at least this much evidence (a replica that rebuilt the state from the streams counts the
+    same or fewer messages; it never adds a second record of the same verdict)."""
+    try:
+        old = json.loads(stored)
+        if not isinstance(old, dict):
+            return False
+        if _verdict(old) == _verdict(record):
+            return True
+        return bool(_identity(old) == _identity(record)
+                    and int(old.get("evidence_total") or 0) >= int(record.get("evidence_total") or 0))
+    except (ValueError, TypeError, KeyError):
+        return False
+
+
+def _identity(r: dict[str, Any]) -> Any:
+    return (r.get("status"), json.dumps(r.get("culprit"), sort_keys=True), tuple(r.get("victims") or ()),
+            r.get("actionable"), r.get("contested"))
