@@ -96,7 +96,15 @@ async def test_three_node_cluster_loses_a_server_mid_stream(tmp_path: Path) -> N
                     await asyncio.sleep(0.01)
             await _drained(agent, timeout=90)
         alive = next(s for s in cluster if s.running())
-        msgs = [m for m in await stream_messages(alive.url, expect=1500) if m["type"] == "BurstEvent"]
+        for attempt in range(30):  # the stream may still be electing a leader after the loss (503)
+            try:
+                read = await stream_messages(alive.url, expect=1500)
+                break
+            except nats.js.errors.ServiceUnavailableError:
+                if attempt == 29:
+                    raise
+                await asyncio.sleep(1.0)
+        msgs = [m for m in read if m["type"] == "BurstEvent"]
         ns = sorted(m["details"]["n"] for m in msgs)
         assert ns == list(range(1500)), f"{1500 - len(set(ns))} lost, {len(ns) - len(set(ns))} duplicated"
     finally:
