@@ -11,6 +11,11 @@ boundary as the service decodes them (fleet/wire.py), then filed into a fresh ``
 under tracemalloc; after a full collection, the traced bytes still allocated over the ranks held. As
 a baseline in the same run: the same messages kept as the decoded dicts a window of messages would
 hold (what the tracker held before issue 21), traced the same way.
+
+It also prints what the state costs CPython's cycle collector, which the live correlator pays as a
+stall of its event loop at every full collection: the objects the state adds to the collector's
+lists, and how long one full collection (``gc.collect()``) takes with the state held, against the
+same with nothing held and with the window held (medians of the runs).
 """
 
 from __future__ import annotations
@@ -65,6 +70,19 @@ def traced(build: Any) -> tuple[int, Any, float]:
     return cur, held, dt
 
 
+def collector_cost(held: Any) -> tuple[int, float]:
+    """Objects ``held`` adds to the cycle collector's lists, and one full collection's time with it held."""
+    del held  # the caller keeps its own reference: this only documents that it must
+    gc.collect()
+    n = len(gc.get_objects())
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        gc.collect()
+        times.append(time.perf_counter() - t0)
+    return n, statistics.median(times)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--nodes", type=int, default=1024)
@@ -79,7 +97,11 @@ def main() -> None:
     else:
         msgs = scenario(args.nodes, args.fault, args.seed)
     ms = decoded(msgs)
+    del msgs
+    gc.collect()
+    gc.freeze()  # the input messages out of the collector's lists: a full collection then walks what was built
     state, window, per_msg = [], [], []
+    gc_none, gc_state, gc_window = [], [], []
     members = 0
     for _ in range(args.runs):
         def fill() -> IncidentTracker:
@@ -88,13 +110,17 @@ def main() -> None:
                 t.add(m)
             return t
 
+        gc_none.append(collector_cost(None))
         cur, t, dt = traced(fill)
         members = t.stats()["members"]
         state.append(cur)
         per_msg.append(dt / len(ms))
+        gc_state.append(collector_cost(t))
         del t
-        cur, _w, _dt = traced(lambda: [json.loads(json.dumps(m)) for m in ms])  # a window's copies
+        cur, w, _dt = traced(lambda: [json.loads(json.dumps(m)) for m in ms])  # a window's copies
         window.append(cur)
+        gc_window.append(collector_cost(w))
+        del w
     s, w = statistics.median(state), statistics.median(window)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=Path(__file__).resolve().parent.parent).stdout.strip()
@@ -104,6 +130,13 @@ def main() -> None:
     print(f"  baseline: a window  {w / 2**20:7.1f} MiB  {w / max(1, members):6.0f} B/rank   "
           f"(the decoded messages kept as they are)")
     print(f"  state / window      {s / w:.2f}")
+    base_n = statistics.median(n for n, _ in gc_none)
+    base_t = statistics.median(t for _, t in gc_none)
+    for what, got in (("tracker state", gc_state), ("baseline: a window", gc_window)):
+        n = statistics.median(n for n, _ in got) - base_n
+        t = statistics.median(t for _, t in got)
+        print(f"  {what:<19} {n:9.0f} objects for the cycle collector ({n / max(1, members):.2f}/rank); "
+              f"a full collection {t * 1e3:6.1f} ms (with nothing held: {base_t * 1e3:.1f} ms)")
 
 
 if __name__ == "__main__":

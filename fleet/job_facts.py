@@ -28,6 +28,8 @@ import sys
 from collections import deque
 from typing import Any
 
+import msgspec
+
 SAMPLES_PER_TYPE = 8  # evidence messages kept per type and job (the rest counted)
 FINDINGS_MAX = 32  # conflicting claims kept per job (the rest counted)
 NICS_MAX = 64  # NICs kept per member (NCCL lists at most a node's HCAs)
@@ -112,26 +114,25 @@ def brief(m: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-class Member:
-    """One process of a job as its own node claims it."""
+class Member(msgspec.Struct, gc=False, eq=False, repr_omit_defaults=True):
+    """One process of a job as its own node claims it.
 
-    __slots__ = ("claim", "hcas", "nics", "node", "oob_ip", "order", "pci", "process", "rank", "size", "transport")
+    Never tracked by CPython's cycle collector (``gc=False``: it holds only strings, numbers and
+    shared frozensets, so it can be in no cycle): a 32,768-rank job's members would otherwise be
+    traversed by every full collection, a stall of the correlator's loop that grows with the fleet
+    (issue 21, docs/benchmarks.md). ``eq=False``: members compare and hash by identity."""
 
-    def __init__(self, node: str, process: str, order: int) -> None:
-        self.node = node
-        self.process = process  # host:pid
-        self.rank: int | None = None
-        self.size: int | None = None
-        self.pci: str | None = None
-        self.hcas: frozenset[str] = frozenset()  # "mlx5_0/1": every NIC NCCL listed
-        self.nics: frozenset[str] = frozenset()  # the ones its channel lines use (empty: not known)
-        self.transport: str | None = None
-        self.oob_ip: str | None = None
-        self.order = order  # when its first message arrived
-        self.claim = order  # when its rank claim arrived: bindings go in this order
-
-    def __repr__(self) -> str:
-        return f"Member({self.node!r}, {self.process!r}, rank={self.rank}, size={self.size})"
+    node: str
+    process: str  # host:pid
+    order: int  # when its first message arrived
+    claim: int  # when its rank claim arrived: bindings go in this order
+    rank: int | None = None
+    size: int | None = None
+    pci: str | None = None
+    hcas: frozenset[str] = frozenset()  # "mlx5_0/1": every NIC NCCL listed
+    nics: frozenset[str] = frozenset()  # the ones its channel lines use (empty: not known)
+    transport: str | None = None
+    oob_ip: str | None = None
 
 
 class Membership:
@@ -201,7 +202,7 @@ class Membership:
                 self.refused += 1  # the node's known processes stand
                 return None
             node = _intern(node)
-            mem = self.members[key] = Member(node, proc, order)
+            mem = self.members[key] = Member(node, proc, order, order)
             on_node.append(mem)
             self.by_entity[(node, f"nccl:{proc}")] = mem
         rebind = bind = False
@@ -288,22 +289,21 @@ class Membership:
         (self.non_socket.add if any(x != "Socket" for x in t) else self.non_socket.discard)(node)
 
 
-class Proc:
+class Proc(msgspec.Struct, gc=False, eq=False):
     """What one process's watchdog said, reduced to numbers (PyTorch's ProcessGroupNCCL lines,
-    collectors/nccl_parse.py; Flight Recorder dumps, collectors/flight_recorder.py)."""
+    collectors/nccl_parse.py; Flight Recorder dumps, collectors/flight_recorder.py).
 
-    __slots__ = ("at", "at_nopg", "enq", "enq_nopg", "progress", "self_reported", "timed_out")
+    Untracked by the cycle collector like ``Member``: its dicts map group names to numbers only."""
 
-    def __init__(self) -> None:
-        self.timed_out = False
-        self.at: dict[str, int] | None = None  # process group -> the lowest collective it failed at
-        self.enq: dict[str, int] | None = None  # process group -> its lowest last-enqueued work
-        # a timeout line without its group (PyTorch 2.5-2.13 print "[Rank r]" whatever the group): counted
-        # as group "0" unless the process printed progress lines, which name the group
-        self.at_nopg: int | None = None
-        self.enq_nopg: int | None = None
-        self.progress = False  # a progress line with its collective, or a Flight Recorder dump
-        self.self_reported = False  # said its last enqueued work, with nothing in flight
+    timed_out: bool = False
+    at: dict[str, int] | None = None  # process group -> the lowest collective it failed at
+    enq: dict[str, int] | None = None  # process group -> its lowest last-enqueued work
+    # a timeout line without its group (PyTorch 2.5-2.13 print "[Rank r]" whatever the group): counted
+    # as group "0" unless the process printed progress lines, which name the group
+    at_nopg: int | None = None
+    enq_nopg: int | None = None
+    progress: bool = False  # a progress line with its collective, or a Flight Recorder dump
+    self_reported: bool = False  # said its last enqueued work, with nothing in flight
 
     def lower(self, attr: str, pg: str, v: int) -> bool:
         d: dict[str, int] | None = getattr(self, attr)
