@@ -132,6 +132,11 @@ class KmsgXidCollector:
                 await self.emit.condition(type_, firing=False, severity=severity,  # type: ignore[arg-type]
                                           entity=entity, reason="Rebooted",
                                           message=f"{type_} on {entity} cleared: the node rebooted.")
+        self._look_back()
+
+    def _look_back(self) -> None:
+        """Records older than ``lookback_seconds`` are read past, not judged (the first start of a boot,
+        and every ``check``): an Xid from hours ago is history, not the node's state now."""
         uptime = (self.host.read_text("/proc/uptime") or "").split()
         if uptime:
             with contextlib.suppress(ValueError):
@@ -247,7 +252,8 @@ class KmsgXidCollector:
             if self.last_seq is not None and rec.seq <= self.last_seq:
                 continue  # seen before a restart
             self.last_seq = rec.seq
-            ok = await self.handle(rec, now) if rec.usec >= self._min_usec else True
+            # a text rendering without a time (usec 0) cannot be dated: judged, not read past
+            ok = await self.handle(rec, now) if rec.usec >= self._min_usec or rec.usec == 0 else True
             # After a refused emit (spool full) the checkpoint stays put: a restart re-reads from
             # there rather than skipping what was never accepted.
             self._blocked = self._blocked or not ok
@@ -395,7 +401,8 @@ class KmsgXidCollector:
             await self.flush(time.time())
 
     async def check(self) -> None:
-        """One pass over everything the ring buffer holds now (``gpu-node-agent check``)."""
+        """One pass over the ring buffer's last ``lookback_seconds`` (``gpu-node-agent check``)."""
+        self._look_back()
         path = self.host.path(self.config.path)
         try:
             st = os.stat(path)

@@ -20,6 +20,8 @@ from agent.daemon import Agent
 from agent.nats_server import NatsServerProcess
 from sim.host import SimHost
 
+pytest_plugins = ["tests.host_guard"]  # nothing left in the temporary directory or the kernel log
+
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = json.loads((ROOT / "agent" / "schema" / "message.schema.json").read_text())
 VALIDATOR = jsonschema.Draft202012Validator(SCHEMA, format_checker=jsonschema.FormatChecker())
