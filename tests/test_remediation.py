@@ -121,6 +121,40 @@ async def test_fresh_config_is_dry_run_and_audits_what_it_would_do(tools: Path, 
     assert argv_log(tools) == [], "dry-run must not run anything"
 
 
+async def test_a_dry_run_cooldown_says_nothing_acted_and_never_holds_back_a_real_action(tools: Path,
+                                                                                        tmp_path: Path) -> None:
+    """Issue 22 item 8: a dry run starts the rule's cooldown (the trail shows a repeat would be
+    suppressed) but says "would have acted ... (dry run)", never "acted"; enforcing later acts at once."""
+    cfg = RemediationsConfig(cordon_with="slurm")
+    audits, now = Audits(), [1000.0]
+    loaded = load_plugins(cfg, HostRoot(tmp_path))
+    eng = Engine(cfg, loaded.available, audit=audits, clock=lambda: now[0])
+    await eng.handle(_msg())
+    now[0] += 7
+    await eng.handle(_msg())
+    first, repeat = audits.records
+    assert first["decision"] == "dry_run"
+    assert (repeat["decision"], repeat["reason"]) == ("skipped",
+                                                      "cooldown: would have acted 7s ago (dry run; cooldown 600s)")
+    assert "acted 7s ago (cooldown" not in repeat["reason"]
+    enforcing = RemediationsConfig(cordon_with="slurm", enforce=True)
+    eng2 = Engine(enforcing, load_plugins(enforcing, HostRoot(tmp_path)).available, audit=audits,
+                  budget=lambda: _Granted(), clock=lambda: now[0])
+    eng2.attempts = eng.attempts  # a reload carries the attempts over (agent/daemon.py)
+    now[0] += 1
+    await eng2.handle(_msg())
+    assert audits.records[-1]["decision"] == "executed", audits.records[-1]
+    now[0] += 5
+    await eng2.handle(_msg())
+    assert audits.records[-1]["reason"] == "cooldown: acted 5s ago (cooldown 600s)"
+
+
+class _Granted:
+    async def take(self, node: str, reason: str) -> Any:
+        from agent.remediation.budget import SlotDecision
+        return SlotDecision(granted=True, reason="", used=1, limit=5, tripped=False)
+
+
 async def test_a_missing_binary_is_named_in_the_audit_not_a_missing_plugin(tmp_path: Path,
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     empty = tmp_path / "empty-bin"

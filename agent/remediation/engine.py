@@ -34,6 +34,7 @@ ACTION_SCHEMA_VERSION = 1
 @dataclass
 class Attempts:
     last_done: float = 0.0  # executed or dry-run
+    last_dry_run: bool = False  # last_done was a dry run: nothing acted, the cooldown shows what would happen
     failures: int = 0
     last_failure: float = 0.0
 
@@ -119,9 +120,13 @@ class Engine:
         att = self.attempts.setdefault(key, Attempts())
         now = self.clock()
         args = {**rule.args}
-        if att.last_done and now - att.last_done < rule.cooldown:
-            return await self._audit(msg, rule, name, "skipped", f"cooldown: acted {now - att.last_done:.0f}s ago "
-                                     f"(cooldown {rule.cooldown:g}s)", args=args)
+        dry = self.dry_run(name)
+        # A dry run starts the cooldown too, so the audits show that a repeat would be suppressed; but it
+        # says so, and it never holds back a real action (enforcing turned on by a reload): nothing acted.
+        if att.last_done and now - att.last_done < rule.cooldown and (dry or not att.last_dry_run):
+            ago, window = f"{now - att.last_done:.0f}s ago", f"cooldown {rule.cooldown:g}s"
+            why = f"would have acted {ago} (dry run; {window})" if att.last_dry_run else f"acted {ago} ({window})"
+            return await self._audit(msg, rule, name, "skipped", f"cooldown: {why}", args=args)
         if att.failures >= rule.max_attempts:
             return await self._audit(msg, rule, name, "skipped", f"max attempts ({rule.max_attempts}) reached",
                                      args=args)
@@ -133,8 +138,8 @@ class Engine:
             plan = plugin.plan(msg, args)
         except ValueError as exc:  # a value outside the plugin's allowlist
             return await self._audit(msg, rule, name, "failed", "refused by the plugin", args=args, error=str(exc))
-        if self.dry_run(name):
-            att.last_done = now
+        if dry:
+            att.last_done, att.last_dry_run = now, True
             self._track(msg, name, plugin)
             return await self._audit(msg, rule, name, "dry_run", f"would {plan}", args=args)
         if plugin.needs_budget:
@@ -152,7 +157,7 @@ class Engine:
             att.last_failure = now
             return await self._audit(msg, rule, name, "failed", f"{plan} failed", args=args, result=result,
                                      error=result.detail)
-        att.last_done, att.failures = now, 0
+        att.last_done, att.last_dry_run, att.failures = now, False, 0
         self._track(msg, name, plugin, cordoned=result.outcome == "executed" and plugin.needs_budget)
         decision = "executed" if result.outcome == "executed" else "skipped"
         reason = plan if result.outcome == "executed" else f"already done: {result.detail}"
