@@ -65,9 +65,14 @@ from fleet.job_facts import (
 )
 
 __all__ = ["TENANT_COLLECTORS", "Incident", "JobFacts", "Member", "Membership", "_details", "correlate",
-           "fast_verdict", "incident", "is_tenant", "members_of", "slow_verdict"]
+           "fast_verdict", "incident", "is_incident", "is_tenant", "members_of", "slow_verdict"]
 
-EVIDENCE_MAX = 24  # evidence items kept per incident (the rest counted)
+EVIDENCE_MAX = 24  # victims' symptoms sampled per incident (the rest counted by type and node)
+DECIDING_MAX = 64  # deciding messages kept per incident, before any sample and whatever its size
+COUNT_NODES_MAX = 16  # nodes named in an incident's counts per node (the most symptomatic first)
+# a job whose ranks say these is hung or failing; one that only fell back to sockets on every node is not
+HANG_SYMPTOMS = ("NCCLCollectiveTimeout", "NCCLIBCompletionError", "NCCLWatchdogProgress", "NCCLRASReport",
+                 "TorchFlightRecord")
 ALONE_CONFIDENCE = 0.5  # one node's word about another, or a contested job: shown, never cordon-worthy
 ACTIONABLE_CONFIDENCE = 0.85  # fleet/cordoner.py CULPRIT_MIN_CONFIDENCE: what a cordon may rest on
 MAX_CULPRIT_NODES = 2  # hardware faults on more of the job's nodes than this: fabric-wide, nobody named
@@ -89,7 +94,9 @@ class Incident:
     nodes: list[str]
     reason: str
     first_evidence: str | None = None
+    last_evidence: str | None = None
     evidence_total: int = 0
+    evidence_counts: dict[str, Any] = field(default_factory=dict)  # by_type, by_node, nodes: what was counted
     actionable: bool = False  # a cordon may rest on it: hardware evidence from the culprit's own node
     corroboration: str = ""  # "own node", "independent nodes", "single reporter"
     reporters: list[str] = field(default_factory=list)  # the nodes whose evidence decided it
@@ -103,7 +110,8 @@ class Incident:
                 "actionable": self.actionable, "corroboration": self.corroboration, "reporters": self.reporters,
                 "contested": self.contested, "findings": self.findings,
                 "reason": self.reason, "evidence": self.evidence, "evidence_total": self.evidence_total,
-                "victims": self.victims, "nodes": self.nodes, "first_evidence": self.first_evidence}
+                "evidence_counts": self.evidence_counts, "victims": self.victims, "nodes": self.nodes,
+                "first_evidence": self.first_evidence, "last_evidence": self.last_evidence}
 
 
 def _order(m: dict[str, Any]) -> tuple[int, str]:
@@ -217,9 +225,18 @@ def _standing(v: _Verdict, contested: bool) -> tuple[float, bool, str]:
     return confidence, not v.tenant and how == "own node" and confidence >= ACTIONABLE_CONFIDENCE, how
 
 
+def is_incident(f: JobFacts, v: _Verdict) -> bool:
+    """Whether a verdict is an incident to open: it names a culprit, rests on deciding evidence (hardware
+    faults on too many nodes to name one), or the job is hung or failing. A job that only fell back to
+    sockets, everywhere, is each node's own finding (NCCLSocketFallback on its page), not an incident
+    listed beside the hung ones (issue 22)."""
+    return v.culprit is not None or bool(v.deciding) or any(f.counts.get(k) for k in HANG_SYMPTOMS)
+
+
 def incident(f: JobFacts, v: _Verdict) -> Incident:
-    """The incident record of a verdict: its standing, its evidence (the deciding messages first, then
-    a sample of each symptom type shown beside them, at most EVIDENCE_MAX), victims and findings."""
+    """The incident record of a verdict: its standing; its evidence, the deciding messages first and
+    always (marked ``decisive``, at most DECIDING_MAX), then a sample of each symptom type shown beside
+    them (at most EVIDENCE_MAX), with what was counted per type and per node; victims and findings."""
     ms = f.ms
     nodes = sorted(ms.by_node)
     confidence, actionable, how = _standing(v, ms.contested)
@@ -237,17 +254,23 @@ def incident(f: JobFacts, v: _Verdict) -> Incident:
             if key not in seen:
                 seen.add(key)
                 (deciding if i == 0 else shown).append(m)
+    deciding.sort(key=lambda m: str(m.get("time") or ""))
     shown.sort(key=lambda m: str(m.get("time") or ""))
-    items = deciding[:EVIDENCE_MAX] + shown[:max(0, EVIDENCE_MAX - len(deciding))]
-    items.sort(key=lambda m: str(m.get("time") or ""))
-    evidence = [brief(m) if "collector" in m else m for m in items]  # raw messages (findings, RAS) as briefs
+    deciding, shown = deciding[:DECIDING_MAX], shown[:EVIDENCE_MAX]
+    # raw messages (findings, RAS) as briefs; a brief is a copy, so marking it touches no kept sample
+    evidence = [{**(brief(m) if "collector" in m else m), "decisive": True} for m in deciding]
+    evidence += [brief(m) if "collector" in m else m for m in shown]
     total = len(deciding) + sum(f.counts.get(k, 0) for k in v.kinds)
     total -= sum(1 for m in deciding if m.get("type") in v.kinds)  # a deciding message is also counted by type
-    first = min((str(m.get("time")) for m in items if m.get("time") is not None), default=None)
+    times = [str(m.get("time")) for m in deciding + shown if m.get("time") is not None]
     blamed = {c["node"] for c in v.culprits} or ({v.culprit["node"]} if v.culprit else set())
+    by_node = sorted(f.node_counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    counts = {"by_type": {k: f.counts[k] for k in v.kinds if f.counts.get(k)},
+              "by_node": dict(by_node[:COUNT_NODES_MAX]), "nodes": len(by_node)}
     inc = Incident(job=f.job, culprit=v.culprit, confidence=confidence, evidence=evidence,
                    victims=[n for n in nodes if n not in blamed], nodes=nodes, reason=reason,
-                   first_evidence=first, evidence_total=max(total, len(items)))
+                   first_evidence=min(times, default=None), last_evidence=max(times, default=None),
+                   evidence_total=max(total, len(evidence)), evidence_counts=counts)
     inc.actionable, inc.corroboration = actionable, how
     inc.reporters = sorted(v.reporters)[:64]
     inc.contested, inc.findings = ms.contested, ms.findings

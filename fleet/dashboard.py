@@ -34,8 +34,13 @@ SSE_BATCH_S = 0.25
 EX_OSERR = 71  # sysexits: cannot listen on the requested address
 
 
+INCLUDE = "// @include common.js"  # where a page takes the shared script, inside its own inline block
+
+
 def _page(name: str) -> str:
-    return (files("fleet") / "static" / name).read_text(encoding="utf-8")
+    static = files("fleet") / "static"
+    page = static.joinpath(name).read_text(encoding="utf-8")
+    return page.replace(INCLUDE, static.joinpath("common.js").read_text(encoding="utf-8"))
 
 
 def csp(page: str) -> str:

@@ -20,7 +20,7 @@ import structlog
 
 from agent.remediation.incidents import INCIDENTS_BUCKET as INCIDENTS_BUCKET  # re-exported: the correlator writes it
 from agent.subjects import JOBS_PREFIX
-from fleet.correlator import _details, fast_verdict, hardware_key, incident, slow_verdict
+from fleet.correlator import _details, fast_verdict, hardware_key, incident, is_incident, slow_verdict
 from fleet.job_facts import SYMPTOMS, JobFacts
 
 log = structlog.get_logger(__name__)
@@ -282,10 +282,15 @@ class IncidentTracker:
         self.pending.pop(job, None)
         j.unsettled_since = None
         record = None
-        if v is not None:
-            record = {"status": "open", **incident(f, v).to_dict()}
-        elif j.published and j.published["status"] == "open":
-            record = {**j.published, "status": "resolved", "reason": "no symptom or fault left"}
+        was_open = bool(j.published and j.published["status"] == "open")
+        if v is not None and is_incident(f, v):
+            # when it opened: kept across its versions, so the views can say how long it has been open
+            opened = j.published.get("opened", now) if j.published is not None and was_open else now
+            record = {"status": "open", **incident(f, v).to_dict(), "opened": opened}
+        elif was_open:
+            assert j.published is not None
+            reason = "no symptom or fault left" if v is None else f"not an incident any more: {v.reason}"
+            record = {**j.published, "status": "resolved", "reason": reason}
         if record is not None and _verdict(record) != _verdict(j.published):
             record["updated"] = now
             j.published = record

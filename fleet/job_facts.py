@@ -328,6 +328,7 @@ class JobFacts:
         self.procs: dict[tuple[str, str], Proc] = {}  # (node, entity) -> its watchdog's numbers
         self.samples: dict[str, list[dict[str, Any]]] = {}  # type -> the first SAMPLES_PER_TYPE briefs
         self.counts: dict[str, int] = {}  # type -> messages counted
+        self.node_counts: dict[str, int] = {}  # node -> its symptom messages counted (one entry per job node)
         # kind ("at"/"enq") -> process group -> sequence number -> (process, brief) of the lowest numbers
         self.low: dict[str, dict[str, dict[int, list[tuple[tuple[str, str], dict[str, Any]]]]]] = {"at": {}, "enq": {}}
         self.ras: dict[str, deque[dict[str, Any]]] = {}  # reporting node -> its newest RAS reports
@@ -378,6 +379,7 @@ class JobFacts:
         assert isinstance(type_, str)
         self.symptomatic = True
         self.counts[type_] = self.counts.get(type_, 0) + 1
+        self.node_counts[node] = self.node_counts.get(node, 0) + 1
         b: dict[str, Any] | None = None
         sample = self.samples.setdefault(type_, [])
         if len(sample) < SAMPLES_PER_TYPE:

@@ -46,6 +46,7 @@ MAX_EVIDENCE = 1000  # the correlator sends at most 24 (the rest counted in evid
 MAX_INCIDENT_NODES = 20000  # victims, nodes
 _EVIDENCE_TEXT = ("node", "type", "entity", "severity", "time", "message")
 _EVIDENCE_EXTRA = ("rank", "seq_num", "op_type", "peer", "pci")
+MAX_COUNT_KEYS = 64  # types or nodes in an incident's evidence counts (the correlator names at most 16 nodes)
 _CULPRIT_TEXT = ("node", "entity", "kind")
 _FINDING_KEYS = ("kind", "node", "rank", "holder", "claimed", "size")  # fleet/correlator.py Membership.finding
 MAX_CULPRITS = 8
@@ -109,6 +110,15 @@ def _culprit(culprit: Any, what: str) -> dict[str, str]:
     return clean
 
 
+def incident_rank(r: dict[str, Any]) -> tuple[bool, bool, bool, float, float, str]:
+    """The order every view lists incidents in (the dashboard's pages sort the same way in
+    fleet/static): open before resolved; then one a cordon may act on, then one naming a culprit, the
+    most confident first; then the most recently updated. A job with symptoms and no culprit no longer
+    sits above a named culprit because it changed last (issue 22)."""
+    return (r["status"] != "open", not r.get("actionable"), r.get("culprit") is None,
+            -float(r.get("confidence") or 0), -float(r.get("updated") or 0), r["job"])
+
+
 def decode_incident(data: bytes | str | dict[str, Any], *, job: str | None = None) -> dict[str, Any]:
     """One incident record (fleet/incidents.py, docs/correlator.md) as the views may use it: every
     field of the right type and size, unknown fields dropped; ``job`` (from the KV key) must be the
@@ -168,13 +178,14 @@ def decode_incident(data: bytes | str | dict[str, Any], *, job: str | None = Non
         for k in _EVIDENCE_EXTRA:
             if ev.get(k) is not None:
                 item[k] = _scalar(ev[k], f"evidence.{k}")
+        if ev.get("decisive") is True:
+            item["decisive"] = True
         items.append(item)
     total = doc.get("evidence_total", len(items))
     if isinstance(total, bool) or not isinstance(total, int) or total < len(items):
         raise Rejected("schema", f"evidence_total {str(total)[:40]!r}")
-    updated = doc.get("updated", 0.0)
-    if isinstance(updated, bool) or not isinstance(updated, int | float) or not math.isfinite(updated):
-        raise Rejected("schema", "updated must be a number (epoch seconds)")
+    updated = _epoch_seconds(doc.get("updated", 0.0), "updated")
+    opened = _epoch_seconds(doc.get("opened", updated), "opened")
     return {"status": status, "job": name, "culprit": culprit, "culprits": culprits, "confidence": float(confidence),
             "actionable": doc.get("actionable", False), "contested": doc.get("contested", False),
             "corroboration": _text(doc.get("corroboration"), "corroboration", optional=True),
@@ -183,8 +194,40 @@ def decode_incident(data: bytes | str | dict[str, Any], *, job: str | None = Non
             "reason": _text(doc.get("reason"), "reason", optional=True), "evidence": items,
             "evidence_total": total, "victims": _names(doc.get("victims", []), "victims"),
             "nodes": _names(doc.get("nodes", []), "nodes"),
+            "evidence_counts": _counts(doc.get("evidence_counts")),
             "first_evidence": _text(doc.get("first_evidence"), "first_evidence", optional=True) or None,
-            "updated": float(updated)}
+            "last_evidence": _text(doc.get("last_evidence"), "last_evidence", optional=True) or None,
+            "opened": min(opened, updated), "updated": updated}
+
+
+def _epoch_seconds(value: Any, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise Rejected("schema", f"{what} must be a number (epoch seconds)")
+    return float(value)
+
+
+def _counts(value: Any) -> dict[str, Any]:
+    """An incident's symptom counts (fleet/correlator.py incident): per type, per node (at most
+    MAX_COUNT_KEYS each, whole non-negative numbers), and how many nodes reported any."""
+    if value is None:
+        return {"by_type": {}, "by_node": {}, "nodes": 0}
+    if not isinstance(value, dict):
+        raise Rejected("schema", "evidence_counts must be an object")
+    out: dict[str, Any] = {}
+    for part in ("by_type", "by_node"):
+        d = value.get(part, {})
+        if not isinstance(d, dict) or len(d) > MAX_COUNT_KEYS:
+            raise Rejected("schema", f"evidence_counts.{part} must be an object of at most {MAX_COUNT_KEYS} keys")
+        out[part] = {_text(k, f"evidence_counts.{part} key"): _count(n, f"evidence_counts.{part}")
+                     for k, n in d.items()}
+    out["nodes"] = _count(value.get("nodes", len(out["by_node"])), "evidence_counts.nodes")
+    return out
+
+
+def _count(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 1 << 62:
+        raise Rejected("schema", f"{what} must be a whole number >= 0")
+    return value
 
 
 @dataclass
@@ -391,9 +434,10 @@ class FleetState:
 
     # -- views ------------------------------------------------------------------------------
     def incidents(self, *, status: str = "", limit: int | None = None) -> list[dict[str, Any]]:
-        """Open incidents first, then the most recently updated; ``status`` "open" or "resolved" only those."""
+        """Open incidents first, most actionable first (``incident_rank``); ``status`` "open" or
+        "resolved" only those."""
         recs = [r for r in self.incidents_by_job.values() if not status or r["status"] == status]
-        recs.sort(key=lambda r: (r["status"] != "open", -r["updated"], r["job"]))
+        recs.sort(key=incident_rank)
         return recs if limit is None else recs[:max(0, limit)]
 
     def take_dirty_incidents(self) -> list[dict[str, Any]]:
@@ -443,7 +487,23 @@ class FleetState:
         return {"node": name, **self.row(nv, time.time()), "agent_version": nv.agent_version,
                 "conditions": sorted(nv.conditions.values(),
                                      key=lambda c: (-severity_rank(c["severity"]), c["type"])),
-                "events": list(nv.events)[:100], "actions": collapse_actions(nv.actions)[:100]}
+                "events": list(nv.events)[:100], "actions": collapse_actions(nv.actions)[:100],
+                "incidents": self.node_incidents(name)}
+
+    def node_incidents(self, name: str, limit: int = 20) -> list[dict[str, Any]]:
+        """The open incidents that name this node as their culprit, then those it is a victim of (in
+        the views' order): its page says which job it stalls, or which job's hang it only suffers."""
+        out = []
+        for r in self.incidents(status="open"):
+            culprits = r.get("culprits") or ([r["culprit"]] if r.get("culprit") else [])
+            mine = [c for c in culprits if c.get("node") == name]
+            if mine or name in r.get("victims", ()):
+                out.append({"job": r["job"], "role": "culprit" if mine else "victim",
+                            "entity": mine[0].get("entity") if mine else None,
+                            "confidence": r.get("confidence"), "actionable": r.get("actionable", False),
+                            "reason": r.get("reason", ""), "opened": r.get("opened"), "updated": r.get("updated")})
+        out.sort(key=lambda x: x["role"] != "culprit")
+        return out[:limit]
 
     def timeline_svg(self, name: str, *, hours: float = 6.0, width: int = 900, now: float | None = None) -> str:
         """Each condition's firing spans, zoomed to the data within the last ``hours``: when did this port flap?"""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,12 @@ def _run(case: Path, tmp: Path) -> list[dict[str, Any]]:
     data = (case / "input.log").read_bytes()
     if where.endswith(".stats"):
         host.add_juicefs(where.rsplit("/", 1)[0], "/var/jfsCache", cache_size=100 << 30)
+    if where == "/dev/kmsg":
+        # the capture was taken soon after its newest record: `check` looks back lookback_seconds (600 s
+        # by default) from the node's uptime, as on the node the log came from
+        stamps = [float(m.group(1)) for m in re.finditer(rb"\[\s*(\d+\.\d+)\]", data)]
+        if stamps:
+            host.set_boot("corpus", uptime=max(stamps) + 60)
     dest = host.p(where)
     dest.parent.mkdir(parents=True, exist_ok=True)
     dest.write_bytes(data)
