@@ -256,6 +256,7 @@ def _check_plugin_sections(agent: AgentConfig, file: str, text: str) -> None:
         raise ConfigError(f"remediation plugin {name!r} breaks the plugin contract ({broken[name]}); fix or "
                           f"uninstall it, or stop using it", file=file,
                           line=_find_line(text, ["remediations", "plugins", name]), key=f"remediations.plugins.{name}")
+    _check_actions(agent, set(classes) | set(broken), file, text)
     for name, section in agent.remediations.plugins.items():
         cls = classes.get(name)
         path = ["remediations", "plugins", name]
@@ -267,6 +268,58 @@ def _check_plugin_sections(agent: AgentConfig, file: str, text: str) -> None:
             raise ConfigError(f"{'.'.join(path)}.dry_run must be true or false", file=file,
                               line=_find_line(text, [*path, "dry_run"]), key=".".join([*path, "dry_run"]))
         _convert({k: v for k, v in section.items() if k != "dry_run"}, cls.config_type, path, file, text)
+
+
+def _check_actions(agent: AgentConfig, installed: set[str], file: str, text: str) -> None:
+    """Every rule's action names an installed remediation plugin, or is "cordon" (the plugin named by
+    ``cordon_with``): a typo is an error at its line with the closest name, not a rule that fails at run time."""
+    from agent.remediation.policy import default_rules
+
+    rem = agent.remediations
+    choices = sorted(installed)
+
+    def unknown(what: str, name: str, key: str, line: int | None, *, cordon: bool) -> ConfigError:
+        valid = [*choices, "cordon"] if cordon else choices
+        close = difflib.get_close_matches(name, valid, n=1, cutoff=0.5)
+        listed = ", ".join(choices) or "none"
+        hint = (f"; did you mean {close[0]!r}?" if close else
+                f"; installed remediation plugins: {listed}" + (' (or "cordon")' if cordon else ""))
+        return ConfigError(f"{what}: no installed remediation plugin (entry point group gpu_node_agent.remediations) "
+                           f"has that name{hint}", file=file, line=line, key=key)
+
+    rules = (default_rules() if rem.default_policy else []) + list(rem.rules)
+    if rem.cordon_with not in installed and any(r.action == "cordon" for r in rules):
+        raise unknown(f"unknown remediation plugin {rem.cordon_with!r} in remediations.cordon_with", rem.cordon_with,
+                      "remediations.cordon_with", _find_line(text, ["remediations", "cordon_with"]), cordon=False)
+    for i, rule in enumerate(rem.rules):
+        if rule.action != "cordon" and rule.action not in installed:
+            raise unknown(f"unknown action {rule.action!r} in rule {rule.name!r} (remediations.rules[{i}])",
+                          rule.action, "remediations.rules.action", _rule_action_line(text, i, rule.action),
+                          cordon=True)
+    if rem.default_policy:
+        for rule in default_rules():
+            if rule.action != "cordon" and rule.action not in installed:
+                raise unknown(f"unknown action {rule.action!r} in the default policy's rule {rule.name!r} "
+                              "(default_policy = true)", rule.action, "remediations.default_policy",
+                              _find_line(text, ["remediations", "default_policy"]), cordon=True)
+
+
+def _rule_action_line(text: str, index: int, action: str) -> int | None:
+    """Line of the ``action`` of the ``index``-th ``[[remediations.rules]]``; for rules written inline, the
+    first line that sets ``action`` to this value."""
+    seen = -1
+    table: list[str] = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if m := _SECTION.match(line):
+            table = [p.strip().strip("\"'") for p in m.group(1).split(".")]
+            if table == ["remediations", "rules"] and line.lstrip().startswith("[["):
+                seen += 1
+            continue
+        if seen == index and table == ["remediations", "rules"] and (m := _KEY.match(line)) \
+                and m.group(1).strip("\"'") == "action":
+            return n
+    pattern = re.compile(r"(^|[\s{,])[\"']?action[\"']?\s*=\s*[\"']" + re.escape(action) + r"[\"']")
+    return next((n for n, line in enumerate(text.splitlines(), 1) if pattern.search(line)), None)
 
 
 def _check_values(config: Config, file: str, text: str) -> None:

@@ -69,6 +69,39 @@ def test_unknown_collector_and_wrong_types() -> None:
         configmod.parse("[collectors.gpu_devices]\njitter = 1.5\n")
 
 
+def test_an_unknown_remediation_action_names_file_line_and_the_closest_plugin(tmp_path: Path) -> None:
+    """Issue 22 item 6: a rule's action is a remediation plugin's name (or "cordon"): one that names no
+    installed plugin is a config error like an unknown key, at the line of that rule's action."""
+    rules = ('[remediations]\ncordon_with = "slurm"\n\n'
+             '[[remediations.rules]]\nname = "drain"\naction = "cordon"\n[remediations.rules.match]\n'
+             'type = ["GPULost"]\n\n'
+             '[[remediations.rules]]\nname = "reload"\nargs = { module = "nvidia_peermem" }\naction = "modprob"\n'
+             '[remediations.rules.match]\ntype = ["KernelModuleNotLoaded"]\n')
+    with pytest.raises(configmod.ConfigError) as ei:
+        configmod.parse(rules, file="f.toml")
+    err = ei.value
+    assert (err.key, err.line) == ("remediations.rules.action", 13)
+    assert str(err).startswith("f.toml:13: ") and "'modprob'" in str(err) and "did you mean 'modprobe'?" in str(err)
+    # nothing close: the installed plugins are listed (and "cordon")
+    with pytest.raises(configmod.ConfigError, match=r"'page_oncall'.*juicefs_warmup, kubernetes, modprobe, slurm"):
+        configmod.parse('[[remediations.rules]]\nname = "p"\naction = "page_oncall"\n[remediations.rules.match]\n')
+    # inline rules: the line that names the action
+    with pytest.raises(configmod.ConfigError) as ei:
+        configmod.parse('[remediations]\nrules = [\n  { name = "a", action = "slurm", match = {} },\n'
+                        '  { name = "b", action = "slurn", match = {} },\n]\n', file="f.toml")
+    assert ei.value.line == 4 and "did you mean 'slurm'?" in str(ei.value)
+    # cordon_with names the plugin every "cordon" rule (the default policy's too) runs
+    with pytest.raises(configmod.ConfigError) as ei:
+        configmod.parse('# x\n[remediations]\ncordon_with = "kubernets"\n', file="f.toml")
+    assert (ei.value.key, ei.value.line) == ("remediations.cordon_with", 3)
+    assert "did you mean 'kubernetes'?" in str(ei.value)
+    configmod.parse('[remediations]\ncordon_with = "kubernets"\ndefault_policy = false\n')  # no rule uses it
+    bad = tmp_path / "bad.toml"
+    bad.write_text(rules)
+    r = subprocess.run([*AGENT_CMD, "config", "check", str(bad)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 78 and f"{bad}:13: " in r.stderr and "did you mean 'modprobe'?" in r.stderr, r.stderr
+
+
 def test_invalid_toml_is_a_config_error() -> None:
     with pytest.raises(configmod.ConfigError, match="not valid TOML"):
         configmod.parse("[nats\n")

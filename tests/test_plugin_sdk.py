@@ -181,6 +181,25 @@ def test_a_plugin_that_breaks_the_contract_is_a_config_error(tmp_path: Path, kin
         assert _agent(["config", "check", str(cfg)], site).returncode == 0
 
 
+def test_a_rule_whose_action_names_no_installed_plugin_is_a_config_error(tmp_path: Path) -> None:
+    """Issue 22 item 6: the documented config with the action mistyped (``restart_unitt``) was "valid"
+    (exit 0) and failed only at run time, audited as "cannot r: ...". Now ``config check`` says so like any
+    other typo (file, line, the closest installed plugin) with 78, and the daemon refuses it at start."""
+    site = _doc_site(tmp_path)
+    host = _hot_host(tmp_path)
+    user_cfg = _doc_block("# /etc/gpu-node-agent").replace('action = "restart_unit"', 'action = "restart_unitt"')
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(f'host_root = "{host.root}"\nstate_dir = "{tmp_path / "state"}"\n[metrics]\nlisten = ""\n'
+                   + user_cfg)
+    line = cfg.read_text().splitlines().index('action = "restart_unitt"') + 1
+    for args in (["config", "check", str(cfg)], ["run", "--config", str(cfg), "--duration", "2"]):
+        r = _agent(args, site)
+        assert r.returncode == 78, (args, r.returncode, r.stderr[-2000:])
+        assert f"{cfg}:{line}: " in r.stderr, r.stderr
+        assert "'restart_unitt'" in r.stderr and "did you mean 'restart_unit'?" in r.stderr, r.stderr
+        assert "agent_started" not in r.stderr and "Traceback" not in r.stderr
+
+
 def test_every_builtin_plugin_keeps_the_contract() -> None:
     from importlib.metadata import entry_points
 

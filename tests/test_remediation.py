@@ -170,6 +170,9 @@ async def test_a_missing_binary_is_named_in_the_audit_not_a_missing_plugin(tmp_p
     assert modprobe["decision"] == "failed" and modprobe["remediation"] == "modprobe"
     assert "modprobe plugin is installed but cannot run here: modprobe not found" in modprobe["reason"]
     assert "no remediation plugin 'no_such_plugin' is installed" in mystery["reason"]
+    # issue 22 item 6: the reason names the rule as a rule ("cannot mystery: ..." read as a verb; "cannot r: ...")
+    assert modprobe["reason"].startswith("cannot apply rule 'reload-nvidia-peermem': the modprobe plugin")
+    assert mystery["reason"].startswith("cannot apply rule 'mystery': no remediation plugin 'no_such_plugin'")
 
 
 async def test_slurm_drain_is_idempotent_and_resume_only_our_drain(tools: Path, tmp_path: Path) -> None:

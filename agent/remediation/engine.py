@@ -114,7 +114,7 @@ class Engine:
         plugin = self.plugins.get(name)
         if plugin is None:
             why = self.unavailable.get(name) or f"no remediation plugin {name!r} is installed"
-            return await self._audit(msg, rule, name, "failed", f"cannot {rule.name}: {why}")
+            return await self._audit(msg, rule, name, "failed", f"cannot apply rule {rule.name!r}: {why}")
         node = msg.get("node", "")
         key = (rule.name, node, msg.get("entity", ""))
         att = self.attempts.setdefault(key, Attempts())
