@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from agent.cliargs import Parser, positive_float
+from agent.cliargs import Parser, positive_float, positive_int
 
 
 def add_commands(sub: argparse._SubParsersAction[Parser]) -> None:
@@ -14,7 +14,8 @@ def add_commands(sub: argparse._SubParsersAction[Parser]) -> None:
     demo.add_argument("--workdir", help="keep the simulated nodes, state and logs here (default: a temporary "
                                         "directory, removed at the end)")
     demo.add_argument("--keep", action="store_true", help="keep the temporary directory (its path is printed)")
-    demo.add_argument("--nodes", type=int, default=8, help="simulated nodes, each a real agent process")
+    demo.add_argument("--nodes", type=positive_int, default=8, help="simulated nodes, each a real agent process "
+                      "(default 8)")
     demo.add_argument("--port", type=int, default=8080, help="dashboard port (0: any free port)")
     demo.set_defaults(handler=cmd_demo)
 

@@ -17,7 +17,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from agent.nats_server import NatsServerProcess, free_port
+from agent.remediation.incidents import INCIDENTS_BUCKET
+from gna_sdk import plural
 from sim.host import SimHost
+from sim.scenarios import BUSES, GPUS, INIT_FORMATS, Job, watchdog_timeout, write_rank
 
 EMPTYDIR = "/var/lib/kubelet/pods/7d4f-demo/volumes/kubernetes.io~empty-dir/jfs-cache"
 
@@ -68,6 +71,7 @@ mkdir -p "{root}/sys/module/$mod" && echo live > "{root}/sys/module/$mod/initsta
 
 def _node_host(base: Path, i: int) -> SimHost:
     host = SimHost.gpu_node(base / f"node-{i:02d}" / "host", gpus=8, hcas=8)
+    host.write("/etc/hostname", f"gpu-{i:02d}\n")  # `diagnose --host-root` over a kept demo names it
     host.write("/proc/sys/kernel/hostname", f"gpu-{i:02d}\n")
     host.add_juicefs("/mnt/jfs", EMPTYDIR if i == 5 else "/var/jfsCache", cache_size=20 << 30)
     host.p("/var/log/nccl").mkdir(parents=True, exist_ok=True)
@@ -100,6 +104,42 @@ def _nccl_fallback(host: SimHost, node: str) -> None:
                   f"{node}:4242:4300 [0] NCCL INFO comm 0x55d0 rank 3 nranks 64 cudaDev 0 nvmlDev 0 busId 18000 "
                   f"commId 0x8b1f2e3d4c5b6a79 - Init COMPLETE\n").encode())
     host.write("/proc/4242/environ", "NCCL_DEBUG=INFO\0NCCL_IB_HCA=mlx5_1\0")
+
+
+# The training job the demo runs on gpu-05 to gpu-08 (gpu-05 and gpu-06 with fewer than eight nodes: the
+# others have faults of their own), its ranks' NCCL and PyTorch lines written as sim/scenarios.py writes
+# them (each format cited there), each rank a live process in its node's /proc. gpu-06's GPU at bus 9a
+# falls off the bus; the other ranks' watchdogs then time out: the correlator names gpu-06's GPU, the
+# other nodes are victims.
+JOB_ID = "0x5eed0d3e0a1b2c3d"
+JOB_SEQ = 4211  # the collective every rank waits in
+
+
+def _job(hosts: list[SimHost]) -> tuple[Job, dict[str, SimHost]]:
+    n = len(hosts)
+    picked = {f"gpu-{(i - 1) % n + 1:02d}": hosts[(i - 1) % n] for i in ((5, 6, 7, 8) if n >= 8 else (5, 6))}
+    return Job(JOB_ID, list(picked), len(picked) * GPUS), picked
+
+
+def _start_job(job: Job, hosts: dict[str, SimHost]) -> None:
+    import random
+
+    rng = random.Random(7)
+    ips = {node: f"10.0.0.{10 + i}" for i, node in enumerate(job.nodes)}
+    for node, host in hosts.items():
+        for gpu in range(GPUS):
+            write_rank(host, rng, job, node, gpu, max(INIT_FORMATS), ips, socket=False, timeout=False,
+                       completion_peer=None, glog=False)
+            host.write(f"/proc/{40000 + gpu}/cmdline", "python\0train.py\0")  # alive while the demo runs
+
+
+def _job_times_out(job: Job, hosts: dict[str, SimHost], stuck: tuple[str, int]) -> None:
+    for node, host in hosts.items():
+        for gpu in range(GPUS):
+            if (node, gpu) == stuck:
+                continue  # its GPU is gone: the rank never gets to time out
+            with open(host.p(f"/var/log/nccl/{node}.{40000 + gpu}.log"), "a") as fh:
+                fh.write(watchdog_timeout(job.rank_of(node, gpu), JOB_SEQ, 600_137) + "\n")
 
 
 def _port_free(port: int) -> bool:
@@ -138,6 +178,15 @@ def _run_fleet(base: Path, duration: float, nodes: int, port: int) -> int:
     server.start()
     print(f"demo: nats-server (JetStream) at {server.url}; {nodes} simulated GPU nodes under {base}", flush=True)
     hosts = [_node_host(base, i) for i in range(1, nodes + 1)]
+    job, job_hosts = _job(hosts)
+    _start_job(job, job_hosts)
+    # the admin step (docs/nats-security.md): every stream and bucket, before the fleet connects
+    setup = subprocess.run([sys.executable, "-m", "agent", "nats", "setup", "--nats", server.url],
+                           capture_output=True, text=True, timeout=60)
+    if setup.returncode != 0:
+        print(f"demo: nats setup failed ({setup.returncode}): {setup.stderr.strip()[-500:]}", flush=True)
+        server.stop()
+        return 1
     procs: list[subprocess.Popen[bytes]] = []
     for i, host in enumerate(hosts, 1):
         cfg = base / f"node-{i:02d}" / "config.toml"
@@ -145,6 +194,8 @@ def _run_fleet(base: Path, duration: float, nodes: int, port: int) -> int:
                                           url=server.url, modprobe=host.p("/usr/sbin/modprobe")))
         procs.append(subprocess.Popen([sys.executable, "-m", "agent", "run", "--config", str(cfg)],
                                       stdout=subprocess.DEVNULL, stderr=open(cfg.parent / "agent.log", "w")))  # noqa: SIM115
+    correlator = subprocess.Popen([sys.executable, "-m", "agent", "correlator", "--nats", server.url],
+                                  stdout=subprocess.DEVNULL, stderr=open(base / "correlator.log", "w"))  # noqa: SIM115
     dash_port = port if port and _port_free(port) else free_port()  # 8080 taken: any free port
     ready = base / "dashboard.url"
     ready.unlink(missing_ok=True)
@@ -157,13 +208,16 @@ def _run_fleet(base: Path, duration: float, nodes: int, port: int) -> int:
     print(f"demo: dashboard at {ready.read_text().strip() if ready.exists() else '(failed: see dashboard.log)'}",
           flush=True)
     print("demo: remediation is in dry-run: audits say what it would do (gna.actions.>)", flush=True)
+    print(f"demo: a training job ({job.comm_id}) runs on {', '.join(job.nodes)}; the correlator names the node that "
+          "stalls it (incidents at /incidents)", flush=True)
     try:
-        rc = asyncio.run(_follow(server.url, hosts, duration, started))
+        rc = asyncio.run(_follow(server.url, hosts, duration, started, job, job_hosts))
     finally:
-        for p in [dash, *procs]:
+        for p in [dash, correlator, *procs]:
             p.send_signal(signal.SIGTERM)
         codes = [_reap(p, 20) for p in procs]
         _reap(dash, 10)
+        _reap(correlator, 10)
         server.stop()
     print(f"demo: {nodes} agents exited with {sorted(set(codes))}", flush=True)
     return 0 if rc == 0 and all(c == 0 for c in codes) else 1
@@ -177,11 +231,12 @@ def _reap(proc: subprocess.Popen[bytes], timeout: float) -> int:
         return proc.wait()
 
 
-async def _follow(url: str, hosts: list[SimHost], duration: float, started: float) -> int:
+async def _follow(url: str, hosts: list[SimHost], duration: float, started: float, job: Job,
+                  job_hosts: dict[str, SimHost]) -> int:
     import nats
 
     nc = await nats.connect(url, max_reconnect_attempts=-1)
-    seen = {"messages": 0, "actions": 0}
+    seen = {"messages": 0, "actions": 0, "incidents": 0}
 
     async def on_msg(msg: object) -> None:
         m = json.loads(msg.data)  # type: ignore[attr-defined]
@@ -199,14 +254,22 @@ async def _follow(url: str, hosts: list[SimHost], duration: float, started: floa
     from nats.js.api import DeliverPolicy
 
     js = nc.jetstream()
-    for subject in ("gna.events.>", "gna.actions.>"):  # from the start: the first passes came before us
-        while True:
-            try:
-                await js.subscribe(subject, cb=on_msg, ordered_consumer=True, deliver_policy=DeliverPolicy.ALL)
-                break
-            except Exception:  # the first agent has not created the stream yet
-                await asyncio.sleep(0.3)
+    for subject in ("gna.events.>", "gna.actions.>"):  # from the start (`nats setup` made the streams)
+        await js.subscribe(subject, cb=on_msg, ordered_consumer=True, deliver_policy=DeliverPolicy.ALL)
+
+    async def on_incident(msg: object) -> None:
+        r = json.loads(msg.data)  # type: ignore[attr-defined]
+        seen["incidents"] += 1
+        c = r.get("culprit") or {}
+        who = f"culprit {c.get('node')} {c.get('entity')}" if c else "no culprit named"
+        print(f"  +{time.monotonic() - started:5.1f}s  INCIDENT job {r.get('job')} {str(r.get('status')).upper()}: "
+              f"{who}, confidence {round(100 * float(r.get('confidence') or 0))} %, "
+              f"{plural(len(r.get('victims') or []), 'victim')}: {r.get('reason', '')}", flush=True)
+
+    await js.subscribe(f"$KV.{INCIDENTS_BUCKET}.>", cb=on_incident, ordered_consumer=True,
+                       deliver_policy=DeliverPolicy.ALL)
     n = len(hosts)
+    stuck = (f"gpu-{(6 - 1) % n + 1:02d}", BUSES.index("9a"))  # the rank on gpu-06's GPU at bus 9a
 
     def at(i: int) -> SimHost:
         return hosts[(i - 1) % n]
@@ -218,6 +281,8 @@ async def _follow(url: str, hosts: list[SimHost], duration: float, started: floa
         (10.0, "gpu-04: a job's NCCL falls back to TCP sockets", lambda: _nccl_fallback(at(4), "gpu-04")),
         (12.0, "gpu-06: Xid 79, GPU fallen off the bus",
          lambda: at(6).kmsg("NVRM: Xid (PCI:0000:9a:00): 79, pid=77, name=python, GPU has fallen off the bus.")),
+        (14.0, f"job {job.comm_id}: the other ranks' watchdogs time out (collective {JOB_SEQ})",
+         lambda: _job_times_out(job, job_hosts, stuck)),
         (20.0, "gpu-01: device node recreated", lambda: at(1).add_dev_node("nvidia3")),
     ]
     print("  (gpu-05's JuiceFS cache sits on a kubelet emptyDir from the start)", flush=True)
@@ -235,5 +300,6 @@ async def _follow(url: str, hosts: list[SimHost], duration: float, started: floa
     for t in running:
         await asyncio.to_thread(t.join, 5.0)
     await nc.close()
-    print(f"demo: {seen['messages']} messages and {seen['actions']} remediation audits seen", flush=True)
+    print(f"demo: {plural(seen['messages'], 'message')}, {plural(seen['actions'], 'remediation audit')} and "
+          f"{plural(seen['incidents'], 'incident record')} seen", flush=True)
     return 0 if seen["messages"] else 1

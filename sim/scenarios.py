@@ -195,18 +195,25 @@ def generate(workdir: Path, seed: int, *, nodes: int = 8, fault: str | None = No
     for job in jobs:
         for n in job.nodes:
             for x in range(GPUS):
-                _write_rank(hosts[n], rng, job, n, x, version, ip_of,
-                            socket=(n == socket_node and job is faulty),
-                            timeout=(n, x) in timed_out and job is faulty, behind=(n, x) in behind,
-                            completion_peer=ip_of[completion_to] if completion_to and job is faulty
-                            and n != completion_to and rng.random() < 0.5 else None,
-                            glog=glog, torch=torch,
-                            heard_from=faulty.rank_of(*rng.choice(sorted(timed_out)))
-                            if (n, x) in heard and job is faulty and timed_out else None)
+                write_rank(hosts[n], rng, job, n, x, version, ip_of,
+                           socket=(n == socket_node and job is faulty),
+                           timeout=(n, x) in timed_out and job is faulty, behind=(n, x) in behind,
+                           completion_peer=ip_of[completion_to] if completion_to and job is faulty
+                           and n != completion_to and rng.random() < 0.5 else None,
+                           glog=glog, torch=torch,
+                           heard_from=faulty.rank_of(*rng.choice(sorted(timed_out)))
+                           if (n, x) in heard and job is faulty and timed_out else None)
     return Scenario(seed, fault, roots, jobs, expected, noise_done)
 
 
-def _write_rank(h: SimHost, rng: random.Random, job: Job, node: str, gpu: int, version: str, ip_of: dict[str, str],
+def watchdog_timeout(rank: int, seq: int, ran_ms: int) -> str:
+    """PyTorch's ProcessGroupNCCL watchdog line for a collective that timed out (2.4+, as in public logs)."""
+    return (f"[Rank {rank}] Watchdog caught collective operation timeout: WorkNCCL(SeqNum={seq}, OpType=ALLREDUCE, "
+            f"NumelIn=262144000, NumelOut=262144000, Timeout(ms)=600000) ran for {ran_ms} milliseconds before "
+            "timing out.")
+
+
+def write_rank(h: SimHost, rng: random.Random, job: Job, node: str, gpu: int, version: str, ip_of: dict[str, str],
                 *, socket: bool, timeout: bool, completion_peer: str | None, glog: bool,
                 behind: bool = False, torch: str = "2.6", heard_from: int | None = None) -> None:
     pid = 40000 + gpu
@@ -240,9 +247,7 @@ def _write_rank(h: SimHost, rng: random.Random, job: Job, node: str, gpu: int, v
         # as in public logs of torch 2.4+ (c10 glog prefix, ProcessGroupNCCL.cpp line numbers vary)
         head = f"[rank{rank}]:[E1203 07:44:26.{rng.randint(10**8, 10**9 - 1)} {tid} ProcessGroupNCCL.cpp:655] " \
             if glog else ""
-        lines.append(f"{head}[Rank {rank}] Watchdog caught collective operation timeout: WorkNCCL(SeqNum={seq}, "
-                     f"OpType=ALLREDUCE, NumelIn=262144000, NumelOut=262144000, Timeout(ms)=600000) ran for "
-                     f"{600000 + rng.randint(1, 900)} milliseconds before timing out.")
+        lines.append(head + watchdog_timeout(rank, seq, 600000 + rng.randint(1, 900)))
         prefix, progress, _ = TORCH_FORMATS[torch]
         if glog:  # ProcessGroupNCCL.cpp's watchdog: logPrefix() + the group's progress
             lines.append(head.replace(":655]", ":2299]") + prefix.format(r=rank)

@@ -24,5 +24,14 @@ def test_fleet_demo_shows_every_scripted_fault(tmp_path: Path) -> None:
     assert "ACTION  modprobe       dry_run  would load kernel module nvidia_peermem" in out
     assert "dashboard at http://127.0.0.1:" in out
     assert "6 agents exited with [0]" in out
+    # the correlator runs in the demo: the job's stalled GPU is named, its other nodes are victims (issue 22)
+    assert any("INCIDENT job 0x5eed0d3e0a1b2c3d OPEN: culprit gpu-06 gpu:0000:9a:00.0" in line
+               for line in out.splitlines()), out[-3000:]
     assert not [line for line in out.splitlines() if "ACTION" in line and "failed" in line]
     assert "demo: removed " in out and not list(tmp_path.glob("gna-fleet-*")), "the demo left its directory behind"
+
+
+def test_demo_without_nodes_is_a_usage_error_not_a_hang() -> None:
+    r = subprocess.run([*AGENT_CMD, "demo", "--nodes", "0", "--duration", "1"], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 64 and "--nodes" in r.stderr, r.stderr
