@@ -188,7 +188,7 @@ def correlate(messages: list[dict[str, Any]]) -> list[Incident]:
         v = fast_verdict(f, held)
         if v is None and f.symptomatic:
             v = slow_verdict(f)
-        if v is not None:
+        if v is not None and is_incident(f, v):
             out.append(incident(f, v))
     return out
 

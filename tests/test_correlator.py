@@ -39,7 +39,7 @@ def test_each_fault_kind_names_its_culprit_and_only_it(fault: str, tmp_path: Pat
     incidents = out["incidents"]
     assert sc.score(incidents) == {"tp": int(fault != "healthy"), "fp": 0, "fn": 0}, (sc.expected, incidents)
     if fault == "healthy":
-        assert rc == 0 and incidents == []
+        assert incidents == [] and rc == (2 if out["critical"] else 0)  # a node's own critical finding: exit 2
         return
     (inc,) = incidents  # the healthy second job has none, whatever noise its nodes carry
     culprit = inc["culprit"]
@@ -397,3 +397,26 @@ def test_a_ranks_payload_never_stands_in_for_membership() -> None:
                            "last_enqueued": 2}} for i in range(4)]
     (inc,) = correlate(msgs + forged)
     assert inc.culprit is not None and inc.culprit["node"] == "n2" and inc.culprit["rank"] == "9", inc.reason
+
+
+def test_diagnose_text_names_every_critical_finding_and_what_it_left_out(tmp_path: Path) -> None:
+    """Issue 22: a GPU off the bus on an idle node is no job's culprit and must still be said; an incident's
+    evidence lines say how many were left out and which decided it."""
+    sc = generate(tmp_path, seed=11, nodes=5, fault="gpu_fell_off", job_nodes=3, second_job=False)
+    idle = [n for n in sc.roots if not any(n in j.nodes for j in sc.jobs)]
+    assert idle and any(x.startswith("xid79-idle:") for x in sc.noise)
+    args = [a for root in sc.roots.values() for a in ("--host-root", str(root))]
+    r = subprocess.run([*AGENT_CMD, "diagnose", *args], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stderr[-2000:]
+    out = r.stdout
+    (off,) = [n.split(":", 1)[1] for n in sc.noise if n.startswith("xid79-idle:")]
+    block = out.split(f"node {off}: UNHEALTHY", 1)[1].split("\nnode ", 1)[0].split("\njob ", 1)[0]
+    assert "[critical] GPUFellOffBus gpu:0000:18:00.0" in block and "culprit of job" not in block
+    culprit = sc.expected[sc.jobs[0].comm_id]
+    assert culprit is not None
+    assert f"[critical] GPUFellOffBus {culprit['entity']} (culprit of job {sc.jobs[0].comm_id})" in out
+    shown = out.split("  evidence: ", 1)[1]
+    head = shown.splitlines()[0]
+    n_shown, total = int(head.split(" of ")[0]), int(head.split(" of ")[1].split()[0])
+    assert total > n_shown and f"... {total - n_shown} more" in shown
+    assert "<- decided it" in shown
