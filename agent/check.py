@@ -18,7 +18,7 @@ from agent.facts import FactStore
 from agent.framework import is_periodic
 from agent.message import Message, to_dict
 from agent.registry import collector_classes
-from gna_sdk import Checkable, phase_of, severity_rank
+from gna_sdk import Checkable, phase_of, plural, severity_rank
 from gna_sdk.hostroot import HostRoot
 
 EXIT_HEALTHY, EXIT_WARNING, EXIT_CRITICAL = 0, 1, 2
@@ -100,7 +100,8 @@ def render_text(report: dict[str, Any]) -> str:
     for n in report["not_seen"]:
         lines.append(f"  [not seen] {n['collector']}: {n['source']}: {n['reason']}")
     for u in report["unparsed"]:
-        lines.append(f"  [unparsed] {u['collector']}: {u['source']}: {u['count']} lines, e.g. {u['sample']!r}")
+        lines.append(f"  [unparsed] {u['collector']}: {u['source']}: {plural(u['count'], 'line')}, "
+                     f"e.g. {u['sample']!r}")
     if not report["conditions"] and not report["events"]:
         blind = len(report["not_seen"]) + len(report["skipped"])
         lines.append("  no problems found" + (f" in what could be seen ({blind} not seen or skipped, above)"

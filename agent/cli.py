@@ -36,6 +36,7 @@ from agent.cliargs import (
 )
 from agent.natsclient import NatsUnavailable
 from agent.topo_cmd import add_command as add_topo_command
+from gna_sdk import plural
 
 COMMANDS_GROUP = "gpu_node_agent.commands"
 
@@ -180,7 +181,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_config_check(args: argparse.Namespace) -> int:
     cfg = configmod.load(args.file)
-    print(f"{args.file}: valid ({len(cfg.collectors)} collectors)")
+    print(f"{args.file}: valid ({plural(len(cfg.collectors), 'collector')})")
     return 0
 
 

@@ -32,7 +32,7 @@ from agent.sdnotify import Notifier
 from agent.shutdown import EX_SOFTWARE, ShutdownGuard
 from agent.spool import SEVERITY_NAMES, Spool
 from agent.subjects import action_subject, encode_token
-from gna_sdk import ExportsMetrics
+from gna_sdk import ExportsMetrics, plural
 from gna_sdk.aio import cancel_and_wait, within
 from gna_sdk.hostroot import HostRoot
 
@@ -98,7 +98,8 @@ class Agent:
         msg = make_message(
             node=self.node, collector=AGENT_COLLECTOR, kind="event", type="SpoolOverflow",
             severity="warning", entity=f"spool:{self.spool.dir}", reason="SpoolFull",
-            message=f"The spool was full during a NATS outage: {total} messages were dropped by policy "
+            message=f"The spool was full during a NATS outage: {plural(total, 'message')} "
+                    f"{'was' if total == 1 else 'were'} dropped by policy "
                     f"{self.spool.policy}.",
             details={"dropped": counts, "policy": self.spool.policy, "max_bytes": self.spool.max_bytes})
         return await self._sink(msg)
@@ -110,8 +111,9 @@ class Agent:
         await self._sink(make_message(
             node=self.node, collector=AGENT_COLLECTOR, kind="event", type="SpoolCorrupted", severity="warning",
             entity=f"spool:{self.spool.dir}", reason="DamagedFrames",
-            message=f"The spool had damaged frames in {c['segments']} segment(s): {c['bytes']} bytes skipped, "
-                    f"{c['records']} records lost; every intact record after them was kept.",
+            message=f"The spool had damaged frames in {plural(c['segments'], 'segment')}: "
+                    f"{plural(c['bytes'], 'byte')} skipped, {plural(c['records'], 'record')} lost; every intact "
+                    f"record after them was kept.",
             details=dict(c)))
 
     def _on_spool_drop(self, sev: int, n: int) -> None:
@@ -344,7 +346,7 @@ class Agent:
         self._start_collectors()
         if (wd := self.notifier.watchdog_interval()) is not None:
             self._tasks.append(loop.create_task(self._watchdog(wd), name="watchdog"))
-        self.notifier.ready(f"node {self.node}: {len(self.runners)} collectors")
+        self.notifier.ready(f"node {self.node}: {plural(len(self.runners), 'collector')}")
         log.info("agent_started", node=self.node, version=__version__, host_root=str(self.host.root),
                  state_dir=str(self.state_dir), nats=[redact(s) for s in servers], pid=os.getpid())
         deadline = None if duration is None else loop.time() + duration

@@ -23,7 +23,7 @@ import structlog
 
 from agent.facts import FactStore
 from agent.message import Message, make_message
-from gna_sdk import Details, Severity, SuggestedAction, severity_rank
+from gna_sdk import Details, Severity, SuggestedAction, plural, severity_rank
 from gna_sdk.statefile import write_state
 
 log = structlog.get_logger(__name__)
@@ -225,7 +225,7 @@ class CollectorEmitter:
         sample = sorted(folded)[:10]
         return await self._transition(
             type, firing=True, severity=worst, entity=agg, reason="Aggregated",
-            message=f"{len(folded)} more {type} conditions beyond the cap of {self.max_conditions} for "
+            message=f"{plural(len(folded), f'more {type} condition')} beyond the cap of {self.max_conditions} for "
                     f"{self.collector} (e.g. {', '.join(sample[:3])}): {message[:200]}",
             details={"aggregated": len(folded), "cap": self.max_conditions, "entities_sample": sample},
             suggested_action=suggested_action)

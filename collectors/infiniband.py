@@ -33,7 +33,7 @@ from collectors.ib_sysfs import (
     counter_delta,
     read_port,
 )
-from gna_sdk import CollectorSettings, Emitter, HostPaths, Severity
+from gna_sdk import CollectorSettings, Emitter, HostPaths, Severity, plural
 from gna_sdk.persist import BootScopedSet, boot_id
 from gna_sdk.udev import Uevent
 from gna_sdk.watch import Watches
@@ -261,7 +261,7 @@ class InfinibandCollector:
                         and self._is_firing("IBPortFlapping", snap.entity)):
             await self.emit.condition(
                 "IBPortFlapping", firing=True, severity="critical", entity=snap.entity, reason="LinkFlaps",
-                message=f"Port {snap.hca}/{snap.port} went down and came back {len(st.flaps)} times in "
+                message=f"Port {snap.hca}/{snap.port} went down and came back {plural(len(st.flaps), 'time')} in "
                         f"{self.config.flap_window:g} s.",
                 details={**details, "flaps_in_window": len(st.flaps), "window_s": self.config.flap_window,
                          "hold_down_s": self.config.flap_hold_down}, suggested_action="cordon")

@@ -12,7 +12,7 @@ import asyncio
 from typing import Any, ClassVar, Literal
 
 from collectors.gpu_inventory import scan
-from gna_sdk import CollectorSettings, Emitter, HostPaths
+from gna_sdk import CollectorSettings, Emitter, HostPaths, plural
 from gna_sdk.udev import Uevent
 from gna_sdk.watch import Watches
 
@@ -77,10 +77,17 @@ class KernelModulesCollector:
         return {"kernel_log": [e["text"] for e in errors[-3:]]} if errors else {}
 
     async def collect(self) -> None:
-        proc_text = self.host.read_text("/proc/modules", limit=1 << 20)
+        proc_text, why = None, ""
+        try:  # not host.read_text: a missing file and an unreadable one are said apart
+            with open(self.host.path("/proc/modules"), "rb") as fh:
+                proc_text = fh.read(1 << 20).decode("utf-8", "replace")
+        except FileNotFoundError:
+            why = "missing"
+        except OSError as exc:
+            why = f"unreadable: {exc.strerror or exc}"
         proc = parse_proc_modules(proc_text) if proc_text is not None else None
         if proc_text is None:
-            self.emit.not_seen("/proc/modules", "unreadable: module states come from /sys/module alone")
+            self.emit.not_seen("/proc/modules", f"{why}: module states come from /sys/module alone")
         states = {m: module_state(self.host, m, proc) for m in ("nvidia", "nvidia_uvm", "nvidia_peermem")}
         loaded = {m: s in ("live", "builtin") for m, s in states.items()}
         gpus = len((await asyncio.to_thread(scan, self.host)).pci)
@@ -98,8 +105,9 @@ class KernelModulesCollector:
             await self.emit.condition(
                 "KernelModuleNotLoaded", firing=True, severity="critical", entity="module:nvidia",
                 reason="VersionMismatch" if ev else "NotLoaded",
-                message=f"The nvidia kernel module is not loaded ({states['nvidia']}) while {gpus} NVIDIA GPUs "
-                        f"are on the PCI bus: no GPU is usable (driver not built for this kernel?).",
+                message=f"The nvidia kernel module is not loaded ({states['nvidia']}) while "
+                        f"{plural(gpus, 'NVIDIA GPU')} {'is' if gpus == 1 else 'are'} on the PCI bus: no GPU is "
+                        f"usable (driver not built for this kernel?).",
                 details={**base, **ev}, suggested_action="cordon")
         if gpus and loaded["nvidia"] and not loaded["nvidia_uvm"]:
             await self.emit.condition(
@@ -115,7 +123,8 @@ class KernelModulesCollector:
                 "KernelModuleNotLoaded", firing=True, severity="critical", entity="module:nvidia_peermem",
                 reason=("VersionMismatch" if any("disagrees" in t for t in ev.get("kernel_log", []))
                         else "LoadFailed" if ev else "NotLoaded"),
-                message=f"nvidia_peermem is not loaded on a node with {gpus} GPUs and {len(hcas)} RDMA HCAs: "
+                message=f"nvidia_peermem is not loaded on a node with {plural(gpus, 'GPU')} and "
+                        f"{plural(len(hcas), 'RDMA HCA')}: "
                         f"GPUDirect RDMA is off and NCCL stages every transfer through host memory.",
                 details={**base, "gdr_files": gdr_files, "gpudirect": self.config.gpudirect, **ev},
                 suggested_action="reload_module")

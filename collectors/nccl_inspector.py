@@ -35,7 +35,7 @@ from typing import Annotated, Any, ClassVar, Literal
 import msgspec
 import structlog
 
-from gna_sdk import CollectorSettings, Emitter, HostPaths
+from gna_sdk import CollectorSettings, Emitter, HostPaths, plural
 from gna_sdk.hostroot import HostRoot
 from gna_sdk.tailer import TailedFile, Tailer
 
@@ -557,7 +557,8 @@ class NCCLInspectorCollector:
         n_ops = sum(c["records"] for c in details["comms"])
         ok = await self.emit.event(
             "NCCLInspectorSummary", severity="info", entity=proc.entity, reason="Periodic",
-            message=f"NCCL Inspector: {n_ops} operations of {len(details['comms'])} communicator rank(s) in "
+            message=f"NCCL Inspector: {plural(n_ops, 'operation')} of "
+                    f"{plural(len(details['comms']), 'communicator rank')} in "
                     f"{proc.host}:{proc.pid} over the last {self.config.window:g} s.",
             details=details)
         if ok:

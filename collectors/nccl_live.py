@@ -31,7 +31,7 @@ import structlog
 
 from collectors.flight_recorder import DEFAULT_MAX_BYTES, FRDumpError, dump_files, load_opened, summarize
 from collectors.nccl_ras import RasError, RasReport, query_ras, ras_address
-from gna_sdk import Emitter, HostPaths
+from gna_sdk import Emitter, HostPaths, plural
 from gna_sdk.hostroot import UnsafePath, UntrustedFile, open_untrusted, split_beneath
 
 log = structlog.get_logger(__name__)
@@ -172,7 +172,7 @@ class RasAsker:
         self.reports += 1
         suspects = [s for s in report.suspects() if s.reason != "remote_error"][:MAX_SUSPECTS]
         top = suspects[0] if suspects else None
-        text = (f"NCCL RAS for {entity}: {len(suspects)} suspect(s), first: {top.detail}" if top else
+        text = (f"NCCL RAS for {entity}: {plural(len(suspects), 'suspect')}, first: {top.detail}" if top else
                 f"NCCL RAS for {entity}: every process answered, no communicator in error")
         await self.emit.event(
             "NCCLRASReport", severity="warning" if suspects else "info", entity=entity,

@@ -32,6 +32,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gna_sdk import plural
+
 # src/ras/ras_internal.h (every tag 2.24.3-1 .. 2.30.7-1 and dev 2.31.0a7)
 DEFAULT_PORT = 28028  # NCCL_RAS_CLIENT_PORT
 CLIENT_PROTOCOL = 2  # NCCL_RAS_CLIENT_PROTOCOL
@@ -1325,7 +1327,8 @@ def _suspects(r: RasReport) -> list[RasSuspect]:
                 out.append(RasSuspect(reason, f"rank {m.rank} of {c.comm_hash} reported {kind} error {g.value!s}",
                                       m.host, m.pid, _gpus(m), c.comm_hash, m.rank, g.count))
             if not g.ranks:
-                out.append(RasSuspect(reason, f"{g.count} ranks of {c.comm_hash} reported {kind} error {g.value!s}"
+                out.append(RasSuspect(reason, f"{plural(g.count, 'rank')} of {c.comm_hash} reported {kind} error "
+                                      f"{g.value!s}"
                                       " (RAS did not list them)", comm_hash=c.comm_hash, group_size=g.count))
         for g in c.status_groups:
             if len(c.status_groups) > 1 and g.value in ("INIT", "ABORT") and g.count < (c.nranks or 0):
@@ -1338,14 +1341,16 @@ def _suspects(r: RasReport) -> list[RasSuspect]:
         for func, groups in by_func.items():
             low = min(groups, key=lambda g: g.value if isinstance(g.value, int) else -1)
             ranks = list(low.ranks) or _complement(c, groups, low)
-            what = f"{func} operations" if func != "collective" else "collective operations"
+            what = f"{func} operation"
+            launched = plural(low.value, what) if isinstance(low.value, int) else f"{low.value} {what}s"
             for m in ranks:
-                out.append(RasSuspect("behind", f"rank {m.rank} of {c.comm_hash} has launched {low.value} {what},"
+                out.append(RasSuspect("behind", f"rank {m.rank} of {c.comm_hash} has launched {launched},"
                                       " fewer than other ranks", m.host, m.pid, _gpus(m), c.comm_hash, m.rank,
                                       low.count))
             if not ranks:
-                out.append(RasSuspect("behind", f"{low.count} ranks of {c.comm_hash} have launched {low.value}"
-                                      f" {what}, fewer than other ranks (RAS did not list them)",
+                out.append(RasSuspect("behind", f"{plural(low.count, 'rank')} of {c.comm_hash} "
+                                      f"{'has' if low.count == 1 else 'have'} launched {launched}, fewer than "
+                                      "other ranks (RAS did not list them)",
                                       comm_hash=c.comm_hash, group_size=low.count))
     out.sort(key=lambda s: _SUSPECT_ORDER.index(s.reason))
     return out

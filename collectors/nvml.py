@@ -40,7 +40,7 @@ from collectors.nvml_lib import (
     normalize_bus_id,
 )
 from collectors.xid_catalog import classify, emit_xid
-from gna_sdk import Aggregator, CollectorSettings, Emitter, HostPaths, Severity, severity_rank
+from gna_sdk import Aggregator, CollectorSettings, Emitter, HostPaths, Severity, plural, severity_rank
 
 log = structlog.get_logger(__name__)
 
@@ -238,7 +238,7 @@ class NVMLCollector:
                 key = f"{name}: {type(exc).__name__} ({code})"
                 self.call_errors[key] = self.call_errors.get(key, 0) + 1
                 self.emit.not_seen(f"NVML {name}", f"{type(exc).__name__} (NVML error {code}): check skipped "
-                                                   f"({self.call_errors[key]} times)")
+                                                   f"({plural(self.call_errors[key], 'time')})")
             return None
         finally:
             self.timings[name] = time.perf_counter() - t0
@@ -685,7 +685,7 @@ class NVMLCollector:
                         "gpm": DCGM_GPM},
         }
         if await self.emit.event("StragglerSignals", severity="info", entity="signals:gpu", reason="Periodic",
-                                 message=f"Straggler signals of {len(self.signals)} GPUs.", details=details):
+                                 message=f"Straggler signals of {plural(len(self.signals), 'GPU')}.", details=details):
             self._signals_at = self._now
 
     # -- Prometheus: DCGM's field names where DCGM has the quantity ------------------------

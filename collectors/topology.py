@@ -45,7 +45,7 @@ from collectors.pcie_paths import (
     read_attr,
     read_topology,
 )
-from gna_sdk import CollectorSettings, Emitter, HostPaths, Severity, SuggestedAction
+from gna_sdk import CollectorSettings, Emitter, HostPaths, Severity, SuggestedAction, plural
 from gna_sdk.hostroot import HostRoot
 from gna_sdk.persist import BootScopedSet, boot_id
 
@@ -465,7 +465,8 @@ def topology_report(host_root: str | Path, *, use_nvml: bool = True, pcie_only: 
     elif not topo.gpus:
         notes.append("no NVIDIA GPU on the PCI bus")
     if topo.skipped:
-        notes.append(f"{len(topo.skipped)} sysfs entries refused or unreadable (listed under 'skipped' in JSON)")
+        notes.append(f"{plural(len(topo.skipped), 'sysfs entry', 'sysfs entries')} refused or unreadable "
+                     "(listed under 'skipped' in JSON)")
     view: NvmlView | None = None
     if topo.gpus and not pcie_only:
         if use_nvml:
@@ -582,7 +583,7 @@ class TopologyCollector:
                                        f"the PCIe speed under load are not checked (link width is)")
         else:
             for call, n in sorted(view.errors.items()):
-                self.emit.not_seen(f"NVML {call.split(':')[0]}", f"{call}: skipped {n} times")
+                self.emit.not_seen(f"NVML {call.split(':')[0]}", f"{call}: skipped {plural(n, 'time')}")
             findings += nvlink_findings(topo, view, self.config.expected_nvlinks_per_pair,
                                         self._best_seen(view, topo))
         if nvswitch_system(topo, view) and probe.procs is not None and not probe.procs.visible:

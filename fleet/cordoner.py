@@ -68,6 +68,7 @@ from agent.remediation.incidents import (
 from agent.remediation.loader import load_plugins
 from agent.subjects import EVENTS_PREFIX, action_subject, event_subject
 from fleet.wire import Rejected, Rejections, decode_event
+from gna_sdk import plural
 from gna_sdk.aio import within
 from gna_sdk.hostroot import HostRoot
 
@@ -169,8 +170,9 @@ class Cordoner:
             job = details.get("job") if isinstance(details, dict) else None
             node = msg.get("node", "")
             share = self.waiting.get(node, 0) >= self.max_waiting_per_node
-            return NO_ROOM.format(job=job, why=(f"{node} already has {self.max_waiting_per_node} messages waiting"
-                                                if share else f"{self.max_waiting} messages are waiting"))
+            return NO_ROOM.format(job=job, why=(f"{node} already has {plural(self.max_waiting_per_node, 'message')} "
+                                                "waiting" if share else
+                                                f"{plural(self.max_waiting, 'message')} are waiting"))
         return why
 
     async def _await_verdict(self, msg: dict[str, Any]) -> None:

@@ -30,6 +30,7 @@ from agent.nats_link import StreamMissing, ensure_stream, stream_configs
 from agent.natsclient import connect
 from agent.subjects import events_filter
 from fleet.wire import Rejected, Rejections, decode_event
+from gna_sdk import plural
 
 FETCH_WAIT_S = 0.5  # how long one fetch waits for new messages: the follower's reaction time
 
@@ -65,7 +66,8 @@ class _Printer:
     def summary(self) -> None:
         if self.rejections.total():
             reasons = ", ".join(f"{r}: {n}" for r, n in sorted(self.rejections.counts.items()))
-            print(f"gpu-node-agent: skipped {self.rejections.total()} messages that failed validation ({reasons})",
+            n = self.rejections.total()
+            print(f"gpu-node-agent: skipped {plural(n, 'message')} that failed validation ({reasons})",
                   file=sys.stderr)
 
     def write(self, subject: str, data: bytes) -> None:

@@ -51,6 +51,8 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
+from gna_sdk import plural
+
 _COMM_ID = re.compile(r"0x[0-9a-f]{1,16}")
 MAX_SUMMARIES = 65536  # a communicator of 64k ranks; beyond, the rest is ignored
 MAX_OPS = 256
@@ -217,7 +219,8 @@ def _late_arrivals(comm_id: str, ranks: dict[int, _Rank], rules: Rules) -> list[
             "message": f"Rank {rank} of communicator {comm_id}"
                        + (f" ({r.hostname}:{r.pid})" if r.hostname else "")
                        + f" reaches its collectives last: its {worst['op']} ({worst['bucket']}) kernels are the "
-                         f"shortest, its {worst['peers']} peers spend about {worst['peers_waiting_pct']:g}% of "
+                         f"shortest, its {plural(worst['peers'], 'peer')} "
+                         f"{'spends' if worst['peers'] == 1 else 'spend'} about {worst['peers_waiting_pct']:g}% of "
                          f"theirs waiting for it."})
     return out
 

@@ -23,7 +23,7 @@ from rich.text import Text
 from agent.config import NatsConfig
 from fleet.state import FAMILIES, FleetFeed, FleetState
 from fleet.text import clean_text
-from gna_sdk import severity_rank
+from gna_sdk import plural, severity_rank
 from gna_sdk.aio import within
 
 STYLE = {"critical": "bold white on red", "warning": "black on yellow", "info": "black on cyan", "": "green"}
@@ -46,7 +46,7 @@ def header(rows: list[dict[str, Any]], total: int, q: str) -> str:
     crit = sum(1 for r in rows if _worst(r) == 3)
     warn = sum(1 for r in rows if _worst(r) == 2)
     stale = sum(1 for r in rows if r["stale"])
-    scope = f"{len(rows)} of {total} nodes match {q!r}" if q else f"{total} nodes"
+    scope = f"{len(rows)} of {plural(total, 'node')} match {q!r}" if q else plural(total, "node")
     return f"gpu-node-agent · {scope} · {crit} critical · {warn} warning · {stale} stale"
 
 
@@ -66,7 +66,7 @@ def render(state: FleetState, *, limit: int = 40, q: str = "", fit: bool = True)
         age = "never" if r["age_s"] is None else f"{r['age_s']:.0f}s" + (" STALE" if r["stale"] else "")
         t.add_row(plain(r["node"]), *cells, str(r["active"]), plain(", ".join(r["types"])), age)
     if len(rows) > limit:
-        t.caption = f"{len(rows) - limit} more nodes not shown (healthiest last; --limit to show more)"
+        t.caption = f"{plural(len(rows) - limit, 'more node')} not shown (healthiest last; --limit to show more)"
     return t
 
 
@@ -98,7 +98,7 @@ def render_incidents(state: FleetState, *, limit: int = INCIDENT_ROWS, fit: bool
         t.add_row(plain(r["job"]), plain(c["node"] if c else "none named"), plain(c["entity"] if c else ""),
                   plain(kind), _standing(r), str(len(r["victims"])), plain(r["reason"]))
     if len(open_) > limit:
-        t.caption = f"{len(open_) - limit} more open incidents (the dashboard's /incidents lists them all)"
+        t.caption = f"{plural(len(open_) - limit, 'more open incident')} (the dashboard's /incidents lists them all)"
     return t
 
 

@@ -171,6 +171,12 @@ class Emitter(Protocol):
 
 # -- shared helpers ----------------------------------------------------------------------------
 
+def plural(n: int, word: str, many: str = "") -> str:
+    """A count and its noun as a message says it: "1 line", "0 lines", "3 lines"; ``many`` when
+    adding "s" is wrong ("1 process", "2 processes"). Every count in a message goes through this."""
+    return f"{n} {word if n == 1 else many or word + 's'}"
+
+
 @dataclass
 class Window:
     first: float

@@ -142,3 +142,17 @@ def test_check_driver_not_loaded_after_kernel_upgrade(tmp_path: Path) -> None:
     types = sorted({(c["type"], c["entity"]) for c in json.loads(r.stdout)["conditions"]})
     assert ("NvidiaControlDeviceMissing", "dev:nvidiactl") in types
     assert sum(1 for t, _ in types if t == "GPUDevicesMissing") == 4
+
+
+def test_check_text_counts_one_unparsed_line_in_the_singular() -> None:
+    """Issue 22 item 8: "[unparsed] kmsg_xid: /dev/kmsg: 1 lines" said "lines" of one."""
+    from agent.check import render_text
+    from gna_sdk import plural
+
+    report = {"node": "n1", "status": "healthy", "conditions": [], "events": [], "skipped": [], "not_seen": [],
+              "unparsed": [{"collector": "kmsg_xid", "source": "/dev/kmsg", "count": 1, "sample": "x"},
+                           {"collector": "nccl_logs", "source": "a.log", "count": 2, "sample": "y"}]}
+    text = render_text(report)
+    assert "/dev/kmsg: 1 line, e.g. 'x'" in text and "a.log: 2 lines, e.g. 'y'" in text
+    assert [plural(0, "line"), plural(1, "process", "processes"), plural(3, "entry", "entries")] == [
+        "0 lines", "1 process", "3 entries"]

@@ -234,7 +234,7 @@ def test_top_lists_open_incidents_above_the_nodes() -> None:
     st.apply_incident(record("0xdone", status="resolved"))
     st.apply_incident(record("[bold]0xevil[/]\x1b[2J", culprit={"node": "[/]", "entity": "\x07", "kind": "k"}))
     out = _text(screen(st, fit=False))
-    assert out.index("2 open incidents") < out.index("gpu-node-agent · 1 nodes"), "above the node table"
+    assert out.index("2 open incidents") < out.index("gpu-node-agent · 1 node "), "above the node table"
     line = next(ln for ln in out.splitlines() if JOB in ln)
     assert re.search(r"gpu-011-000\s*│\s*ib:mlx5_7/1\s*│\s*hca_port rank 4\s*│\s*0\.97 acts\s*│\s*11\s*│", line), line
     assert "0xdone" not in out, "resolved incidents are the dashboard's"

@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 import subprocess
 from pathlib import Path
+from typing import Any
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -28,12 +29,17 @@ def test_proc_modules_never_crashes(text: str) -> None:
     assert isinstance(parse_proc_modules(text), dict)
 
 
-def _check(host: SimHost, config: Path | None = None) -> tuple[int, list[dict[str, object]]]:
+def _report(host: SimHost, config: Path | None = None) -> tuple[int, dict[str, Any]]:
     cmd = [*AGENT_CMD, "check", "--host-root", str(host.root), "--format", "json"]
     if config:
         cmd += ["--config", str(config)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-    return r.returncode, [c for c in json.loads(r.stdout)["conditions"] if c["type"] == "KernelModuleNotLoaded"]
+    return r.returncode, json.loads(r.stdout)
+
+
+def _check(host: SimHost, config: Path | None = None) -> tuple[int, list[dict[str, object]]]:
+    rc, report = _report(host, config)
+    return rc, [c for c in report["conditions"] if c["type"] == "KernelModuleNotLoaded"]
 
 
 def test_healthy_gpu_ib_node(tmp_path: Path) -> None:
@@ -78,3 +84,26 @@ def test_no_proc_modules_is_tolerated(tmp_path: Path) -> None:
     host.unload_module("nvidia_uvm")
     rc, conds = _check(host)
     assert rc == 1 and [c["entity"] for c in conds] == ["module:nvidia_uvm"]
+
+
+def test_proc_modules_missing_and_unreadable_are_said_apart(tmp_path: Path) -> None:
+    """Issue 22 item 8: a missing /proc/modules was reported "unreadable"."""
+    host = SimHost.gpu_node(tmp_path / "h", gpus=2, hcas=1)
+
+    def why() -> list[str]:
+        _rc, report = _report(host)
+        return [n["reason"] for n in report["not_seen"] if n["source"] == "/proc/modules"]
+
+    assert why() == []
+    host.p("/proc/modules").unlink()
+    assert why() == ["missing: module states come from /sys/module alone"]
+    host.p("/proc/modules").mkdir()  # there, but open() fails (EISDIR: no root needed, unlike a chmod)
+    assert why() == ["unreadable: Is a directory: module states come from /sys/module alone"]
+
+
+def test_messages_say_one_gpu_and_one_hca_in_the_singular(tmp_path: Path) -> None:
+    """Issue 22 item 8: "1 GPUs", "1 RDMA HCAs" no more."""
+    _rc, conds = _check(SimHost.gpu_node(tmp_path / "a", gpus=1, hcas=1, peermem=False))
+    assert "on a node with 1 GPU and 1 RDMA HCA: GPUDirect" in str(conds[0]["message"]), conds
+    _rc, conds = _check(SimHost.gpu_node(tmp_path / "b", gpus=1, driver_loaded=False))
+    assert "while 1 NVIDIA GPU is on the PCI bus" in str(conds[0]["message"]), conds

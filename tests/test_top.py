@@ -67,6 +67,15 @@ def test_header_counts_are_those_of_the_rows_shown() -> None:
                                                                         "0 warning · 0 stale")
 
 
+
+def test_one_node_is_one_node_not_1_nodes() -> None:
+    """Issue 22 item 8: counts of one read in the singular."""
+    st = _fleet()
+    assert header(st.overview(q="gpu-01"), 1, "").startswith("gpu-node-agent · 1 node · ")
+    out = _text(render(st, fit=False, limit=3), PIPE_WIDTH)
+    assert "1 more node not shown" in out and "1 more nodes" not in out
+
+
 def test_limit_caption_says_how_many_are_hidden() -> None:
     out = _text(render(_fleet(), fit=False, limit=2), PIPE_WIDTH)
     assert "2 more nodes not shown" in out and "gpu-01" in out and "gpu-02" in out and "gpu-03" not in out
