@@ -25,9 +25,11 @@ import re
 import unicodedata
 from typing import Any, Final
 
-__all__ = ["REPLACEMENT", "UNSAFE_CATEGORIES", "clean_markup", "clean_text", "clean_tree", "is_unsafe"]
+__all__ = ["ELLIPSIS", "REPLACEMENT", "UNSAFE_CATEGORIES", "clean_markup", "clean_text", "clean_tree", "is_unsafe",
+           "shorten"]
 
 REPLACEMENT: Final = "\ufffd"
+ELLIPSIS: Final = "\u2026"
 UNSAFE_CATEGORIES: Final = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
 _TAGS: Final = range(0xE0000, 0xE0080)
 
@@ -83,3 +85,21 @@ def clean_markup(markup: str) -> str:
     """Markup this side generated (the timeline SVG) with wire text inside: every unsafe character
     replaced except the tab, newline and carriage return that separate its own tags and attributes."""
     return _UNSAFE.sub(lambda m: m.group(0) if m.group(0) in _MARKUP_KEEP else REPLACEMENT, markup)
+
+
+def shorten(value: Any, width: int) -> str:
+    """``value`` as text of at most ``width`` characters: whole when it fits; otherwise cut after the
+    last whole word that fits (mid-word only when no space falls in the second half) and ended with
+    "…", so a cut message never reads as a complete one. Whitespace runs become one space first."""
+    text = " ".join(("" if value is None else str(value)).split())
+    if len(text) <= width:
+        return text
+    if width < 1:
+        return ""
+    room = text[:width - 1]  # the ellipsis takes the last character
+    space = room.rfind(" ")
+    if text[width - 1] == " ":  # the cut falls between two words
+        space = width - 1
+    if space >= width // 2:
+        room = room[:space]
+    return room.rstrip(" ,;:-") + ELLIPSIS

@@ -15,9 +15,11 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from agent.nats_server import NatsServerProcess, free_port
 from agent.remediation.incidents import INCIDENTS_BUCKET
+from fleet.text import clean_text, shorten
 from gna_sdk import plural
 from sim.host import SimHost
 from sim.scenarios import BUSES, GPUS, INIT_FORMATS, Job, watchdog_timeout, write_rank
@@ -231,6 +233,17 @@ def _reap(proc: subprocess.Popen[bytes], timeout: float) -> int:
         return proc.wait()
 
 
+MESSAGE_WIDTH = 90  # a console line's message: longer ones end at a word with "…" (fleet/text.py shorten)
+
+
+def event_line(m: dict[str, Any], t: float) -> str:
+    """One event or condition as the demo prints it; wire text shown as text (fleet/text.py)."""
+    state = clean_text(m.get("status") or "event").upper()
+    node, sev, type_, entity = (clean_text(m.get(k)) for k in ("node", "severity", "type", "entity"))
+    return (f"  +{t:5.1f}s  {node:<7} {sev:<8} {state:<8} {type_:<28} {entity:<26} "
+            f"{shorten(clean_text(m.get('message')), MESSAGE_WIDTH)}")
+
+
 async def _follow(url: str, hosts: list[SimHost], duration: float, started: float, job: Job,
                   job_hosts: dict[str, SimHost]) -> int:
     import nats
@@ -247,9 +260,7 @@ async def _follow(url: str, hosts: list[SimHost], duration: float, started: floa
                   flush=True)
             return
         seen["messages"] += 1
-        state = (m.get("status") or "event").upper()
-        print(f"  +{t:5.1f}s  {m['node']:<7} {m['severity']:<8} {state:<8} {m['type']:<28} {m['entity']:<26} "
-              f"{m['message'][:90]}", flush=True)
+        print(event_line(m, t), flush=True)
 
     from nats.js.api import DeliverPolicy
 

@@ -35,3 +35,19 @@ def test_demo_without_nodes_is_a_usage_error_not_a_hang() -> None:
     r = subprocess.run([*AGENT_CMD, "demo", "--nodes", "0", "--duration", "1"], capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 64 and "--nodes" in r.stderr, r.stderr
+
+
+def test_a_cut_message_ends_at_a_word_with_an_ellipsis() -> None:
+    """Issue 22 item 8: the console cut messages at 90 characters, mid-word and without "…"."""
+    from sim.demo import MESSAGE_WIDTH, event_line
+
+    long = ("nvidia_peermem is not loaded on a node with 8 GPUs and 8 RDMA HCAs: GPUDirect RDMA is off and NCCL "
+            "stages every transfer through host memory.")
+    m = {"node": "gpu-02", "severity": "critical", "status": "firing", "type": "KernelModuleNotLoaded",
+         "entity": "module:nvidia_peermem", "message": long}
+    line = event_line(m, 6.2)
+    shown = line.split("module:nvidia_peermem", 1)[1].strip()
+    assert shown.endswith("\u2026") and len(shown) <= MESSAGE_WIDTH
+    assert long.startswith(shown[:-1]) and long[len(shown) - 1] == " ", "cut between two words"
+    assert event_line({**m, "message": "short one"}, 1.0).endswith(" short one")
+    assert "\x1b" not in event_line({**m, "node": "gpu\x1b[2J"}, 1.0), "wire text is shown as text"

@@ -20,7 +20,7 @@ from rich.console import Console
 from agent.message import rfc3339
 from fleet.dashboard import make_app
 from fleet.state import FleetState
-from fleet.text import REPLACEMENT, clean_markup, clean_text, clean_tree, is_unsafe
+from fleet.text import ELLIPSIS, REPLACEMENT, clean_markup, clean_text, clean_tree, is_unsafe, shorten
 from fleet.top import plain, render, render_incidents
 
 # Every character the issue names, and the C0/C1/DEL controls
@@ -149,3 +149,23 @@ def test_the_sanitiser_has_one_home() -> None:
     for mod in (fleet.top, fleet.dashboard):
         src = Path(sys.modules[mod.__name__].__file__ or "").read_text(encoding="utf-8")
         assert "from fleet.text import" in src and "\\x7f" not in src and "\\u202a" not in src
+
+
+def test_shorten_cuts_at_a_word_and_always_says_so() -> None:
+    """Issue 22 item 8: the demo cut messages mid-word with nothing to show they were cut."""
+    msg = "nvidia_peermem is not loaded on a node with 8 GPUs and 8 RDMA HCAs: GPUDirect RDMA is off"
+    assert shorten(msg, len(msg)) == msg and shorten(msg, 200) == msg
+    assert shorten(msg, 40) == "nvidia_peermem is not loaded on a node…"
+    assert shorten(msg, 72) == "nvidia_peermem is not loaded on a node with 8 GPUs and 8 RDMA HCAs…"  # no "HCAs:…"
+    assert shorten("x" * 50, 10) == "x" * 9 + ELLIPSIS, "no space to cut at: mid-word, still marked"
+    assert shorten("ab cd ef", 6) == "ab cd" + ELLIPSIS and shorten(None, 5) == ""
+
+
+@given(st.text(alphabet=st.sampled_from("ab :,\n"), max_size=60), st.integers(1, 40))
+def test_shorten_is_a_marked_prefix_never_longer_than_asked(text: str, width: int) -> None:
+    out, flat = shorten(text, width), " ".join(text.split())
+    assert len(out) <= width
+    if out.endswith(ELLIPSIS) and flat != out:
+        assert flat.startswith(out[:-1])
+    else:
+        assert out == flat
