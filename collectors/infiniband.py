@@ -352,7 +352,10 @@ class InfinibandCollector:
             used = minute
         if info is not None:
             info["window_s"] = round(used.span, 3) if used else 0.0
-            info["source"] = "config" if name in self.config.thresholds else THRESHOLD_SOURCE
+            configured = name in self.config.thresholds
+            info["threshold_from"] = "config" if configured else "default"
+            if not configured:  # for developers; the dashboard does not show a citation (fleet/dashboard.py)
+                info["citation"] = THRESHOLD_SOURCE
             st.offending[name] = (now, info)
 
     async def _congestion(self, snap: PortSnapshot, st: PortState) -> None:
@@ -409,7 +412,7 @@ class InfinibandCollector:
             "schema": 1, "ports": self.signals, "truncated": max(0, len(snaps) - MAX_SIGNAL_PORTS),
             "windows_s": {name: window for window, _u, name in SIGNAL_WINDOWS.values()},
             "thresholds": {c: msgspec.to_builtins(self.thresholds[c]) for c in SIGNAL_WINDOWS if c in self.thresholds},
-            "threshold_source": THRESHOLD_SOURCE, "interval_s": interval,
+            "citation": THRESHOLD_SOURCE, "interval_s": interval,
         }
         if await self.emit.event(
                 "StragglerSignals", severity="info", entity="signals:ib", reason="Periodic",

@@ -58,6 +58,8 @@ CLOCK_EVENT_REASONS: dict[int, ClockReason] = {
     0x4: "sw_power_cap", 0x8: "hw_slowdown", 0x20: "sw_thermal_slowdown", 0x40: "hw_thermal_slowdown",
     0x80: "hw_power_brake_slowdown"}
 
+# Where a rule comes from: carried in details["citation"] for developers and tooling; the dashboard does not
+# show it (fleet/dashboard.py VIEW_HIDDEN): an operator reads the rule and the numbers, not a file at a commit.
 DCGM_HEALTH = "NVIDIA/DCGM v4.6.0 modules/health/DcgmHealthWatch.cpp"
 DCGM_LIMITS = "NVIDIA/DCGM v4.6.0 common/DcgmGPUHardwareLimits.h"
 DCGM_GPM = "NVIDIA/DCGM v4.5.3 dcgmlib/src/dcgm_fields.cpp DcgmFieldIdToNvmlGpmMetricId, dcgmlib/src/DcgmGpmManager.cpp"
@@ -395,7 +397,7 @@ class NVMLCollector:
                        {"reasons": firing, "held_s": {r: round(held[r], 1) for r in firing}, "mask": reasons,
                         "active": active, "persist_s": self.config.clock_event_persist,
                         "field": "DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
-                        "source": f"persistence: {DCGM_HEALTH} one-minute look-back (MonitorThermal, MonitorPower)"},
+                        "citation": f"persistence: {DCGM_HEALTH} one-minute look-back (MonitorThermal, MonitorPower)"},
                        "inspect_hardware")
         return active
 
@@ -465,7 +467,7 @@ class NVMLCollector:
                         "rate_per_min": round(rate, 3), "limit_per_min": limit, "gen": pcie.get("gen"),
                         "width": pcie.get("width"), "rule": "replays/min > ceil(1e-12 x lane Gb/s x 1e9 x 60 x lanes)",
                         "field": "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
-                        "source": f"{DCGM_HEALTH} GetExpectedPcieReplayRate, MonitorPcie (WARN)"})
+                        "citation": f"{DCGM_HEALTH} GetExpectedPcieReplayRate, MonitorPcie (WARN)"})
 
     def _nvlink_errors(self, h: Any, entity: str, st: GPUState, links: int, now: float,
                        partial: dict[str, int]) -> None:
@@ -517,7 +519,7 @@ class NVMLCollector:
             self._hold(st, "GPUNVLinkErrors", now, worst, "NVLinkErrorRate",
                        f"GPU {entity[4:]} NVLink {names} errors in the last minute: the links retry and this GPU's "
                        f"collectives run slower than its peers'.",
-                       {"counters": offending, "source": f"{DCGM_HEALTH} MonitorNVLink4Fields; {DCGM_LIMITS}"})
+                       {"counters": offending, "citation": f"{DCGM_HEALTH} MonitorNVLink4Fields; {DCGM_LIMITS}"})
 
     def _field_values(self, h: Any, entity: str, ids: tuple[int, ...]) -> dict[int, int | float | None]:
         values = self._call("nvmlDeviceGetFieldValues", h, list(ids), entity=entity)
@@ -570,24 +572,24 @@ class NVMLCollector:
         if margin is not None and tlimit is not None and margin < tlimit:
             found.append({"severity": "critical", "reason": "PastHWSlowdownTLimit", "margin_c": margin,
                           "limit_c": tlimit, "rule": "T.Limit margin < slowdown T.Limit offset (NVML field 194)",
-                          "source": TLIMIT_SOURCE})
+                          "citation": TLIMIT_SOURCE})
         elif margin is not None and margin <= self.config.thermal_margin_warning_c:
             found.append({"severity": "warning", "reason": "TLimitMarginExhausted", "margin_c": margin,
                           "limit_c": self.config.thermal_margin_warning_c,
                           "rule": "T.Limit margin <= 0: at or past max operating temperature, clocks may be reduced",
-                          "source": f"nvidia-smi T.Limit, as tabulated in {TLIMIT_SOURCE}"})
+                          "citation": f"nvidia-smi T.Limit, as tabulated in {TLIMIT_SOURCE}"})
         elif margin is None and gpu_temp is not None and thr["slowdown"] is not None and gpu_temp >= thr["slowdown"]:
             found.append({"severity": "critical", "reason": "AtHWSlowdownTemp", "temp_c": gpu_temp,
                           "limit_c": thr["slowdown"], "rule": "GPU temp >= NVML_TEMPERATURE_THRESHOLD_SLOWDOWN",
-                          "source": NVML_THRESHOLDS})
+                          "citation": NVML_THRESHOLDS})
         elif margin is None and gpu_temp is not None and thr["gpu_max"] is not None and gpu_temp >= thr["gpu_max"]:
             found.append({"severity": "warning", "reason": "AtMaxOperatingTemp", "temp_c": gpu_temp,
                           "limit_c": thr["gpu_max"], "rule": "GPU temp >= NVML_TEMPERATURE_THRESHOLD_GPU_MAX",
-                          "source": NVML_THRESHOLDS})
+                          "citation": NVML_THRESHOLDS})
         if mem_temp is not None and thr["memory_max"] is not None and mem_temp >= thr["memory_max"]:
             found.append({"severity": "warning", "reason": "MemoryAtSWSlowdownTemp", "temp_c": mem_temp,
                           "limit_c": thr["memory_max"], "rule": "memory temp >= NVML_TEMPERATURE_THRESHOLD_MEM_MAX",
-                          "source": NVML_THRESHOLDS})
+                          "citation": NVML_THRESHOLDS})
         if found:
             worst = max(found, key=lambda f: severity_rank(f["severity"]))
             self._cond("GPUThermalMarginLow", entity, worst["severity"], worst["reason"],
@@ -681,7 +683,7 @@ class NVMLCollector:
                                                     f"{', '.join(self.config.clock_event_findings)}",
                            "thermal_margin_c": f"< slowdown T.Limit (critical), <= "
                                                f"{self.config.thermal_margin_warning_c:g} (warning)"},
-            "sources": {"pcie": DCGM_HEALTH, "nvlink": f"{DCGM_HEALTH}; {DCGM_LIMITS}", "thermal": TLIMIT_SOURCE,
+            "citation": {"pcie": DCGM_HEALTH, "nvlink": f"{DCGM_HEALTH}; {DCGM_LIMITS}", "thermal": TLIMIT_SOURCE,
                         "gpm": DCGM_GPM},
         }
         if await self.emit.event("StragglerSignals", severity="info", entity="signals:gpu", reason="Periodic",

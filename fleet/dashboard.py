@@ -31,6 +31,9 @@ from fleet.text import clean_markup, clean_tree
 log = structlog.get_logger(__name__)
 
 SSE_BATCH_S = 0.25
+# details keys a view never renders, at any depth: "citation" is where a rule comes from (a repository file at
+# a commit, collectors/nvml.py and infiniband.py), for developers; `gpu-node-agent events` still prints it
+VIEW_HIDDEN = frozenset({"citation"})
 EX_OSERR = 71  # sysexits: cannot listen on the requested address
 
 
@@ -60,6 +63,15 @@ def _json(data: Any) -> web.Response:
     """Every JSON body a page reads: each string in it (keys too) cleaned of controls and format characters
     before it leaves (fleet/text.py); the SSE frames and the timeline SVG go through the same rule."""
     return web.json_response(clean_tree(data))
+
+
+def for_view(value: Any) -> Any:
+    """A JSON-shaped value without the keys in VIEW_HIDDEN, at any depth."""
+    if isinstance(value, dict):
+        return {k: for_view(v) for k, v in value.items() if k not in VIEW_HIDDEN}
+    if isinstance(value, list):
+        return [for_view(v) for v in value]
+    return value
 
 
 def make_app(state: FleetState) -> web.Application:
@@ -102,7 +114,8 @@ def make_app(state: FleetState) -> web.Application:
         detail = state.node_detail(req.match_info["name"])
         if detail is None:
             raise web.HTTPNotFound(text="unknown node")
-        return _json(detail)
+        return _json({**detail, "conditions": [{**c, "details": for_view(c.get("details"))}
+                                               for c in detail["conditions"]]})
 
     async def api_timeline(req: web.Request) -> web.Response:
         try:  # hours caps the window (the plot zooms to the data inside it); width is the page's, in px

@@ -337,6 +337,29 @@ async def test_in_a_real_browser(tmp_path: Path, nats_server: NatsServerProcess)
             await feed.stop()
 
 
+async def test_citations_stay_out_of_the_details_view() -> None:
+    """Issue 22 item 8: where a threshold comes from ("NVIDIA/NVSentinel ...values.yaml @07b82dc2") is for
+    developers: the node page's details never get it, at any depth; the rule and the numbers stay."""
+    import aiohttp
+
+    cite = "NVIDIA/NVSentinel distros/kubernetes/nvsentinel/charts/nic-health-monitor/values.yaml @07b82dc2"
+    counter = {"counter": "symbol_error", "delta": 3, "rule": "> 120/hour", "threshold_from": "default"}
+    st = FleetState()
+    st.apply_message(_event("gpu-01", time.time(), "IBErrorCountersIncreasing", "firing", "ib:mlx5_0/1",
+                            details={"counters": [{**counter, "citation": cite}], "citation": {"ib": cite},
+                                     "source": "kmsg"}))
+    runner, url = await _serve(st)
+    try:
+        async with aiohttp.ClientSession() as s, s.get(url + "/api/node/gpu-01") as resp:
+            body = await resp.text()
+    finally:
+        await runner.cleanup()
+    assert "NVSentinel" not in body and "citation" not in body
+    (cond,) = json.loads(body)["conditions"]
+    assert cond["details"] == {"counters": [counter], "source": "kmsg"}
+    assert st.nodes["gpu-01"].conditions, "the state keeps the message whole (events --json prints it)"
+
+
 async def test_shutdown_ends_open_streams() -> None:
     import aiohttp
 

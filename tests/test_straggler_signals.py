@@ -256,7 +256,7 @@ async def test_pcie_replays_above_dcgm_s_rate_warn_on_that_gpu_only() -> None:
     assert node.firing() == {("GPUPCIeReplayRate", "gpu:0000:3a:00.0"): "warning"}
     (m,) = node.sink.of("GPUPCIeReplayRate")
     assert m.details["limit_per_min"] == 31 and m.details["rate_per_min"] == 40.0 and m.details["full_window"]
-    assert "DcgmHealthWatch.cpp" in m.details["source"] and m.details["field"] == "DCGM_FI_DEV_PCIE_REPLAY_COUNTER"
+    assert "DcgmHealthWatch.cpp" in m.details["citation"] and m.details["field"] == "DCGM_FI_DEV_PCIE_REPLAY_COUNTER"
     assert m.suggested_action == "inspect_hardware"
     for _ in range(4):  # quiet again: resolves after the hold-down
         await node.tick()
@@ -330,7 +330,7 @@ async def test_nvlink_errors_follow_dcgm_s_health_watch() -> None:
     assert c["field"] == "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL" and "DCGM WARN" in c["rule"]
     fast = next(m for m in node.sink.of("GPUNVLinkErrors") if m.entity == "gpu:0000:3a:00.0")
     assert "100/s" in fast.details["counters"][0]["rule"]
-    assert "DcgmGPUHardwareLimits.h" in fast.details["source"]
+    assert "DcgmGPUHardwareLimits.h" in fast.details["citation"]
     for _ in range(3):  # no new errors: out of the one-minute window
         await node.tick()
     assert node.firing() == {}
@@ -362,7 +362,7 @@ async def test_a_slowdown_reason_must_persist_a_minute() -> None:
     assert node.firing() == {("GPUThrottled", "gpu:0000:18:00.0"): "warning"}
     m = node.sink.of("GPUThrottled")[0]
     assert m.details["reasons"] == ["hw_thermal_slowdown"] and m.details["held_s"] == {"hw_thermal_slowdown": 60.0}
-    assert m.details["field"] == "DCGM_FI_DEV_CLOCKS_EVENT_REASONS" and "DcgmHealthWatch" in m.details["source"]
+    assert m.details["field"] == "DCGM_FI_DEV_CLOCKS_EVENT_REASONS" and "DcgmHealthWatch" in m.details["citation"]
     v = node.c.signals["0000:2a:00.0"]
     assert v["clock_slowdown_reasons"] == ["sw_power_cap"], "idle, app clocks and display are not slowdowns"
     assert v["clock_slowdown_held_s"] == {"sw_power_cap": 60.0}, "power capping: in the vector, not a finding"
@@ -392,7 +392,7 @@ async def test_thermal_margin_findings_and_their_sources() -> None:
     by = {m.entity: m for m in node.sink.of("GPUThermalMarginLow")}
     assert by["gpu:0000:18:00.0"].reason == "PastHWSlowdownTLimit"
     assert by["gpu:0000:18:00.0"].details["findings"][0]["limit_c"] == -2
-    assert "042-gpu-temp-limit-field-monitoring" in by["gpu:0000:18:00.0"].details["findings"][0]["source"]
+    assert "042-gpu-temp-limit-field-monitoring" in by["gpu:0000:18:00.0"].details["findings"][0]["citation"]
     assert by["gpu:0000:2a:00.0"].reason == "TLimitMarginExhausted"
     assert by["gpu:0000:3a:00.0"].reason == "AtHWSlowdownTemp"
     assert by["gpu:0000:3a:00.0"].details["thermal_margin_c"] == -1  # slowdown 89 - 90
@@ -529,7 +529,7 @@ async def test_healthy_ports_publish_their_vector_and_raise_nothing(ib: SimHost,
     assert m.details["windows_s"] == {"symbol_error_per_h": 3600.0, "link_error_recovery_per_min": 60.0,
                                       "port_rcv_errors_per_s": 10.0}
     assert m.details["thresholds"]["symbol_error"]["critical_per_hour"] == 120.0
-    assert "NVSentinel" in m.details["threshold_source"]
+    assert "NVSentinel" in m.details["citation"]
     samples = {(s.labels["device"], s.labels["signal"]): s.value
                for f in node.c.prometheus_families() if f.name == "gna_infiniband_straggler_signal"
                for s in f.samples}
@@ -551,7 +551,7 @@ async def test_symbol_errors_over_a_full_hour_use_the_measured_rate(ib: SimHost,
     m = next(m for m in node.sink.of("IBErrorCountersIncreasing") if m.entity == "ib:mlx5_1/1")
     (c,) = m.details["counters"]
     assert c["counter"] == "symbol_error" and c["severity"] == "critical" and c["rule"] == "> 120/hour"
-    assert "NVSentinel" in c["source"]
+    assert "NVSentinel" in c["citation"] and c["threshold_from"] == "default"
     # the first minute-by-minute window passed 120 before the hour was full: a sure breach, flagged so
     assert c["full_window"] is False and c["last_hour"] > 120
 
