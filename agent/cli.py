@@ -35,6 +35,7 @@ from agent.cliargs import (
     positive_int,
 )
 from agent.natsclient import NatsUnavailable
+from agent.shutdown import EX_SOFTWARE
 from agent.topo_cmd import add_command as add_topo_command
 from gna_sdk import plural
 
@@ -46,34 +47,79 @@ NODE_COMMANDS = {"run", "check", "config", "warmup", "topo"}
 
 def build_parser(*, with_commands: bool = True) -> argparse.ArgumentParser:
     """Every command; ``with_commands=False``: the node's own only (the daemon never imports fleet/sim)."""
-    parser = Parser(prog="gpu-node-agent", description="GPU data-plane node agent")
+    parser = Parser(
+        prog="gpu-node-agent",
+        description="GPU data-plane node agent: the daemon that watches a GPU node's data plane (GPU devices, "
+        "kernel modules, Xid, InfiniBand, NCCL, JuiceFS) and publishes what it finds on NATS JetStream, its one-shot "
+        "check, and the fleet's central tools. Each command's --help says what it does, the default of every option "
+        "and its exit codes (sysexits(3)).",
+        exit_codes={0: "--help, --version; a command exits with the codes its own --help lists"})
     parser.add_argument("--version", action="version", version=f"gpu-node-agent {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
 
-    run = sub.add_parser("run", help="run the daemon")
+    run = sub.add_parser(
+        "run", help="run the daemon",
+        description="Run the node agent: every enabled collector on its own schedule, their messages through the "
+        "durable spool to NATS JetStream (without --nats or the config's nats.servers: an embedded nats-server in "
+        "the state directory), /metrics and /healthz, and the remediation rules, which only audit what they would "
+        "do unless --enforce (or the config's remediations.enforce). SIGHUP reloads the config; SIGTERM or SIGINT "
+        "stops it within the config's shutdown_timeout.",
+        exit_codes={0: "stopped by SIGTERM/SIGINT or after --duration",
+                    EX_NOINPUT: "the host root does not exist or is not a directory",
+                    EX_SOFTWARE: "stopped only by abandoning tasks that ignored their cancellation, or at the hard "
+                                 "shutdown deadline (every thread's stack is on stderr)",
+                    EX_CONFIG: "a configuration error (file, line, key, the closest valid key): nothing started"})
     add_common(run)
-    run.add_argument("--nats", action="append", help="NATS URL (repeatable); none: embedded nats-server")
-    run.add_argument("--state-dir", help="spool, checkpoints, condition state, embedded NATS store")
-    run.add_argument("--metrics-listen", help="HOST:PORT for /metrics and /healthz ('' disables)")
-    run.add_argument("--duration", type=positive_float, help="stop by itself after this many seconds")
+    run.add_argument("--nats", action="append", help="NATS URL (repeatable; default: the config's nats.servers, "
+                     "else an embedded nats-server in the state directory)")
+    run.add_argument("--state-dir", help="spool, checkpoints, condition state, embedded NATS store (default: the "
+                     "config's state_dir, /var/lib/gpu-node-agent)")
+    run.add_argument("--metrics-listen", help="HOST:PORT for /metrics and /healthz, '' disables (default: the "
+                     "config's metrics.listen, 127.0.0.1:9465)")
+    run.add_argument("--duration", type=positive_float, help="stop by itself after this many seconds (default: "
+                     "run until SIGTERM/SIGINT)")
     run.add_argument("--enforce", action="store_true", help="act (default: remediation is dry-run, audited only)")
 
-    check = sub.add_parser("check", help="one pass of every collector, no NATS; exit 0/1/2",
-                           description="One pass of every collector, no NATS: for Slurm prologs and init "
-                           "containers. Exit 0 healthy, 1 warnings only, 2 anything critical (a GPU count below "
-                           "--expected-gpus included), 66 the host root does not exist, 78 a config error. "
-                           "What could not be looked at is listed as 'not seen' and does not change the exit code.")
+    check = sub.add_parser(
+        "check", help="one pass of every collector, no NATS; exit 0/1/2",
+        description="One pass of every collector, no NATS: for Slurm prologs and init containers. Prints what is "
+        "firing (text or JSON) and what could not be looked at ('not seen': no GPU on the PCI bus, NVML not "
+        "loadable, a missing source), which never changes the exit code.",
+        exit_codes={0: "healthy", 1: "warnings only",
+                    2: "something critical: a firing critical condition or event, fewer GPUs than --expected-gpus "
+                       "included",
+                    EX_NOINPUT: "the host root does not exist or is not a directory (the prolog itself is wrong)",
+                    EX_CONFIG: "a configuration error"})
     add_common(check)
     check.add_argument("--format", choices=["text", "json"], default="text", help="output format (default text)")
     check.add_argument("--expected-gpus", type=positive_int, help="GPUs this node must have: fewer on the PCI bus "
-                       "or in /dev is critical (overrides collectors.gpu_devices.expected_count)")
+                       "or in /dev is critical (default: the config's collectors.gpu_devices.expected_count; 0 "
+                       "there: what the PCI bus shows)")
 
-    cfg = sub.add_parser("config", help="configuration tools")
+    cfg = sub.add_parser(
+        "config", help="configuration tools",
+        description="Configuration tools: 'config check FILE' validates a config file as the daemon would load it.",
+        exit_codes={0: "config check: the file is valid", EX_CONFIG: "config check: the file is invalid or cannot be "
+                    "read"})
     cfg_sub = cfg.add_subparsers(dest="config_command", required=True, parser_class=Parser)
-    cc = cfg_sub.add_parser("check", help="validate a config file: exit 0 valid, 78 invalid")
+    cc = cfg_sub.add_parser(
+        "check", help="validate a config file: exit 0 valid, 78 invalid",
+        description="Validate a config file as the daemon loads it: every key, each collector's and remediation "
+        "plugin's section, the values, and every remediation rule's action against the installed remediation "
+        "plugins. The first mistake is printed with the file, the line, the key and the closest valid name.",
+        exit_codes={0: "valid (the number of collectors is printed)",
+                    EX_CONFIG: "invalid, or the file cannot be read (the reason on stderr)"})
     cc.add_argument("file", help="the TOML file to validate")
 
-    warm = sub.add_parser("warmup", help="warm a JuiceFS mount's configured dataset paths now")
+    warm = sub.add_parser(
+        "warmup", help="warm a JuiceFS mount's configured dataset paths now",
+        description="Warm a JuiceFS mount's dataset paths now, with the juicefs_warmup remediation plugin and its "
+        "settings in the config (remediations.plugins.juicefs_warmup): prints the plan, then the outcome. It acts "
+        "whatever the config's dry-run settings say; the daemon's default policy warms a cold cache by itself.",
+        exit_codes={0: "the warmup ran (with the plugin's background = true: started)",
+                    1: "the warmup failed (juicefs warmup's exit status and stderr are printed)",
+                    EX_UNAVAILABLE: "the juicefs_warmup plugin cannot run here (the reason on stderr)",
+                    EX_CONFIG: "a configuration error, or the config names no dataset paths for --mount"})
     warm.add_argument("--mount", required=True, help="the JuiceFS mount point, as in the config")
     warm.add_argument("--config", help=f"TOML config (default {configmod.DEFAULT_CONFIG_PATH} when it exists)")
     warm.add_argument("--host-root", help="directory every host path is resolved under (default /)")
@@ -187,8 +233,9 @@ def cmd_config_check(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    first = next((a for a in argv if not a.startswith("-")), None)
-    args = build_parser(with_commands=first not in NODE_COMMANDS).parse_args(argv)
+    # A node command given first needs no other command's parser (the daemon never imports fleet/sim); anything
+    # else (no command, an option first, --help, a typo) gets them all, so a usage line lists every command.
+    args = build_parser(with_commands=not argv or argv[0] not in NODE_COMMANDS).parse_args(argv)
     try:
         return int(args.handler(args))
     except configmod.ConfigError as exc:

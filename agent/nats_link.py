@@ -21,7 +21,7 @@ from nats.js.kv import KeyValue
 
 from agent.config import NatsConfig
 from agent.metrics import AgentMetrics
-from agent.natsclient import NatsUnavailable, redact
+from agent.natsclient import NatsUnavailable, describe, redact
 from agent.subjects import ACTIONS_PREFIX, EVENTS_PREFIX, JOBS_PREFIX, SIGNALS_PREFIX
 from gna_sdk.retry import Backoff
 
@@ -259,6 +259,14 @@ class NatsLink:
         # when the server last refused to create a missing stream or bucket (no permission: nodes under the
         # shipped layout; or no answer in time): for CREATE_RETRY_S a missing one is reported without asking again
         self._create_refused: float | None = None
+        # why the last attempt failed, for a one-line "cannot reach" (the cordoner's start): the server's own
+        # -ERR ("nats: 'Authorization Violation'") is kept over the socket error that follows it
+        self.last_error = ""
+
+    def _note(self, exc: BaseException) -> None:
+        text = describe(exc)
+        if text.startswith("nats: '") or not self.last_error.startswith("nats: '"):
+            self.last_error = text
 
     @property
     def may_create(self) -> bool:
@@ -270,6 +278,7 @@ class NatsLink:
             self._create_refused = time.monotonic()
 
     async def _on_error(self, exc: Exception) -> None:
+        self._note(exc)
         log.warning("nats_error", error=repr(exc))
 
     async def _on_disconnected(self) -> None:
@@ -301,6 +310,7 @@ class NatsLink:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
+                self._note(exc)
                 delay = backoff.next()
                 log.warning("nats_connect_failed", error=repr(exc), retry_in=delay)
                 await asyncio.sleep(delay)

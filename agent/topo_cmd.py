@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from agent import config as configmod
-from agent.cliargs import EX_NOINPUT, EX_UNAVAILABLE, Parser, load_config
+from agent.cliargs import EX_CONFIG, EX_NOINPUT, EX_UNAVAILABLE, Parser, load_config
 from gna_sdk import ReportsTopology
 
 COLLECTOR_GROUP = "gpu_node_agent.collectors"
@@ -27,8 +27,11 @@ def add_command(sub: argparse._SubParsersAction[Parser]) -> None:
     p = sub.add_parser(
         "topo", help="GPU and NIC distances like nvidia-smi topo -m, read from sysfs",
         description="The node's GPU/NIC matrix in nvidia-smi topo -m's words (X, NV#, PIX, PXB, PHB, NODE, SYS), "
-                    "read from the host root's /sys; NVLink counts from NVML when it loads. Exit 0, 66 when the "
-                    "host root does not exist, 69 when the topology collector is not installed, 78 a config error.")
+                    "read from the host root's /sys; NVLink counts from NVML when it loads.",
+        exit_codes={0: "the matrix was printed (what could not be read is said on stderr)",
+                    EX_NOINPUT: "the host root does not exist or is not a directory",
+                    EX_UNAVAILABLE: f"the {PLUGIN} collector is not installed (entry point {COLLECTOR_GROUP}:{PLUGIN})",
+                    EX_CONFIG: "a configuration error"})
     p.add_argument("--config", help=f"TOML config (default {configmod.DEFAULT_CONFIG_PATH} when it exists): its "
                                     "host_root when --host-root is not given")
     p.add_argument("--host-root", help="directory every host path is resolved under (default /)")

@@ -15,8 +15,11 @@ from typing import Any
 
 from agent import config as configmod
 from agent.cliargs import (
+    EX_CONFIG,
+    EX_NOINPUT,
     EX_UNAVAILABLE,
     EX_USAGE,
+    USAGE_ERROR,
     Parser,
     add_nats,
     nats_config,
@@ -24,60 +27,106 @@ from agent.cliargs import (
     positive_float,
     positive_int,
 )
+from agent.natsclient import EX_TEMPFAIL
 from fleet import leases
+
+UNREACHABLE = "NATS unreachable within --connect-timeout (one line on stderr)"
+CLOSED = "the NATS connection closed for good (one line on stderr; a supervisor restarts it)"
+NO_FLEET_EXTRA = "or the [fleet] extra is not installed (the line says what to install)"
+STOPPED = "stopped by SIGTERM/SIGINT or after --duration"
+EX_OSERR = 71  # fleet/dashboard.py: cannot listen on --listen (the dashboard module imports aiohttp)
+CONFIG = "a configuration error (file, line, key, the closest valid key), or no NATS URL"
 
 
 def add_commands(sub: argparse._SubParsersAction[Parser]) -> None:
     ev = sub.add_parser("events", help="print fleet messages as JSON lines (history, or follow)",
                         description="Print the fleet's messages from the event stream, one JSON object a line. "
                         "Default: every stored message that matches, oldest first, then exit. --follow: then keep "
-                        "printing new ones. --new: only new ones. Exit 0; 69 NATS unreachable; 75 the NATS connection "
-                        "closed for good while following; 78 config error.")
+                        "printing new ones. --new: only new ones. stdout carries the messages only; what was "
+                        "skipped (not schema-valid, not from its subject's node) is summed up on stderr.",
+                        exit_codes={0: "the history was printed, or --count, --duration, SIGINT/SIGTERM or the "
+                                       "reader of stdout leaving ended it",
+                                    EX_UNAVAILABLE: UNREACHABLE, EX_TEMPFAIL: f"following: {CLOSED}",
+                                    EX_CONFIG: CONFIG})
     add_nats(ev)
-    ev.add_argument("--node", help="only messages from this node")
-    ev.add_argument("--collector", help="only messages from this collector (e.g. infiniband)")
-    ev.add_argument("--severity", choices=["info", "warning", "critical"], help="only messages of this severity")
+    ev.add_argument("--node", help="only messages from this node (default: every node)")
+    ev.add_argument("--collector", help="only messages from this collector, e.g. infiniband (default: every "
+                    "collector)")
+    ev.add_argument("--severity", choices=["info", "warning", "critical"], help="only messages of this severity "
+                    "(default: every severity)")
     mode = ev.add_mutually_exclusive_group()
     mode.add_argument("-f", "--follow", action="store_true", help="after the history, print new messages as they "
                       "arrive (until --count, --duration, a signal, or stdout's reader exits)")
     mode.add_argument("--new", action="store_true", help="skip the history: only messages from now on (follows)")
     mode.add_argument("--all", action="store_true", help="the whole history, then exit (the default; kept for "
                       "scripts)")
-    ev.add_argument("--count", type=positive_int, help="exit after exactly this many messages")
-    ev.add_argument("--duration", type=positive_float, help="exit after this many seconds, whatever happened")
+    ev.add_argument("--count", type=positive_int, help="exit after exactly this many messages (default: no limit)")
+    ev.add_argument("--duration", type=positive_float, help="exit after this many seconds, whatever happened "
+                    "(default: no limit)")
     ev.set_defaults(handler=cmd_events)
 
-    budget = sub.add_parser("budget", help="the fleet-wide cordon budget")
+    budget_codes = {0: "the budget was printed (JSON)",
+                    EX_UNAVAILABLE: f"{UNREACHABLE}, or the budget's KV bucket cannot be used", EX_CONFIG: CONFIG}
+    budget = sub.add_parser("budget", help="the fleet-wide cordon budget",
+                            description="The fleet-wide cordon budget in its NATS KV bucket (remediations.budget): "
+                            "at most max_nodes, or max_percent of the nodes heartbeating, cordoned within the "
+                            "window; a cordon that finds no free slot is skipped and audited.",
+                            exit_codes=budget_codes)
     budget_sub = budget.add_subparsers(dest="budget_command", required=True, parser_class=Parser)
-    for verb, text in (("status", "print the budget (JSON): slots used, limit, window"),
-                       ("reset", "free every slot, then print the budget")):
-        b = budget_sub.add_parser(verb, help=text)
+    for verb, text, what in (
+            ("status", "print the budget (JSON): slots used, limit, window",
+             "Print the fleet-wide cordon budget as JSON: the slots used, the limit, the window."),
+            ("reset", "free every slot, then print the budget",
+             "Free every slot of the fleet-wide cordon budget (once the cordons that took them are understood), "
+             "then print it as JSON.")):
+        b = budget_sub.add_parser(verb, help=text, description=what, exit_codes=budget_codes)
         add_nats(b)
     budget.set_defaults(handler=cmd_budget)
 
     cord = sub.add_parser("cordoner", help="central cordoner: fleet messages -> remediation with cluster credentials",
-                          description="Decide the fleet's messages with the remediation rules and cluster credentials "
-                          "(docs/remediation.md). Exit 0 on SIGTERM/--duration; 69 NATS unreachable at start; 75 the "
-                          "NATS connection closed for good (the supervisor restarts it).")
-    add_nats(cord, state_dir=False)
+                          description="Decide the fleet's messages with the remediation rules and cluster "
+                          "credentials (docs/remediation.md), so node agents need no Kubernetes rights; replicas "
+                          "share the messages as a queue group. Only cluster-level actions (cordon, drain) run here; "
+                          "node-local ones stay with the node agents. Dry-run unless --enforce (or the config's "
+                          "remediations.enforce): every decision is audited on gna.actions.<node>.<remediation>.",
+                          exit_codes={0: STOPPED,
+                                      EX_UNAVAILABLE: "NATS JetStream unreachable at start within --connect-timeout "
+                                                      "(one line on stderr)",
+                                      EX_TEMPFAIL: CLOSED,
+                                      EX_CONFIG: "a configuration error (file, line, key, the closest valid key), or "
+                                                 "neither --nats nor nats.servers"})
+    add_nats(cord, state_dir=False, nats_default="the config's nats.servers; one of the two is required, the "
+             "cordoner never uses a node agent's embedded server")
     cord.add_argument("--enforce", action="store_true", help="act (default: dry-run, every decision audited)")
-    cord.add_argument("--duration", type=positive_float, help="stop by itself after this many seconds")
+    cord.add_argument("--duration", type=positive_float, help="stop by itself after this many seconds (default: "
+                      "run until SIGTERM/SIGINT)")
     cord.set_defaults(handler=cmd_cordoner)
 
-    dash = sub.add_parser("dashboard", help="central fleet dashboard (web, live over SSE)")
+    dash = sub.add_parser("dashboard", help="central fleet dashboard (web, live over SSE)",
+                          description="Serve the fleet dashboard over HTTP: the fleet overview, node pages, "
+                          "incidents, the audit trail and timelines, live over server-sent events; built from the "
+                          "event stream's recent history (--history-hours), then its new messages. Needs the "
+                          "[fleet] extra.",
+                          exit_codes={0: STOPPED, EX_USAGE: f"{USAGE_ERROR}; --listen is not HOST:PORT",
+                                      EX_UNAVAILABLE: f"{UNREACHABLE}, {NO_FLEET_EXTRA}",
+                                      EX_OSERR: "cannot listen on --listen", EX_TEMPFAIL: CLOSED, EX_CONFIG: CONFIG})
     add_nats(dash)
     dash.add_argument("--listen", default="127.0.0.1:8080", help="HOST:PORT to serve on (port 0: any free port)")
     dash.add_argument("--history-hours", type=positive_float, default=6.0,
                       help="how much of the stream's history to load at start (default 6)")
-    dash.add_argument("--duration", type=positive_float, help="stop by itself after this many seconds")
-    dash.add_argument("--ready-file", help="write the URL here once listening")
+    dash.add_argument("--duration", type=positive_float, help="stop by itself after this many seconds (default: "
+                      "run until SIGTERM/SIGINT)")
+    dash.add_argument("--ready-file", help="write the URL here once listening (default: none)")
     dash.set_defaults(handler=cmd_dashboard)
 
     corr = sub.add_parser("correlator", help="live fleet correlator: incidents (job, culprit, victims) on NATS",
                           description="Follow the event stream, group evidence by job, name each stalled job's "
                           "culprit and publish incidents on gna.incidents.<job> and the gna-incidents KV bucket "
                           "(docs/correlator.md). Replicas split the jobs: --partitions N, each with its own "
-                          "--partition.")
+                          "--partition.",
+                          exit_codes={0: STOPPED,
+                                      EX_USAGE: f"{USAGE_ERROR}; --partition is not in 0..--partitions - 1",
+                                      EX_UNAVAILABLE: UNREACHABLE, EX_TEMPFAIL: CLOSED, EX_CONFIG: CONFIG})
     add_nats(corr)
     corr.add_argument("--partitions", type=positive_int, default=1, help="replicas sharing the jobs (default 1)")
     corr.add_argument("--partition", type=int, default=0, help="this replica's index, 0..partitions-1 (default 0)")
@@ -92,24 +141,38 @@ def add_commands(sub: argparse._SubParsersAction[Parser]) -> None:
                       help="stream history replayed at start to rebuild state (default 6)")
     corr.add_argument("--resolve-after", type=positive_float, default=600.0,
                       help="a job quiet this many seconds resolves its incident (default 600)")
-    corr.add_argument("--duration", type=positive_float, help="stop by itself after this many seconds")
+    corr.add_argument("--duration", type=positive_float, help="stop by itself after this many seconds (default: "
+                      "run until SIGTERM/SIGINT)")
     corr.set_defaults(handler=cmd_correlator)
 
     diag = sub.add_parser("diagnose", help="correlate several nodes' snapshots: which job, which culprit",
                           description="Run each host root's one-shot checks (the node named by its etc/hostname) and "
                           "the fleet correlator over all of them: for post-mortems from collected node snapshots. "
-                          "Exit 0 no incident, 2 incidents (printed), 64 two roots with one name, 66 a root missing.")
+                          "No NATS.",
+                          exit_codes={0: "no incident and no node with a critical finding",
+                                      2: "an incident, or a node with a critical finding (check's 2): printed",
+                                      EX_USAGE: f"{USAGE_ERROR}; two host roots name the same node",
+                                      EX_NOINPUT: "a host root does not exist or is not a directory",
+                                      EX_CONFIG: "a configuration error"})
     diag.add_argument("--host-root", action="append", required=True, help="a node's snapshot (repeatable)")
     diag.add_argument("--config", help=f"TOML config applied to every node (default {configmod.DEFAULT_CONFIG_PATH} "
                       "when it exists)")
     diag.add_argument("--format", choices=["text", "json"], default="text", help="output format (default text)")
     diag.set_defaults(handler=cmd_diagnose)
 
-    top = sub.add_parser("top", help="the fleet overview in the terminal")
+    top = sub.add_parser("top", help="the fleet overview in the terminal",
+                         description="The fleet overview in a terminal (rich: the [fleet] extra), worst nodes first, "
+                         "with the correlator's open incidents above them, live until --duration or Ctrl-C. On a "
+                         "terminal it fits the window; piped, it renders as wide as the content, or --width "
+                         "columns. --once prints one snapshot, for scripts.",
+                         exit_codes={0: "--once printed its snapshot, or --duration, Ctrl-C or SIGTERM ended it",
+                                     EX_UNAVAILABLE: f"{UNREACHABLE}, {NO_FLEET_EXTRA}", EX_TEMPFAIL: CLOSED,
+                                     EX_CONFIG: CONFIG})
     add_nats(top)
     top.add_argument("--once", action="store_true", help="print one snapshot and exit (for scripts and pipes)")
-    top.add_argument("--duration", type=positive_float, help="stop by itself after this many seconds")
-    top.add_argument("--search", default="", help="only nodes whose name contains this text")
+    top.add_argument("--duration", type=positive_float, help="stop by itself after this many seconds (default: "
+                     "until Ctrl-C)")
+    top.add_argument("--search", default="", help="only nodes whose name contains this text (default: every node)")
     top.add_argument("--width", type=positive_int, help="columns to render (default: the terminal's width; "
                      "piped: as wide as the content, nothing cut)")
     top.add_argument("--limit", type=positive_int, default=40, help="rows to show, worst first (default 40)")
@@ -125,8 +188,8 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from agent.check import check_roots
-    from agent.cliargs import EX_NOINPUT
     from agent.logsetup import configure
+    from fleet import diagnose
     from fleet.correlator import correlate
 
     configure("error", "auto")
@@ -147,18 +210,11 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     messages = [m for r in reports for m in r["conditions"] + r["events"]]
     incidents = [i.to_dict() for i in correlate(messages)]
     if args.format == "json":
-        print(json.dumps({"nodes": names, "incidents": incidents}, indent=1))
+        print(json.dumps(diagnose.summary(reports, incidents), indent=1))
     else:
-        print(f"{len(names)} nodes, {len(incidents)} incident(s)")
-        for inc in incidents:
-            c = inc["culprit"]
-            who = f"{c['node']} {c['entity']} ({c['kind']})" if c else "no single culprit"
-            print(f"job {inc['job']}: culprit {who}, confidence {inc['confidence']}: {inc['reason']}")
-            print(f"  victims ({len(inc['victims'])}): {', '.join(inc['victims'][:16])}"
-                  + (" ..." if len(inc["victims"]) > 16 else ""))
-            for e in inc["evidence"][:8]:
-                print(f"  {e['time']} {e['node']} {e['type']} {e['entity']}")
-    return 2 if incidents else 0
+        print(diagnose.render_text(reports, incidents))
+    critical = any(r["status"] == "unhealthy" for r in reports)
+    return 2 if incidents or critical else 0
 
 
 def cmd_correlator(args: argparse.Namespace) -> int:
@@ -219,19 +275,27 @@ def cmd_budget(args: argparse.Namespace) -> int:
 
 
 def cmd_cordoner(args: argparse.Namespace) -> int:
-    from agent.logsetup import configure
+    from agent.logsetup import HeldLog, configure
+    from agent.natsclient import NatsUnavailable
     from fleet.cordoner import run_cordoner
 
     cfg = configmod.load(args.config).agent
     if args.enforce:
         cfg.remediations.enforce = True
-    configure(cfg.log.level, cfg.log.format)
+    held = HeldLog(sys.stderr)  # what it logs while connecting: shown once started; NATS unreachable is one line
+    configure(cfg.log.level, cfg.log.format, stream=held)
     if args.connect_timeout:
         cfg.nats.connect_timeout = args.connect_timeout
     servers = list(args.nats or cfg.nats.servers)
     if not servers:
         raise configmod.ConfigError("the cordoner needs --nats or nats.servers")
-    return asyncio.run(run_cordoner(cfg, servers, args.duration))
+    try:
+        return asyncio.run(run_cordoner(cfg, servers, args.duration, started=held.release))
+    except NatsUnavailable:
+        held.drop()  # main() prints the one line that says it all
+        raise
+    finally:
+        held.release()  # anything else: what was logged is the evidence
 
 
 def cmd_events(args: argparse.Namespace) -> int:
@@ -278,6 +342,8 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
 
 
 def cmd_top(args: argparse.Namespace) -> int:
+    import signal
+
     from agent.logsetup import configure
     from agent.natsclient import until_closed, watching
     from fleet.top import run_top
@@ -285,7 +351,11 @@ def cmd_top(args: argparse.Namespace) -> int:
     configure("error", "auto")
 
     async def go() -> int:  # a connection closed for good ends the screen with exit 75 (natsclient.until_closed)
+        stop = asyncio.Event()  # Ctrl-C, SIGTERM: the screen ends and closes its feed, exit 0 (not a traceback)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            asyncio.get_running_loop().add_signal_handler(sig, stop.set)
         return await until_closed(run_top(nats_servers(args), once=args.once, duration=args.duration, q=args.search,
-                                          width=args.width, limit=args.limit, nats_cfg=nats_config(args)), watching())
+                                          width=args.width, limit=args.limit, nats_cfg=nats_config(args), stop=stop),
+                                  watching())
 
     return asyncio.run(go())

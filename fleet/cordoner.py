@@ -44,6 +44,7 @@ import contextlib
 import json
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -366,10 +367,11 @@ class Cordoner:
             await self.link.close()
 
 
-async def run_cordoner(cfg: configmod.AgentConfig, servers: list[str], duration: float | None = None) -> int:
+async def run_cordoner(cfg: configmod.AgentConfig, servers: list[str], duration: float | None = None, *,
+                       started: Callable[[], None] | None = None) -> int:
     """Until SIGTERM/SIGINT or ``duration`` seconds from the call (0), or until its NATS connection closed for
     good (``EX_TEMPFAIL``: the supervisor restarts it); NatsUnavailable when the first connection (and the
-    stream) cannot be had within the connect timeout."""
+    stream) cannot be had within the connect timeout. ``started`` is called once it has started."""
     start = time.monotonic()
     timeout = cfg.nats.connect_timeout if duration is None else min(cfg.nats.connect_timeout, duration)
     c = Cordoner(cfg, servers)
@@ -377,7 +379,10 @@ async def run_cordoner(cfg: configmod.AgentConfig, servers: list[str], duration:
         await within(c.start(), timeout)
     except TimeoutError:
         where = ", ".join(redact(s) for s in servers)
-        raise NatsUnavailable(f"cannot reach NATS JetStream at {where} within {timeout:g} s") from None
+        why = f": {c.link.last_error}" if c.link.last_error else ""
+        raise NatsUnavailable(f"cannot reach NATS JetStream at {where} within {timeout:g} s{why}") from None
+    if started is not None:
+        started()
     rc = await run_until_closed_or_stopped(
         c.watch, None if duration is None else max(0.0, start + duration - time.monotonic()))
     await c.stop()

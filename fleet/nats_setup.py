@@ -10,10 +10,7 @@ exists, verified with the one check every opener uses (``agent.nats_link.verify_
 carrying a republish, sources, a mirror, a subject transform or subjects it did not ask for is refused, never
 changed. Operator tuning (``max_age``, ``max_bytes``, replicas, history) is kept and reported.
 
-Exit codes (sysexits(3)): 0 every stream and bucket exists and was verified (or created); 65 at least one
-exists with foreign settings (refused: inspect it, delete it, run setup again); 66 with ``--check``, at least one
-is missing; 77 one is missing and the server did not create it (these are not the admin's credentials, or the
-server refused the settings: the line says); 69 NATS unreachable; 78 a configuration error.
+Exit codes (sysexits(3)): ``EXIT_CODES`` below, which ``--help`` prints.
 """
 
 from __future__ import annotations
@@ -25,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from agent import config as configmod
-from agent.cliargs import Parser, add_nats, nats_config, nats_servers, positive_float
+from agent.cliargs import EX_CONFIG, EX_UNAVAILABLE, Parser, add_nats, nats_config, nats_servers, positive_float
 
 if TYPE_CHECKING:
     from nats.js import JetStreamContext
@@ -35,6 +32,15 @@ EX_OK = 0
 EX_DATAERR = 65  # an existing stream or bucket carries settings setup did not ask for: refused
 EX_NOINPUT = 66  # --check: a stream or bucket is missing
 EX_NOPERM = 77  # missing, and the server did not create it
+EXIT_CODES = {
+    EX_OK: "every stream and bucket exists and was verified (or created)",
+    EX_DATAERR: "at least one exists with foreign settings (refused: inspect it, delete it, run setup again)",
+    EX_NOINPUT: "with --check, at least one is missing",
+    EX_UNAVAILABLE: "NATS unreachable within --connect-timeout (one line on stderr)",
+    EX_NOPERM: "one is missing and the server did not create it (these are not the admin's credentials, or the "
+               "server refused the settings: the line says)",
+    EX_CONFIG: "a configuration error (file, line, key, the closest valid key), or no NATS URL",
+}
 
 # Settings an operator may tune after setup (reported, never refused): StreamConfig field -> how to print it.
 TUNABLE = ("max_age", "max_bytes", "max_msgs_per_subject", "num_replicas", "duplicate_window", "storage", "discard")
@@ -148,16 +154,21 @@ def render(outcomes: list[Outcome]) -> str:
 
 
 def add_command(sub: argparse._SubParsersAction[Parser]) -> None:
-    nats_p = sub.add_parser("nats", help="NATS administration: create and verify the fleet's streams and buckets")
+    from fleet import leases  # light: fleet/cli.py imports it too
+
+    nats_p = sub.add_parser("nats", help="NATS administration: create and verify the fleet's streams and buckets",
+                            description="NATS administration: 'nats setup' creates, or verifies, every JetStream "
+                            "stream and KV bucket the fleet uses, with the admin's credentials, before the fleet "
+                            "connects.", exit_codes=EXIT_CODES)
     nats_sub = nats_p.add_subparsers(dest="nats_command", required=True, parser_class=Parser)
     s = nats_sub.add_parser(
         "setup", help="create (or verify) every stream and KV bucket: the admin step, before the fleet connects",
-        description=__doc__.split("\n\n", 1)[1].replace("``", "`") if __doc__ else None,
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        description="Create, or verify, every JetStream stream and KV bucket of the fleet: the admin step, before "
+        "the fleet connects.\n\n" + (__doc__ or "").split("\n\n")[1].replace("``", "`"), exit_codes=EXIT_CODES)
     add_nats(s, state_dir=False)
     s.add_argument("--check", action="store_true", help="create nothing: only verify; exit 66 if one is missing")
     s.add_argument("--lease-ttl", type=positive_float, help="the correlator's --lease-ttl: entries of the leases "
-                   "bucket expire after this many seconds (default 15)")
+                   f"bucket expire after this many seconds (default {leases.DEFAULT_TTL:g}, the correlator's)")
     s.set_defaults(handler=cmd_nats_setup)
 
 

@@ -117,7 +117,9 @@ def make_console(width: int | None) -> tuple[Console, bool]:
 
 
 async def run_top(servers: list[str], *, once: bool = False, duration: float | None = None, q: str = "",
-                  width: int | None = None, limit: int = 40, nats_cfg: NatsConfig | None = None) -> int:
+                  width: int | None = None, limit: int = 40, nats_cfg: NatsConfig | None = None,
+                  stop: asyncio.Event | None = None) -> int:
+    """The screen until ``duration`` or ``stop`` (the CLI's Ctrl-C and SIGTERM: the feed is closed, exit 0)."""
     start = time.monotonic()
     cfg = nats_cfg or NatsConfig()
     timeout = cfg.connect_timeout if duration is None else min(cfg.connect_timeout, duration)
@@ -133,7 +135,7 @@ async def run_top(servers: list[str], *, once: bool = False, duration: float | N
             return 0
         deadline = None if duration is None else start + duration
         with Live(screen(state, q=q, limit=limit, fit=fit), console=console, refresh_per_second=2) as live:
-            while deadline is None or time.monotonic() < deadline:
+            while (deadline is None or time.monotonic() < deadline) and not (stop and stop.is_set()):
                 await asyncio.sleep(0.5 if deadline is None else max(0.0, min(0.5, deadline - time.monotonic())))
                 live.update(screen(state, q=q, limit=limit, fit=fit))
         return 0

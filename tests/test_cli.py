@@ -2,9 +2,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import socket
 import subprocess
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from sim.host import SimHost
 from tests.conftest import AGENT_CMD, validate_message
@@ -156,3 +160,135 @@ def test_check_text_counts_one_unparsed_line_in_the_singular() -> None:
     assert "/dev/kmsg: 1 line, e.g. 'x'" in text and "a.log: 2 lines, e.g. 'y'" in text
     assert [plural(0, "line"), plural(1, "process", "processes"), plural(3, "entry", "entries")] == [
         "0 lines", "1 process", "3 entries"]
+
+
+def _parsers(parser: argparse.ArgumentParser, path: str = "gpu-node-agent"
+             ) -> list[tuple[str, argparse.ArgumentParser]]:
+    """The top-level parser and every command's, subcommands included (``config check``, ``budget status``)."""
+    out = [(path, parser)]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                out += _parsers(sub, f"{path} {name}")
+    return out
+
+
+def _main(argv: list[str], capsys: Any) -> tuple[int, str, str]:
+    from agent.cli import main
+
+    with pytest.raises(SystemExit) as ei:
+        main(argv)
+    out, err = capsys.readouterr()
+    return int(ei.value.code or 0), out, err
+
+
+def _commands() -> list[str]:
+    from agent.cli import build_parser
+
+    (sub,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    return list(sub.choices)
+
+
+def test_every_command_says_what_it_does_its_defaults_and_its_exit_codes(capsys: Any) -> None:
+    """Issue 22 item 9: run, cordoner, dashboard, top, demo, warmup ... had no description, no defaults and no
+    exit codes in --help. Every command (and subcommand) has a paragraph, an "exit codes:" section that has
+    64 (usage) among its codes, and every option that takes a value says its default (or is required)."""
+    from agent.cli import build_parser
+
+    parsers = _parsers(build_parser())
+    assert len(parsers) >= 19, [p for p, _ in parsers]
+    problems = []
+    for path, parser in parsers:
+        text = parser.format_help()
+        if not (parser.description or "").strip():
+            problems.append(f"{path}: no description")
+        codes = text.partition("\nexit codes:\n")[2]
+        if not codes:
+            problems.append(f"{path}: no 'exit codes:' section")
+        elif not re.search(r"^\s+64\s+\S", codes, re.M) or not re.search(r"^\s+0\s+\S", codes, re.M):
+            problems.append(f"{path}: exit codes without 0 or 64:\n{codes}")
+        for action in parser._actions:
+            if (action.option_strings and action.nargs != 0 and not action.required
+                    and "default" not in parser._get_formatter()._expand_help(action)):
+                problems.append(f"{path} {'/'.join(action.option_strings)}: no default said")
+    assert problems == []
+    # what --help prints is that text: a node command and a command added by the fleet package
+    for argv in (["run", "--help"], ["cordoner", "--help"], ["config", "check", "--help"]):
+        rc, out, _ = _main(argv, capsys)
+        assert rc == 0 and "exit codes:" in out and f"usage: gpu-node-agent {' '.join(argv[:-1])}" in out, argv
+
+
+def test_an_unknown_option_prints_that_commands_usage_and_exits_64(capsys: Any) -> None:
+    """Issue 22 item 9: `check --bogus` printed the top-level usage, and with only 5 of the commands."""
+    for argv, usage in ((["check", "--bogus"], "check"), (["config", "check", "f.toml", "--bogus"], "config check"),
+                        (["events", "--bogus"], "events"), (["budget", "status", "--bogus"], "budget status")):
+        rc, out, err = _main(argv, capsys)
+        assert rc == 64 and out == "", (argv, rc, out)
+        assert err.startswith(f"usage: gpu-node-agent {usage} [-h]"), (argv, err)
+        assert err.rstrip().endswith(f"gpu-node-agent {usage}: error: unrecognized arguments: --bogus"), (argv, err)
+    r = subprocess.run([*AGENT_CMD, "check", "--bogus"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 64 and r.stderr.startswith("usage: gpu-node-agent check [-h]"), r.stderr
+
+
+def test_the_top_level_usage_lists_every_command(capsys: Any) -> None:
+    commands = _commands()
+    assert {"run", "check", "config", "warmup", "topo", "events", "budget", "cordoner", "dashboard", "correlator",
+            "diagnose", "top", "nats", "demo"} <= set(commands)
+    for argv in ([], ["frobnicate"], ["--bogus", "run"], ["--bogus"]):
+        rc, out, err = _main(argv, capsys)
+        assert rc == 64, argv
+        usage = " ".join(err.partition("gpu-node-agent: error:")[0].split())
+        assert "{" + ",".join(commands) + "}" in usage, (argv, err)
+    for argv in (["--help"], ["--help", "run"]):
+        rc, out, err = _main(argv, capsys)
+        assert rc == 0 and all(f"\n    {c} " in out for c in commands), (argv, out)
+
+
+def test_every_option_a_help_names_is_an_option_of_that_command() -> None:
+    """Issue 22 item 9: `cordoner --help` said "the embedded server of the agent in --state-dir", an option
+    the cordoner rejects (it takes --nats or the config's nats.servers only). An option named in a command's
+    help exists there (a command group's help may name its subcommands' options)."""
+    from agent.cli import build_parser
+
+    wrong = []
+    for path, parser in _parsers(build_parser()):
+        own = {s for _, p in _parsers(parser) for a in p._actions for s in a.option_strings}
+        named = set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", parser.format_help()))
+        wrong += [f"{path}: {opt}" for opt in sorted(named - own)]
+    assert wrong == []
+
+
+def test_the_cordoner_help_and_behaviour_agree_on_state_dir(capsys: Any) -> None:
+    rc, out, err = _main(["cordoner", "--help"], capsys)
+    assert rc == 0 and "--state-dir" not in out and "state_dir" not in out
+    assert "nats.servers" in out
+    rc, out, err = _main(["cordoner", "--state-dir", "/var/lib/gpu-node-agent"], capsys)
+    assert rc == 64 and err.startswith("usage: gpu-node-agent cordoner [-h]")
+
+
+def test_the_readme_exit_codes_are_those_each_command_s_help_lists() -> None:
+    """Issue 22 item 9: the README's exit code table and every command's --help say the same: each code a
+    command's help lists is in the README's row for that code, naming the command, and back."""
+    from agent.cli import build_parser
+    from tests.conftest import ROOT
+
+    leaves = {path.removeprefix("gpu-node-agent "): p for path, p in _parsers(build_parser())
+              if not any(isinstance(a, argparse._SubParsersAction) for a in p._actions)}
+    helped = {name: {int(c) for c in re.findall(r"^  (\d+)\s", p.format_help().partition("\nexit codes:\n")[2],
+                                                re.M)} for name, p in leaves.items()}
+    central = {"events", "top", "dashboard", "correlator", "cordoner", "budget status", "budget reset", "nats setup"}
+    section = (ROOT / "README.md").read_text().partition("### Exit codes (sysexits)")[2].partition("\n\n\n")[0]
+    said: dict[int, set[str]] = {}
+    for code, sources in re.findall(r"^\| (\d+) \| .* \| (.*) \|$", section, re.M):
+        names = set(leaves) if sources.strip() == "all" else set()
+        for n in re.findall(r"`([^`]+)`", sources):
+            names |= {leaf for leaf in leaves if leaf in (n, n.removesuffix(" --follow")) or leaf.startswith(n + " ")}
+        if "the central commands" in sources:
+            names |= central
+        said[int(code)] = names
+    assert set(said) >= {0, 1, 2, 64, 66, 69, 70, 71, 75, 78}, said
+    missing = [f"{name} exits {c}: not in the README's row" for name, codes in helped.items() for c in sorted(codes)
+               if name not in said.get(c, set())]
+    untold = [f"README: {name} exits {c}: not in its --help" for c, names in said.items() for name in sorted(names)
+              if c not in helped[name]]
+    assert missing + untold == []

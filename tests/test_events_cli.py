@@ -128,15 +128,19 @@ def test_duration_ends_a_quiet_follow(nats_server: NatsServerProcess) -> None:
 
 
 @pytest.mark.parametrize("argv", [["events"], ["events", "--follow"], ["top", "--once"], ["budget", "status"],
-                                  ["dashboard", "--listen", "127.0.0.1:0"], ["cordoner"]],
+                                  ["dashboard", "--listen", "127.0.0.1:0"], ["cordoner"], ["correlator"],
+                                  ["nats", "setup"]],
                          ids=lambda a: " ".join(a))
 def test_unreachable_nats_is_one_line_and_exit_69(argv: list[str]) -> None:
+    """One line on stderr, as the README and each --help promise: the cordoner also printed its JSON log
+    lines (nats_connecting, nats_error) before it (issue 22 item 9)."""
     t0 = time.monotonic()
     r = subprocess.run([*AGENT_CMD, *argv, "--nats", "nats://user:s3cret@127.0.0.1:1", "--connect-timeout", "1"],
                        capture_output=True, text=True, timeout=30)
     took = time.monotonic() - t0
     assert r.returncode == 69, r.stderr
-    last = r.stderr.strip().splitlines()[-1]
+    assert r.stderr.count("\n") == 1, r.stderr
+    last = r.stderr.strip()
     assert last.startswith("gpu-node-agent: cannot reach NATS") and "127.0.0.1:1" in last
     assert "Traceback" not in r.stderr and "s3cret" not in r.stderr and r.stdout == ""
     assert took < 8
