@@ -424,6 +424,7 @@ def build_report(topo: Topology, view: NvmlView | None, *, pcie_only: bool = Fal
         "devices": devices,
         "matrix": matrix(topo, nvl, switch_remotes=sw),
         "pcie_only": pcie_only,
+        "nvlink_known": nvl is not None,  # False: GPU-to-GPU cells are PCIe distances, NVLink or not
         "nvlink_source": "nvml" if nvl is not None else "not used (--pcie-only)" if pcie_only else
                          f"unavailable: {view.why}" if view is not None else "not used (--no-nvml)" if not nvml_used
                          else "no GPU",
@@ -446,7 +447,13 @@ def render_text(report: Mapping[str, Any]) -> str:
         extra = ([d.get("cpu_affinity") or "N/A", "N/A" if d.get("numa_node") is None else str(d["numa_node"]),
                   "", "N/A"] if d["kind"] == "gpu" else ["", "", "", ""])
         lines.append("\t".join([r, *cells, *extra]))
-    out = "\n".join(lines) + "\n\nLegend:\n\n"
+    out = "\n".join(lines) + "\n"
+    gpus = sum(1 for d in devices.values() if d["kind"] == "gpu")
+    if gpus > 1 and not report.get("pcie_only") and report.get("nvlink_known") is False:
+        # not nvidia-smi's: without NVML a GPU pair's SYS/NODE must not read as "no NVLink"
+        out += (f"\nNVLink: unknown without NVML ({report.get('nvlink_source')}). GPU-to-GPU cells show the "
+                f"PCIe path only; GPUs that NVLink joins would read NV# there.\n")
+    out += "\nLegend:\n\n"
     out += "".join(f"  {k:<4} = {v}\n" for k, v in report["legend"].items())
     nics = [(r, d["name"]) for r, d in devices.items() if d["kind"] == "nic"]
     if nics:

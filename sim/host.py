@@ -1,8 +1,21 @@
 """Builder for simulated host roots: a directory laid out like a GPU node's /sys, /proc and /dev.
 
 Tests, the demo and benchmarks share it; collector issues extend it with their own parts.
-Layout follows the kernel (and node_exporter's sysfs fixtures): /sys/bus/pci/devices/<bdf> is a
-relative symlink into /sys/devices/pci<domain>:<bus>/, /sys/module/<name>/initstate, /proc/modules.
+Layout follows the kernel (drivers/pci/pci-sysfs.c, drivers/pci/probe.c, Documentation/ABI/testing/
+sysfs-bus-pci and sysfs-class-infiniband; node_exporter's sysfs fixtures):
+
+- ``/sys/devices/pci<domain>:<bus>`` is one host bridge and every PCI function is a directory under its
+  parent bridge's, so the path spells the route from the CPU (root port, switch upstream port, switch
+  downstream port, device); ``/sys/bus/pci/devices/<bdf>`` is a relative symlink into that tree
+  (``../../../devices/pci0000:14/0000:14:01.0/...``). Each function has ``vendor``, ``device``,
+  ``class``, ``numa_node`` ("%d", -1 for none), ``local_cpulist`` and its PCIe link attributes.
+- ``/sys/class/infiniband/<hca>`` and ``/sys/class/net/<if>`` are relative symlinks into the PCI
+  function's ``infiniband/<hca>`` and ``net/<if>`` directories, each holding ``device`` ->
+  ``../../../<bdf>``; port files and counters live there.
+- ``/sys/module/<name>/initstate``, ``/proc/modules``, ``/proc/devices``, ``/dev`` nodes as regular files.
+
+:meth:`SimHost.gpu_node` lays an HGX H100 baseboard out this way (see there); sim/topology.py builds
+other trees (a DGX H100 with its published bus ids, a PCIe-switch box) with the same conventions.
 """
 
 from __future__ import annotations
@@ -29,6 +42,23 @@ IB_HW_COUNTERS = ("duplicate_request", "implied_nak_seq_err", "lifespan", "local
                   "np_cnp_sent", "np_ecn_marked_roce_packets", "rp_cnp_handled", "rp_cnp_ignored",
                   "roce_adp_retrans", "roce_slow_restart")
 UVM_MAJOR = 511
+
+# PCI ids and attribute values of the simulated tree (pci.ids; the kernel's "%#06x" / "%#08x" spelling)
+INTEL_VENDOR, INTEL_ROOT_PORT = "0x8086", "0x352a"  # Sapphire Rapids PCIe root port
+BROADCOM_VENDOR, PEX89 = "0x1000", "0xc030"  # Broadcom PEX89xxx Gen5 switch (HGX H100 baseboard)
+MELLANOX_VENDOR, CX7 = "0x15b3", "0x1021"  # ConnectX-7
+NVSWITCH_GEN3 = "0x22a3"
+CLASS_BRIDGE, CLASS_HOST_BRIDGE, CLASS_3D = "0x060400", "0x060000", "0x030200"
+CLASS_NVSWITCH, CLASS_IB, CLASS_ETH = "0x068000", "0x020700", "0x020000"
+GEN5 = "32.0 GT/s PCIe"
+SOCKET_CPUS = ("0-55,112-167", "56-111,168-223")  # 2 x 56-core Xeon 8480C with SMT, per NUMA node
+ALL_CPUS = "0-223"  # what local_cpulist shows for numa_node -1 (every online CPU)
+# gpu_node's GPU buses in minor order (an HGX H100 8-GPU server's, as nvidia-smi lists them): 0x00-0x7f on
+# socket 0, 0x80-0xff on socket 1. Each GPU's PCIe switch takes the four buses below its own (host
+# bridge, switch, downstream ports, NIC) and one above it per extra NIC: the 16 never overlap.
+GPU_BUSES = ("18", "2a", "3a", "5d", "9a", "ab", "ba", "db", "20", "31", "42", "64", "a1", "b2", "c2", "e2")
+NVSWITCH_BUSES = ("05", "06", "07", "08")  # hgx_node's NVSwitches, behind one switch on host bridge 0x02
+STORAGE_NIC_BUS = "0d"  # the storage/management NIC: its own root port on socket 0's host bridge 0x0c
 
 
 @dataclass
@@ -58,22 +88,61 @@ class SimHost:
         os.replace(tmp, path)  # atomic, like sysfs: a reader never sees half a value
         return path
 
-    # -- GPUs ------------------------------------------------------------------------
-    def add_gpu(self, bus_id: str, minor: int, device_id: str = H100_SXM, *, dev_node: bool = True) -> SimGPU:
-        gpu = SimGPU(bus_id, minor, device_id)
-        domain, bus = bus_id.split(":")[:2]
-        real = f"/sys/devices/pci{domain}:{bus}/{bus_id}"
-        self.write(f"{real}/vendor", f"{NVIDIA_VENDOR}\n")
-        self.write(f"{real}/device", f"{device_id}\n")
-        self.write(f"{real}/class", "0x030200\n")
-        self.write(f"{real}/current_link_speed", "32.0 GT/s PCIe\n")
-        self.write(f"{real}/current_link_width", "16\n")
-        self.write(f"{real}/max_link_speed", "32.0 GT/s PCIe\n")
-        self.write(f"{real}/max_link_width", "16\n")
-        link = self.p(f"/sys/bus/pci/devices/{bus_id}")
+    # -- the PCI tree -----------------------------------------------------------------------
+    def add_host_bridge(self, domain_bus: str) -> str:
+        """``domain_bus`` like "0000:14": the root complex /sys/devices/pci0000:14 (its /sys path)."""
+        real = f"/sys/devices/pci{domain_bus}"
+        self.p(real).mkdir(parents=True, exist_ok=True)
+        return real
+
+    def add_pci_function(self, parent: str, bdf: str, *, vendor: str, device: str, klass: str, numa: int = -1,
+                         speed: str | None = GEN5, width: int | None = 16) -> str:
+        """One PCI function where the kernel puts it: a directory under ``parent`` (a host bridge's or a
+        bridge function's /sys/devices path) with its attributes, and /sys/bus/pci/devices/<bdf> a relative
+        symlink to it. Returns its /sys/devices path."""
+        real = f"{parent}/{bdf}"
+        attrs = {"vendor": vendor, "device": device, "class": klass, "subsystem_vendor": "0x0000",
+                 "subsystem_device": "0x0000", "numa_node": str(numa),
+                 "local_cpulist": SOCKET_CPUS[numa] if 0 <= numa < len(SOCKET_CPUS) else ALL_CPUS}
+        if speed is not None and width is not None:
+            attrs |= {"current_link_speed": speed, "current_link_width": str(width), "max_link_speed": speed,
+                      "max_link_width": str(width)}
+        for name, value in attrs.items():
+            self.write(f"{real}/{name}", f"{value}\n")
+        link = self.p(f"/sys/bus/pci/devices/{bdf}")
         link.parent.mkdir(parents=True, exist_ok=True)
         if not link.is_symlink():
             link.symlink_to(os.path.relpath(self.p(real), link.parent))
+        return real
+
+    def add_pcie_switch(self, parent: str, usp: str, dsps: list[str], *, numa: int = -1) -> list[str]:
+        """A PCIe switch: its upstream port under ``parent``, its downstream ports under that (their paths)."""
+        up = self.add_pci_function(parent, usp, vendor=BROADCOM_VENDOR, device=PEX89, klass=CLASS_BRIDGE, numa=numa)
+        return [self.add_pci_function(up, d, vendor=BROADCOM_VENDOR, device=PEX89, klass=CLASS_BRIDGE, numa=numa)
+                for d in dsps]
+
+    def class_link(self, klass: str, name: str, function: str) -> None:
+        """/sys/class/<klass>/<name> -> ../../devices/.../<bdf>/<klass>/<name>, whose ``device`` is
+        ../../../<bdf> (the kernel's own relative forms)."""
+        target = self.p(f"{function}/{klass}/{name}")
+        target.mkdir(parents=True, exist_ok=True)
+        dev = target / "device"
+        if not dev.is_symlink():
+            dev.symlink_to(f"../../../{function.rsplit('/', 1)[-1]}")
+        link = self.p(f"/sys/class/{klass}/{name}")
+        link.parent.mkdir(parents=True, exist_ok=True)
+        if not link.is_symlink():
+            link.symlink_to(os.path.relpath(target, link.parent))
+
+    # -- GPUs ------------------------------------------------------------------------
+    def add_gpu(self, bus_id: str, minor: int, device_id: str = H100_SXM, *, dev_node: bool = True,
+                parent: str | None = None, numa: int = -1) -> SimGPU:
+        """A GPU under ``parent`` (a /sys/devices path: a switch's downstream port), or without one straight
+        under its own host bridge pci<domain>:<bus> (a root-complex endpoint: SYS to everything)."""
+        gpu = SimGPU(bus_id, minor, device_id)
+        if parent is None:
+            parent = self.add_host_bridge(":".join(bus_id.split(":")[:2]))
+        self.add_pci_function(parent, bus_id, vendor=NVIDIA_VENDOR, device=device_id, klass=CLASS_3D, numa=numa)
         self.write(f"/proc/driver/nvidia/gpus/{bus_id}/information",
                    f"Model: \t\t NVIDIA H100 80GB HBM3\nIRQ:   \t\t 0\nGPU UUID: \t GPU-sim-{minor:04d}\n"
                    f"Bus Location: \t {bus_id}\nDevice Minor: \t {minor}\n")
@@ -82,14 +151,12 @@ class SimHost:
             self.add_dev_node(f"nvidia{minor}")
         return gpu
 
-    def add_other_pci(self, bus_id: str, vendor: str, klass: str) -> None:
-        domain, bus = bus_id.split(":")[:2]
-        real = f"/sys/devices/pci{domain}:{bus}/{bus_id}"
-        self.write(f"{real}/vendor", f"{vendor}\n")
-        self.write(f"{real}/class", f"{klass}\n")
-        link = self.p(f"/sys/bus/pci/devices/{bus_id}")
-        link.parent.mkdir(parents=True, exist_ok=True)
-        link.symlink_to(os.path.relpath(self.p(real), link.parent))
+    def add_other_pci(self, bus_id: str, vendor: str, klass: str, *, parent: str | None = None,
+                      device: str = "0x0000", numa: int = -1) -> str:
+        if parent is None:
+            parent = self.add_host_bridge(":".join(bus_id.split(":")[:2]))
+        return self.add_pci_function(parent, bus_id, vendor=vendor, device=device, klass=klass, numa=numa,
+                                     speed=None, width=None)
 
     def add_dev_node(self, name: str) -> Path:
         # A regular file stands in for the character device (mknod needs CAP_MKNOD).
@@ -141,6 +208,21 @@ class SimHost:
             for counter in IB_HW_COUNTERS:
                 self.set_counter(name, port, counter, 0, hw=True)
 
+    def add_nic(self, parent: str, bdf: str, hca: str, *, numa: int = -1, link_layer: str = "InfiniBand",
+                rate: str = "400 Gb/sec (4X NDR)") -> str:
+        """A ConnectX-7 under ``parent``: its PCI function, /sys/class/infiniband/<hca> and its netdev
+        (ibp<bus>s0 for IPoIB, enp<bus>s0np0 for Ethernet, as udev names them) linked into it, then
+        :meth:`add_hca`'s port files through the class link."""
+        real = self.add_pci_function(parent, bdf, vendor=MELLANOX_VENDOR, device=CX7, numa=numa,
+                                     klass=CLASS_IB if link_layer == "InfiniBand" else CLASS_ETH)
+        bus = int(bdf.split(":")[1], 16)
+        netdev = f"ibp{bus}s0" if link_layer == "InfiniBand" else f"enp{bus}s0np0"
+        self.class_link("infiniband", hca, real)
+        self.class_link("net", netdev, real)
+        self.write(f"/sys/class/net/{netdev}/operstate", "up\n")
+        self.add_hca(hca, link_layer=link_layer, rate=rate)
+        return real
+
     def set_port(self, hca: str, port: int = 1, *, state: str | None = None, phys_state: str | None = None,
                  rate: str | None = None) -> None:
         p = f"/sys/class/infiniband/{hca}/ports/{port}"
@@ -160,9 +242,16 @@ class SimHost:
         return value
 
     def remove_hca(self, name: str) -> None:
+        """The RDMA device goes (driver unbound): its class entry and what it points at; the PCI function stays."""
         import shutil
 
-        shutil.rmtree(self.p(f"/sys/class/infiniband/{name}"))
+        link = self.p(f"/sys/class/infiniband/{name}")
+        if link.is_symlink():
+            target = link.resolve()
+            link.unlink()
+            shutil.rmtree(target)
+        else:
+            shutil.rmtree(link)
 
     def add_gdr_provider(self) -> None:
         """What nvidia_peermem (or nv_peer_mem) exposes when GPUDirect RDMA is available."""
@@ -224,9 +313,19 @@ class SimHost:
     @classmethod
     def gpu_node(cls, root: str | Path, gpus: int = 8, *, driver_loaded: bool = True, hcas: int = 0,
                  peermem: bool = True, storage_nic: bool = False) -> SimHost:
-        """An HGX-style node: ``gpus`` H100s, driver and device nodes present (healthy); with
-        ``hcas`` NDR HCAs (mlx5_0..), an extra RoCE storage NIC when ``storage_nic``, and
-        nvidia_peermem loaded when ``peermem``."""
+        """An HGX H100 node: ``gpus`` H100s, driver and device nodes present (healthy); with ``hcas`` NDR
+        ConnectX-7s (mlx5_0..), an extra RoCE storage NIC when ``storage_nic``, and nvidia_peermem loaded
+        when ``peermem``.
+
+        The PCIe tree is an HGX baseboard's in a 2-socket server: GPU<i> (bus ``GPU_BUSES[i]``, B) sits
+        behind its own PCIe switch, host bridge pci0000:<B-4> -> root port <B-4>:01.0 -> switch upstream
+        port <B-3>:00.0 -> downstream ports <B-2>:00.0 (mlx5_<i> at <B-1>:00.0) and <B-2>:01.0 (the GPU):
+        GPU<i> and mlx5_<i> are PIX, GPUs and NICs on one socket NODE, across sockets SYS (what ``nvidia-smi
+        topo -m`` prints on such a node, NVLink aside). HCAs beyond the switches take further downstream
+        ports of the switches in turn (<B-2>:0<k+1>.0, NIC at <B+k>:00.0); the storage NIC has its own root
+        port on socket 0 (NODE to socket 0's GPUs, SYS to socket 1's)."""
+        if gpus > len(GPU_BUSES):
+            raise ValueError(f"at most {len(GPU_BUSES)} GPUs")
         host = cls(Path(root))
         host.root.mkdir(parents=True, exist_ok=True)
         host.set_boot("00000000-0000-4000-8000-000000000001")
@@ -235,10 +334,20 @@ class SimHost:
         host.add_mount("/dev/nvme1n1", "/var/jfsCache", "xfs")
         host.p("/dev").mkdir(parents=True, exist_ok=True)
         host.p("/dev/kmsg").touch()
-        buses = ["18", "2a", "3a", "5d", "9a", "ab", "ba", "db", "1b", "2b", "3b", "4b", "5b", "6b", "7b", "8b"]
-        for i in range(gpus):
-            host.add_gpu(f"0000:{buses[i % len(buses)]}:00.0", i, dev_node=driver_loaded)
-        host.add_other_pci("0000:00:00.0", "0x8086", "0x060000")  # host bridge: not a GPU
+        host.add_other_pci("0000:00:00.0", INTEL_VENDOR, CLASS_HOST_BRIDGE, device="0x09a2", numa=0)  # not a GPU
+        slots = min(max(gpus, hcas), 8) if hcas else gpus  # GPU switches (a NIC's own where it has no GPU)
+        ports: list[tuple[int, int, str]] = []  # per switch: its GPU's bus, NUMA node, upstream port's path
+        for i in range(slots):
+            b = int(GPU_BUSES[i], 16)
+            numa = 0 if b < 0x80 else 1
+            hb = host.add_host_bridge(f"0000:{b - 4:02x}")
+            rp = host.add_pci_function(hb, f"0000:{b - 4:02x}:01.0", vendor=INTEL_VENDOR, device=INTEL_ROOT_PORT,
+                                       klass=CLASS_BRIDGE, numa=numa)
+            _, gpu_port = host.add_pcie_switch(rp, f"0000:{b - 3:02x}:00.0",
+                                               [f"0000:{b - 2:02x}:00.0", f"0000:{b - 2:02x}:01.0"], numa=numa)
+            ports.append((b, numa, f"{rp}/0000:{b - 3:02x}:00.0"))
+            if i < gpus:
+                host.add_gpu(f"0000:{b:02x}:00.0", i, dev_node=driver_loaded, parent=gpu_port, numa=numa)
         host.write("/proc/devices", f"Character devices:\n  1 mem\n{NVIDIA_MAJOR} nvidia\n"
                    f"{UVM_MAJOR} nvidia-uvm\n\nBlock devices:\n  8 sd\n")
         if driver_loaded:
@@ -249,9 +358,23 @@ class SimHost:
         else:
             host._write_proc_modules()
         for i in range(hcas):
-            host.add_hca(f"mlx5_{i}")
+            b, numa, usp = ports[i % slots]
+            k = i // slots  # 0: the switch's NIC port; k: its (k+1)th downstream port, bus B+k
+            if k == 0:
+                parent = f"{usp}/0000:{b - 2:02x}:00.0"
+                bdf = f"0000:{b - 1:02x}:00.0"
+            else:
+                parent = host.add_pci_function(usp, f"0000:{b - 2:02x}:{k + 1:02x}.0", vendor=BROADCOM_VENDOR,
+                                               device=PEX89, klass=CLASS_BRIDGE, numa=numa)
+                bdf = f"0000:{b + k:02x}:00.0"
+            host.add_nic(parent, bdf, f"mlx5_{i}", numa=numa)
         if storage_nic:
-            host.add_hca(f"mlx5_{hcas}", link_layer="Ethernet", rate="200 Gb/sec (4X HDR)")
+            sb = int(STORAGE_NIC_BUS, 16)
+            hb = host.add_host_bridge(f"0000:{sb - 1:02x}")
+            rp = host.add_pci_function(hb, f"0000:{sb - 1:02x}:01.0", vendor=INTEL_VENDOR, device=INTEL_ROOT_PORT,
+                                       klass=CLASS_BRIDGE, numa=0)
+            host.add_nic(rp, f"0000:{STORAGE_NIC_BUS}:00.0", f"mlx5_{hcas}", numa=0, link_layer="Ethernet",
+                         rate="200 Gb/sec (4X HDR)")
         if hcas and driver_loaded and peermem:
             host.load_module("nvidia_peermem", version="550.127.05")  # /sys/module/nvidia_peermem/version
         return host
@@ -262,8 +385,14 @@ class SimHost:
         JuiceFS mount, and one running job (pid 4242) whose log under /var/log/nccl (the nccl_logs
         default glob) is mostly the trainer's own output with a few hundred healthy NCCL INFO lines."""
         host = cls.gpu_node(root, gpus=8, hcas=8, storage_nic=True)
-        for bus in ("05", "06", "07", "08"):
-            host.add_other_pci(f"0000:{bus}:00.0", NVIDIA_VENDOR, "0x068000")  # NVSwitch: bridge/other
+        # the baseboard's NVSwitches ("Bridge: other", NVIDIA) behind one PCIe switch on socket 0
+        hb = host.add_host_bridge("0000:02")
+        rp = host.add_pci_function(hb, "0000:02:01.0", vendor=INTEL_VENDOR, device=INTEL_ROOT_PORT,
+                                   klass=CLASS_BRIDGE, numa=0)
+        dsps = host.add_pcie_switch(rp, "0000:03:00.0", [f"0000:04:{d:02x}.0" for d in range(4)], numa=0)
+        for port, bus in zip(dsps, NVSWITCH_BUSES, strict=True):
+            host.add_pci_function(port, f"0000:{bus}:00.0", vendor=NVIDIA_VENDOR, device=NVSWITCH_GEN3,
+                                  klass=CLASS_NVSWITCH, numa=0, speed="2.5 GT/s PCIe", width=1)
         host.add_juicefs("/mnt/jfs", "/var/jfsCache")
         name, pid = "hgx-0001", 4242
         host.write("/proc/sys/kernel/hostname", f"{name}\n")
@@ -278,9 +407,10 @@ class SimHost:
         for comm in ("0x7f3a8c000000", "0x7f3a94000000"):  # the world and one data-parallel communicator
             for c in range(32):
                 g, n = c % 8, (c + 1) % 8
+                # rank 0's own network channels leave through GPU0's rail NIC, mlx5_0 (PIX to it)
                 nccl += [f"{pre}Channel {c:02d}/0 : {g}[{g}] -> {n}[{n}] via P2P/CUMEM/read",
-                         f"{pre}Channel {c:02d}/0 : 8[0] -> 0[0] [receive] via NET/IB/{g}/GDRDMA",
-                         f"{pre}Channel {c:02d}/0 : 0[0] -> 8[0] [send] via NET/IB/{g}/GDRDMA",
+                         f"{pre}Channel {c:02d}/0 : 8[0] -> 0[0] [receive] via NET/IB/0/GDRDMA",
+                         f"{pre}Channel {c:02d}/0 : 0[0] -> 8[0] [send] via NET/IB/0/GDRDMA",
                          f"{pre}Trees [{c}] 1/-1/-1->0->-1 [{c + 32}] -1/-1/-1->0->1"]
             nccl += [f"{pre}Connected all rings, use ring PXN 0 GDR 1",
                      f"{pre}comm {comm} rank 0 nranks 1024 cudaDev 0 nvmlDev 0 busId 18000 commId "

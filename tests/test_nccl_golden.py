@@ -32,11 +32,17 @@ EXPECTED: dict[str, tuple[str, list[tuple[str, str, str, dict[str, object]]]]] =
         ("NCCLHCASelection", "firing", "warning", {"unintended": ["mlx5_10", "mlx5_11"], "nccl_ib_hca": "mlx5_1"}),
         ("NCCLIBCompletionError", "event", "warning", {"status": 4, "vendor_err": 81, "hca": "mlx5_1",
                                                        "nccl_time": "2026-03-03 12:11:38"}),
+        # GPU0 (18:00.0) shares its PCIe switch with mlx5_0 (and mlx5_8) on the simulated node; the job's
+        # NCCL_IB_HCA=mlx5_1 leaves it the NODE-far NICs
+        ("NCCLFarNIC", "firing", "warning", {"nccl_ib_hca": "mlx5_1", "used_distance": "NODE",
+                                             "nearest_nics": "['mlx5_0', 'mlx5_8']"}),
     ]),
     "2.28.log": ("node-d.55.log", [
         ("NCCLP2PViaHost", "firing", "warning", {"shm_channels": 2}),
         ("NCCLIBCompletionError", "event", "critical", {"status": 12, "status_name": "IBV_WC_RETRY_EXC_ERR",
                                                         "hca": "mlx5_1"}),
+        # GPU1 (2a:00.0) sends on NET/IB/0, mlx5_0 (NODE), though NCCL listed mlx5_1, PIX to it
+        ("NCCLFarNIC", "firing", "warning", {"used_nics": "{'mlx5_0': 'NODE'}", "nearest_nics": "['mlx5_1', 'mlx5_9']"}),
     ]),
     "2.30.log": ("node-e.99.log", [
         ("NCCLIBCompletionError", "event", "critical", {"status": 12, "function": "ncclIbCompletionEventProcess"}),

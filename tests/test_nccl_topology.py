@@ -202,8 +202,11 @@ def test_no_pci_tree_means_no_finding_and_says_so(tmp_path: Path) -> None:
 
 
 def test_a_gpu_without_its_nics_in_the_tree_is_not_judged(tmp_path: Path) -> None:
-    """SimHost.gpu_node: GPUs on the bus, HCAs without a device link into the PCI tree."""
-    host = SimHost.gpu_node(tmp_path / "flat", gpus=8, hcas=8)
+    """GPUs on the bus, HCAs without a device link into the PCI tree (class directories only, as a
+    capture like procfs' fixtures has them): nothing to measure the rank's NICs against."""
+    host = SimHost.gpu_node(tmp_path / "flat", gpus=8)
+    for i in range(8):
+        host.add_hca(f"mlx5_{i}")
     place(host, job_log(gpu=0, bus="0000:18:00.0", devices=[f"mlx5_{i}" for i in range(8)],
                         channels=[("receive", 7, None)]))
     report = check(host.root)

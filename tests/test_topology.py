@@ -377,6 +377,102 @@ def test_cli_text_and_json(dgx: tuple[SimHost, TopologyBuilder], plugin_site: Pa
     assert "NVLink not read (--no-nvml)" in r.stderr
 
 
+# SimHost.gpu_node(gpus=8, hcas=8, storage_nic=True), the demo's node: an HGX H100 baseboard in a 2-socket
+# server, each GPU behind its own PCIe switch with its ConnectX-7 (mlx5_<i>), GPU0-3 on socket 0, GPU4-7 on
+# socket 1, the storage NIC (mlx5_8) on socket 0's own root port. NVLink left out: PCIe distances only.
+SIM_NODE_TOPO_MP = _rows("""
+      GPU0 GPU1 GPU2 GPU3 GPU4 GPU5 GPU6 GPU7 NIC0 NIC1 NIC2 NIC3 NIC4 NIC5 NIC6 NIC7 NIC8
+GPU0   X   NODE NODE NODE SYS  SYS  SYS  SYS  PIX  NODE NODE NODE SYS  SYS  SYS  SYS  NODE
+GPU1  NODE  X   NODE NODE SYS  SYS  SYS  SYS  NODE PIX  NODE NODE SYS  SYS  SYS  SYS  NODE
+GPU2  NODE NODE  X   NODE SYS  SYS  SYS  SYS  NODE NODE PIX  NODE SYS  SYS  SYS  SYS  NODE
+GPU3  NODE NODE NODE  X   SYS  SYS  SYS  SYS  NODE NODE NODE PIX  SYS  SYS  SYS  SYS  NODE
+GPU4  SYS  SYS  SYS  SYS   X   NODE NODE NODE SYS  SYS  SYS  SYS  PIX  NODE NODE NODE SYS
+GPU5  SYS  SYS  SYS  SYS  NODE  X   NODE NODE SYS  SYS  SYS  SYS  NODE PIX  NODE NODE SYS
+GPU6  SYS  SYS  SYS  SYS  NODE NODE  X   NODE SYS  SYS  SYS  SYS  NODE NODE PIX  NODE SYS
+GPU7  SYS  SYS  SYS  SYS  NODE NODE NODE  X   SYS  SYS  SYS  SYS  NODE NODE NODE PIX  SYS
+NIC0  PIX  NODE NODE NODE SYS  SYS  SYS  SYS   X   NODE NODE NODE SYS  SYS  SYS  SYS  NODE
+NIC1  NODE PIX  NODE NODE SYS  SYS  SYS  SYS  NODE  X   NODE NODE SYS  SYS  SYS  SYS  NODE
+NIC2  NODE NODE PIX  NODE SYS  SYS  SYS  SYS  NODE NODE  X   NODE SYS  SYS  SYS  SYS  NODE
+NIC3  NODE NODE NODE PIX  SYS  SYS  SYS  SYS  NODE NODE NODE  X   SYS  SYS  SYS  SYS  NODE
+NIC4  SYS  SYS  SYS  SYS  PIX  NODE NODE NODE SYS  SYS  SYS  SYS   X   NODE NODE NODE SYS
+NIC5  SYS  SYS  SYS  SYS  NODE PIX  NODE NODE SYS  SYS  SYS  SYS  NODE  X   NODE NODE SYS
+NIC6  SYS  SYS  SYS  SYS  NODE NODE PIX  NODE SYS  SYS  SYS  SYS  NODE NODE  X   NODE SYS
+NIC7  SYS  SYS  SYS  SYS  NODE NODE NODE PIX  SYS  SYS  SYS  SYS  NODE NODE NODE  X   SYS
+NIC8  NODE NODE NODE NODE SYS  SYS  SYS  SYS  NODE NODE NODE NODE SYS  SYS  SYS  SYS   X
+""")
+
+
+def _text_matrix(text: str) -> dict[str, dict[str, str]]:
+    """The matrix block of render_text's output (tab-separated, CPU/NUMA columns dropped)."""
+    lines = [ln.split("\t") for ln in text.split("\n\n")[0].splitlines()]
+    names = [c for c in lines[0][1:] if c.startswith(("GPU", "NIC")) and " " not in c]
+    return {row[0]: {c: v.strip() for c, v in zip(names, row[1:1 + len(names)], strict=True)} for row in lines[1:]}
+
+
+def test_cli_on_the_simulated_gpu_node(tmp_path: Path, plugin_site: Path) -> None:
+    """`gpu-node-agent topo` on a fresh SimHost.gpu_node root (what `make demo` / `demo --keep` leave): every
+    GPU PIX to its own NIC, NODE within a socket, SYS across, the NIC columns and legend, nothing refused,
+    and NVLink said to be unknown without NVML rather than left to read as SYS."""
+    host = SimHost.gpu_node(tmp_path / "h", gpus=8, hcas=8, storage_nic=True)
+    r = _topo_cli(plugin_site, "--host-root", str(host.root), "--no-nvml")
+    assert r.returncode == 0, r.stderr
+    assert "refused" not in r.stderr and "unreadable" not in r.stderr, r.stderr
+    assert _text_matrix(r.stdout) == SIM_NODE_TOPO_MP
+    header = r.stdout.splitlines()[0].split("\t")
+    assert header[1:18] == [f"GPU{i}" for i in range(8)] + [f"NIC{j}" for j in range(9)]
+    assert r.stdout.splitlines()[1].endswith("\t0-55,112-167\t0\t\tN/A")
+    assert r.stdout.splitlines()[5].endswith("\t56-111,168-223\t1\t\tN/A")
+    assert r.stdout.endswith("\nNIC Legend:\n\n" + "".join(f"  NIC{j}: mlx5_{j}\n" for j in range(9)) + "\n")
+    assert "\nNVLink: unknown without NVML (not used (--no-nvml)). GPU-to-GPU cells show the PCIe path only" \
+           in r.stdout.split("\nLegend:")[0]
+    r = _topo_cli(plugin_site, "--host-root", str(host.root), "--no-nvml", "--format", "json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["skipped"] == [] and doc["unparsable"] == []
+    assert doc["nvlink_known"] is False and doc["nvlink_source"] == "not used (--no-nvml)"
+    assert {r: {c: v for c, v in cells.items() if not c.startswith("mlx5_")}
+            for r, cells in doc["matrix"].items() if not r.startswith("mlx5_")} == SIM_NODE_TOPO_MP
+    assert doc["matrix"]["GPU3"]["mlx5_3"] == "PIX" and doc["matrix"]["mlx5_7"]["GPU0"] == "SYS"
+    assert doc["devices"]["NIC0"] == {"kind": "nic", "name": "mlx5_0", "bus_id": "0000:17:00.0",
+                                      "netdevs": ["ibp23s0"], "numa_node": 0, "cpu_affinity": "0-55,112-167"}
+    assert doc["devices"]["NIC8"]["netdevs"] == ["enp13s0np0"]
+    assert [doc["devices"][f"GPU{i}"]["bus_id"] for i in range(8)] == [
+        f"0000:{b}:00.0" for b in ("18", "2a", "3a", "5d", "9a", "ab", "ba", "db")]
+    assert [doc["devices"][f"GPU{i}"]["nearest_nics"] for i in range(8)] == [[f"mlx5_{i}"] for i in range(8)]
+    assert doc["devices"]["GPU4"]["nccl_path_to_nearest"] == "PIX" and doc["devices"]["GPU4"]["numa_node"] == 1
+
+
+def test_simulated_gpu_node_variants_and_the_hgx_nvswitches(tmp_path: Path) -> None:
+    """Fewer NICs than GPUs, more NICs than GPUs (the extras behind the GPU switches in turn), and hgx_node's
+    NVSwitches in the tree: all read without a refusal; with NVML the GPU pairs are NV18 and the note goes."""
+    few = SimHost.gpu_node(tmp_path / "few", gpus=8, hcas=2)
+    report, notes = t.topology_report(few.root, use_nvml=False)
+    assert report["skipped"] == [] and not any("refused" in n for n in notes)
+    assert [report["matrix"]["GPU0"][f"NIC{j}"] for j in range(2)] == ["PIX", "NODE"]
+    assert report["matrix"]["GPU4"]["NIC0"] == "SYS"
+    many = SimHost.gpu_node(tmp_path / "many", gpus=8, hcas=12)
+    topo = pp.read_topology(HostRoot(many.root))
+    assert topo.skipped == [] and topo.bad_values == [] and len(topo.nics) == 12
+    assert pp.nearest_nics(topo, "GPU0") == ["mlx5_0", "mlx5_8"] and pp.nearest_nics(topo, "GPU4") == ["mlx5_4"]
+    assert pp.nic_distance(topo, "mlx5_0", "mlx5_8") == "PIX"
+    hgx = SimHost.hgx_node(tmp_path / "hgx")
+    nvswitches = [f"0000:{b}:00.0" for b in ("05", "06", "07", "08")]
+    nvml = TopoNVML([TopoGPU(_nvml_id(g), remotes=[_nvml_id(sw) for sw, n in zip(nvswitches, (4, 4, 5, 5),
+                                                                                   strict=True) for _ in range(n)])
+                     for g in pp.read_topology(HostRoot(hgx.root)).gpus])
+    report, notes = t.topology_report(hgx.root, nvml=nvml)
+    assert notes == [] and report["skipped"] == [] and report["nvswitches"] == nvswitches
+    assert report["nvlink_known"] is True
+    assert {report["matrix"][f"GPU{a}"][f"GPU{b}"] for a in range(8) for b in range(8) if a != b} == {"NV18"}
+    nics = [f"NIC{j}" for j in range(9)]
+    assert [report["matrix"]["GPU5"][n] for n in nics] == [SIM_NODE_TOPO_MP["GPU5"][n] for n in nics]
+    assert "NVLink: unknown" not in t.render_text(report)
+    # the healthy HGX node stays healthy on its real tree: its job's channels use GPU0's own NIC
+    r = subprocess.run([*AGENT_CMD, "check", "--host-root", str(hgx.root), "--format", "json"],
+                       capture_output=True, text=True, timeout=60)
+    assert [(c["type"], c["reason"]) for c in json.loads(r.stdout)["conditions"]] == [], r.stderr
+
+
 def test_cli_exit_codes(tmp_path: Path, plugin_site: Path, monkeypatch: pytest.MonkeyPatch,
                         capsys: pytest.CaptureFixture[str]) -> None:
     r = _topo_cli(plugin_site, "--host-root", str(tmp_path / "nope"))
