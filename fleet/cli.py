@@ -146,15 +146,21 @@ def add_commands(sub: argparse._SubParsersAction[Parser]) -> None:
     corr.set_defaults(handler=cmd_correlator)
 
     diag = sub.add_parser("diagnose", help="correlate several nodes' snapshots: which job, which culprit",
-                          description="Run each host root's one-shot checks (the node named by its etc/hostname) and "
-                          "the fleet correlator over all of them: for post-mortems from collected node snapshots. "
-                          "No NATS.",
+                          description="The fleet correlator over several nodes' snapshots, for post-mortems, without "
+                          "NATS. A snapshot is a node's host root (--host-root: each root's one-shot checks run here, "
+                          "the node named by its etc/hostname), or what 'gpu-node-agent check --format json' printed "
+                          "on a live node (--report FILE: taken on each node when it matters, e.g. by a Slurm epilog "
+                          "or a kubectl exec; its messages are checked as the fleet checks the wire, a message naming "
+                          "another node is refused and counted on stderr). Prints every node's critical findings, "
+                          "then each incident with the evidence that decided it.",
                           exit_codes={0: "no incident and no node with a critical finding",
                                       2: "an incident, or a node with a critical finding (check's 2): printed",
-                                      EX_USAGE: f"{USAGE_ERROR}; two host roots name the same node",
-                                      EX_NOINPUT: "a host root does not exist or is not a directory",
+                                      EX_USAGE: f"{USAGE_ERROR}; no snapshot given; two snapshots name the same node",
+                                      EX_NOINPUT: "a host root or report does not exist, or a report is not one",
                                       EX_CONFIG: "a configuration error"})
-    diag.add_argument("--host-root", action="append", required=True, help="a node's snapshot (repeatable)")
+    diag.add_argument("--host-root", action="append", default=[], help="a node's host root (repeatable)")
+    diag.add_argument("--report", action="append", default=[],
+                      help="a node's 'check --format json' output (repeatable)")
     diag.add_argument("--config", help=f"TOML config applied to every node (default {configmod.DEFAULT_CONFIG_PATH} "
                       "when it exists)")
     diag.add_argument("--format", choices=["text", "json"], default="text", help="output format (default text)")
@@ -193,19 +199,31 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     from fleet.correlator import correlate
 
     configure("error", "auto")
+    if not args.host_root and not args.report:
+        print("gpu-node-agent diagnose: give at least one --host-root or --report", file=sys.stderr)
+        return EX_USAGE
     base = configmod.load(args.config)
     roots = [Path(r) for r in args.host_root]
     missing = [str(r) for r in roots if not r.is_dir()]
     if missing:
         print(f"gpu-node-agent: host root(s) missing or not directories: {', '.join(missing)}", file=sys.stderr)
         return EX_NOINPUT
-
-    reports = asyncio.run(check_roots(roots, base))
+    reports = asyncio.run(check_roots(roots, base)) if roots else []
+    for path in args.report:
+        try:
+            report, refused = diagnose.load_report(Path(path))
+        except diagnose.ReportError as exc:
+            print(f"gpu-node-agent: {exc}", file=sys.stderr)
+            return EX_NOINPUT
+        if refused:
+            print(f"gpu-node-agent: {path}: refused {sum(refused.values())} message(s) of node {report['node']!r} "
+                  f"({', '.join(f'{k} {n}' for k, n in sorted(refused.items()))})", file=sys.stderr)
+        reports.append(report)
     names = [r["node"] for r in reports]
     if len(set(names)) != len(names):
         dup = sorted({n for n in names if names.count(n) > 1})
-        print(f"gpu-node-agent: several host roots name themselves {dup} (etc/hostname): their evidence would "
-              "be mixed", file=sys.stderr)
+        print(f"gpu-node-agent: several snapshots name the same node {dup} (a host root by its etc/hostname, a "
+              "report by its node): their evidence would be mixed", file=sys.stderr)
         return EX_USAGE
     messages = [m for r in reports for m in r["conditions"] + r["events"]]
     incidents = [i.to_dict() for i in correlate(messages)]

@@ -1,17 +1,32 @@
 """``gpu-node-agent diagnose``: what the offline correlation of node snapshots tells an operator.
 
-Each host root's one-shot checks (agent/check.py) and the fleet correlator over all of them
-(fleet/correlator.py). The text names every node's critical findings, inside an incident or not (a GPU
-that fell off the bus on an idle node is no job's culprit, and still the one thing to fix), then each
-incident with its evidence: the items that decided it first, the count of what is left out. Times
-are when each node's check read the evidence, said as such: the messages carry no log's own time.
+Each node's one-shot checks (agent/check.py) and the fleet correlator over all of them
+(fleet/correlator.py). A node's snapshot is either its host root (a simulated node, a kept demo, a
+mounted copy: ``--host-root``) or, from a live node, what ``gpu-node-agent check --format json``
+printed there (``--report``): every message check made, the very ones diagnose would make from the
+root. A report is untrusted input: read bounded, each message decoded as the fleet decodes the wire
+(fleet/wire.py, on the subject the node would have published it on: a message naming another node
+is refused), the refusals counted and said.
+
+The text names every node's critical findings, inside an incident or not (a GPU that fell off the bus on
+an idle node is no job's culprit, and still the one thing to fix), then each incident with its evidence:
+the items that decided it first, the count of what is left out. An item's time is when its source logged
+it where the message carries that (``logged_at``: the kernel log's records), else when the node's check
+read it, said as such.
 """
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
-from gna_sdk import plural
+from agent.subjects import subjects_for
+from fleet.wire import Rejected, decode_event, decode_job
+from gna_sdk import plural, severity_rank
+
+MAX_REPORT_BYTES = 64 << 20  # one node's check report (a node with a storm of findings stays far below)
+MAX_REPORT_MESSAGES = 100_000
 
 EVIDENCE_LINES = 8  # evidence lines printed per incident (the decisive ones always; the rest counted)
 VICTIMS_SHOWN = 16
@@ -63,11 +78,59 @@ def render_text(reports: list[dict[str, Any]], incidents: list[dict[str, Any]]) 
         decisive = [e for e in evidence if e.get("decisive")]
         shown = decisive + [e for e in evidence if not e.get("decisive")][:max(0, EVIDENCE_LINES - len(decisive))]
         total = max(int(inc.get("evidence_total") or 0), len(evidence))
-        lines.append(f"  evidence: {len(shown)} of {total} shown (read at; --format json has the "
-                     f"{len(evidence)} kept, with counts per type and node)")
+        lines.append(f"  evidence: {len(shown)} of {total} shown (when logged, else when check read it; "
+                     f"--format json has the {len(evidence)} kept, with counts per type and node)")
         for e in shown:
             mark = "  <- decided it" if e.get("decisive") else ""
-            lines.append(f"    {e.get('time')} {e['node']} {e['type']} {e['entity']}{mark}")
+            when = e.get("logged_at") or f"(read {e.get('time')})"
+            lines.append(f"    {when} {e['node']} {e['type']} {e['entity']}{mark}")
         if total > len(shown):
             lines.append(f"    ... {total - len(shown)} more")
     return "\n".join(lines)
+
+
+class ReportError(ValueError):
+    """A report that cannot be used at all (unreadable, not JSON, not a check report)."""
+
+
+def load_report(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
+    """One node's ``check --format json`` output as diagnose uses it, and its refused messages by reason."""
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_REPORT_BYTES + 1)
+    except OSError as exc:
+        raise ReportError(f"{path}: {exc.strerror or exc}") from exc
+    if len(data) > MAX_REPORT_BYTES:
+        raise ReportError(f"{path}: larger than {MAX_REPORT_BYTES >> 20} MiB")
+    try:
+        doc = json.loads(data)
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise ReportError(f"{path}: not JSON ({str(exc)[:120]})") from exc
+    if not isinstance(doc, dict) or not isinstance(doc.get("node"), str) or not doc["node"] or not all(
+            isinstance(doc.get(k), list) for k in ("conditions", "events")):
+        raise ReportError(f"{path}: not a report of 'gpu-node-agent check --format json' (node, conditions, events)")
+    node = doc["node"]
+    refused: dict[str, int] = {}
+    kept: dict[str, list[dict[str, Any]]] = {"conditions": [], "events": []}
+    for part in ("conditions", "events"):
+        for m in doc[part][:MAX_REPORT_MESSAGES]:
+            try:
+                if not isinstance(m, dict):
+                    raise Rejected("not_an_object", type(m).__name__)
+                subject = subjects_for(node, str(m.get("collector")), str(m.get("severity")), str(m.get("type")),
+                                       m.get("details"))[0]
+                raw = json.dumps(m).encode()
+                msg = decode_job(subject, raw) if subject.startswith("gna.jobs.") else decode_event(subject, raw)
+            except Rejected as exc:
+                refused[exc.reason] = refused.get(exc.reason, 0) + 1
+                continue
+            except (ValueError, TypeError):
+                refused["schema"] = refused.get("schema", 0) + 1
+                continue
+            kept[part].append(msg)
+        if len(doc[part]) > MAX_REPORT_MESSAGES:
+            refused["too_many"] = refused.get("too_many", 0) + len(doc[part]) - MAX_REPORT_MESSAGES
+    # the status is the messages', not the report's word
+    worst = max((severity_rank(m["severity"]) for m in kept["conditions"] + kept["events"]), default=0)
+    status = {3: "unhealthy", 2: "degraded"}.get(worst, "healthy")
+    return {"node": node, "status": status, **kept}, refused

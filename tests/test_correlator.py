@@ -419,4 +419,42 @@ def test_diagnose_text_names_every_critical_finding_and_what_it_left_out(tmp_pat
     head = shown.splitlines()[0]
     n_shown, total = int(head.split(" of ")[0]), int(head.split(" of ")[1].split()[0])
     assert total > n_shown and f"... {total - n_shown} more" in shown
-    assert "<- decided it" in shown
+    decided = [line for line in shown.splitlines() if line.endswith("<- decided it")]
+    assert decided and all(not line.strip().startswith("(read") for line in decided)  # the kernel's own time
+
+
+def test_diagnose_from_each_nodes_check_report_names_the_same_culprit(tmp_path: Path) -> None:
+    """Issue 22: the documented way to snapshot a live node is its own `check --format json`; diagnose over
+    those reports judges as over the roots. A report is untrusted: another node's message is refused."""
+    sc = generate(tmp_path / "fleet", seed=7, nodes=4, fault="ib_port_down", job_nodes=3, second_job=False)
+    reports = []
+    for node, root in sc.roots.items():
+        r = subprocess.run([*AGENT_CMD, "check", "--format", "json", "--host-root", str(root)], capture_output=True,
+                           text=True, timeout=120)
+        assert r.returncode in (0, 1, 2), r.stderr
+        path = tmp_path / f"{node}.json"
+        path.write_text(r.stdout)
+        reports.append(path)
+    args = [a for p in reports for a in ("--report", str(p))]
+    r = subprocess.run([*AGENT_CMD, "diagnose", "--format", "json", *args], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 2, r.stderr[-2000:]
+    out = json.loads(r.stdout)
+    assert sorted(out["nodes"]) == sorted(sc.roots)
+    assert sc.score(out["incidents"]) == {"tp": 1, "fp": 0, "fn": 0}, (sc.expected, out["incidents"])
+    _rc, direct = diagnose(sc)
+    assert [i["culprit"] for i in out["incidents"]] == [i["culprit"] for i in direct["incidents"]]
+    # a report that speaks for another node: that message is refused and said, the rest kept
+    liar = json.loads(reports[0].read_text())
+    other = next(n for n in sc.roots if n != liar["node"])
+    liar["events"].append({**liar["events"][0], "node": other} if liar["events"] else
+                          {**liar["conditions"][0], "node": other})
+    reports[0].write_text(json.dumps(liar))
+    r = subprocess.run([*AGENT_CMD, "diagnose", *args], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "refused 1 message(s)" in r.stderr and "node_mismatch 1" in r.stderr, r.stderr
+    (tmp_path / "bad.json").write_text("<html>")
+    r = subprocess.run([*AGENT_CMD, "diagnose", "--report", str(tmp_path / "bad.json")], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 66 and "not JSON" in r.stderr
+    r = subprocess.run([*AGENT_CMD, "diagnose"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 64 and "--host-root or --report" in r.stderr
