@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import datetime as dt
 import errno
 import os
 import stat
@@ -102,6 +103,8 @@ class KmsgXidCollector:
         self.lost = 0
         self._min_usec = 0
         self._timers_needed = asyncio.Event()
+        self._btime: int | None = None  # the boot's wall time (/proc/stat btime): records' times from it
+        self._logged_at: dict[str, str] = {}  # the record being handled: {"logged_at": its wall time}
 
     # -- state ------------------------------------------------------------------------
     def _state_file(self) -> Any:
@@ -134,6 +137,25 @@ class KmsgXidCollector:
                                           message=f"{type_} on {entity} cleared: the node rebooted.")
         self._look_back()
 
+    def _boot_time(self) -> int | None:
+        """/proc/stat's ``btime`` (proc(5): boot time, in seconds since the Epoch), once per boot."""
+        if self._btime is None:
+            for line in (self.host.read_text("/proc/stat", limit=1 << 20) or "").splitlines():
+                if line.startswith("btime "):
+                    with contextlib.suppress(ValueError):
+                        self._btime = int(line.split()[1])
+                    break
+        return self._btime
+
+    def _when(self, usec: int) -> dict[str, str]:
+        """A record's own time as a detail: its uptime stamp (usec) plus the boot's wall time, so
+        evidence says when the kernel logged it, not when it was read (issue 22)."""
+        btime = self._boot_time()
+        if usec <= 0 or btime is None:
+            return {}
+        at = dt.datetime.fromtimestamp(btime + usec / 1e6, dt.UTC)
+        return {"logged_at": at.isoformat(timespec="milliseconds").replace("+00:00", "Z")}
+
     def _look_back(self) -> None:
         """Records older than ``lookback_seconds`` are read past, not judged (the first start of a boot,
         and every ``check``): an Xid from hours ago is history, not the node's state now."""
@@ -149,6 +171,7 @@ class KmsgXidCollector:
         finding = self.parser.feed(rec.message)
         if finding is None:
             return True
+        self._logged_at = self._when(rec.usec)
         self._timers_needed.set()
         ok = True
         if isinstance(finding, Xid):
@@ -165,11 +188,11 @@ class KmsgXidCollector:
                     reason=_PEERMEM_REASON[finding.kind],
                     message=f"nvidia-peermem ({finding.function}): {_PEERMEM_MEANING[finding.kind]}",
                     details={"function": finding.function, "kind": finding.kind, "text": finding.text, "count": 1,
-                             "harmless": harmless, **({"fixed_in": "R560"} if harmless else {})})
+                             "harmless": harmless, **({"fixed_in": "R560"} if harmless else {}), **self._logged_at})
         elif isinstance(finding, SXid):
             if self.agg.add(("sxid", finding.bus_id, finding.code, finding.fatal), now, rec.usec):
                 ok = await emit_sxid(self.emit, finding.bus_id, finding.code, fatal=finding.fatal,
-                                     switch=finding.switch, text=finding.text)
+                                     switch=finding.switch, text=finding.text, details=self._logged_at)
         elif isinstance(finding, ModuleError):
             errs = self.module_errors.setdefault(finding.module, [])
             errs.append({"kind": finding.kind, "symbol": finding.symbol, "text": finding.text, "seq": rec.seq})
@@ -181,7 +204,7 @@ class KmsgXidCollector:
                     reason=finding.kind.title().replace("_", ""),
                     message=f"Kernel module {finding.module} failed to load: {finding.text[:200]}",
                     details={"module": finding.module, "kind": finding.kind, "symbol": finding.symbol,
-                             "text": finding.text, "count": 1})
+                             "text": finding.text, "count": 1, **self._logged_at})
         return ok
 
     async def _xid(self, x: Xid, now: float, usec: int = 0) -> bool:
@@ -190,7 +213,7 @@ class KmsgXidCollector:
         if self.agg.add(("xid", x.bus_id, info), now, usec):
             ok = await emit_xid(self.emit, info, x.bus_id, source="kmsg", process=x.process, pid=x.pid,
                                 details={"pid": x.pid, "process": x.process or None, "mig": x.mig or None,
-                                         "text": x.text})
+                                         "text": x.text, **self._logged_at})
         if info.fatal:
             entry = self.fatal.setdefault(x.bus_id, {"codes": [], "last": now})
             entry["last"] = now
@@ -200,7 +223,7 @@ class KmsgXidCollector:
                 "GPUFatalXid", firing=True, severity="critical", entity=f"gpu:{x.bus_id}", reason=f"Xid{x.code}",
                 message=f"GPU {x.bus_id} hit Xid {x.code} ({info.name}): it needs "
                         f"{'a node reboot' if info.action == 'reboot' else 'a reset'} before it can be trusted.",
-                details={"xids": entry["codes"], "nvidia_action": info.nvidia_action},
+                details={"xids": entry["codes"], "nvidia_action": info.nvidia_action, **self._logged_at},
                 suggested_action=info.action) and ok
         if x.code == 79:
             ok = await self._fell_off(x.bus_id, x.text) and ok
@@ -210,7 +233,7 @@ class KmsgXidCollector:
         return await self.emit.condition(
             "GPUFellOffBus", firing=True, severity="critical", entity=f"gpu:{bus}", reason="FallenOffTheBus",
             message=f"GPU {bus} has fallen off the bus and is not responding; the node needs a reboot.",
-            details={"text": text[:500]}, suggested_action="reboot")
+            details={"text": text[:500], **self._logged_at}, suggested_action="reboot")
 
     async def flush(self, now: float, *, flush_all: bool = False) -> None:
         for key, w in self.agg.due(now, flush_all=flush_all):

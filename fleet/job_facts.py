@@ -111,6 +111,8 @@ def brief(m: dict[str, Any]) -> dict[str, Any]:
     for k in ("rank", "seq_num", "op_type", "peer", "pci"):
         if d.get(k) is not None:
             out[k] = d[k]
+    if isinstance(d.get("logged_at"), str):
+        out["logged_at"] = d["logged_at"][:64]  # when its source logged it (the kernel log's own time)
     return out
 
 

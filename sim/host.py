@@ -21,6 +21,7 @@ other trees (a DGX H100 with its published bus ids, a PCIe-switch box) with the 
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -272,6 +273,8 @@ class SimHost:
         self._uptime = uptime
         self.write("/proc/sys/kernel/random/boot_id", f"{boot_id}\n")
         self.write("/proc/uptime", f"{uptime:.2f} {uptime * 10:.2f}\n")
+        # proc(5): "btime" is the boot's wall time; the kernel log's uptime stamps are counted from it
+        self.write("/proc/stat", f"cpu  0 0 0 0 0 0 0 0 0 0\nbtime {int(time.time() - uptime)}\n")
 
     # -- mounts and JuiceFS -------------------------------------------------------------
     def add_mount(self, source: str, mountpoint: str, fstype: str, options: str = "rw,relatime") -> None:

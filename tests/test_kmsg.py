@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import datetime
 import os
 import time
 from pathlib import Path
@@ -481,3 +482,22 @@ def test_bare_nvidia_lines_and_older_fallen_off_wording() -> None:
     f = p.feed("NVRM: GPU at 0000:02:00.0 has fallen off the bus.")
     assert isinstance(f, FellOffBus) and f.bus_id == "0000:02:00.0"
     assert p.feed("NVRM: GPU at PCI:0000:01:00: GPU-bc0fa0b9-1b1e-2c3d-4e5f-60718293a4b5") is None
+
+
+async def test_a_kernel_finding_says_when_the_kernel_logged_it(tmp_path: Path) -> None:
+    """Issue 22: evidence times were when a check read the log; a record's own time is the boot's wall
+    time (/proc/stat btime) plus its uptime stamp."""
+    host = SimHost.gpu_node(tmp_path / "h", gpus=1)
+    host.set_boot("b1", uptime=10_000)
+    host.kmsg("NVRM: Xid (PCI:0000:18:00): 79, pid=2, name=x, GPU has fallen off the bus.", usec=9_900 * 1_000_000)
+    sink = Sink()
+    await _collector(host, sink, None, lookback_seconds=600).check()
+    stamped = {m.type: m.details.get("logged_at") for m in sink.messages}
+    assert stamped.keys() >= {"GPUXidError", "GPUFellOffBus"}
+    for type_ in ("GPUXidError", "GPUFellOffBus"):
+        at = datetime.datetime.fromisoformat(str(stamped[type_]).replace("Z", "+00:00")).timestamp()
+        assert abs(at - (time.time() - 100)) < 5, (type_, stamped[type_])
+    host.write("/proc/stat", "cpu  0 0 0 0\n")  # no btime: no time made up
+    sink = Sink()
+    await _collector(host, sink, None, lookback_seconds=600).check()
+    assert all("logged_at" not in m.details for m in sink.messages)
