@@ -50,6 +50,8 @@ def add_commands(sub: argparse._SubParsersAction[Parser]) -> None:
                                     EX_CONFIG: CONFIG})
     add_nats(ev)
     ev.add_argument("--node", help="only messages from this node (default: every node)")
+    ev.add_argument("--job", help="only messages about this job, as incidents name it (its ranks' symptoms: "
+                    "details.job; default: every message)")
     ev.add_argument("--collector", help="only messages from this collector, e.g. infiniband (default: every "
                     "collector)")
     ev.add_argument("--severity", choices=["info", "warning", "critical"], help="only messages of this severity "
@@ -329,8 +331,8 @@ def cmd_events(args: argparse.Namespace) -> int:
         raise KeyboardInterrupt
 
     servers = nats_servers(args)
-    q = EventsQuery(node=args.node, collector=args.collector, severity=args.severity, follow=args.follow,
-                    new_only=args.new, count=args.count, duration=args.duration)
+    q = EventsQuery(node=args.node, job=args.job, collector=args.collector, severity=args.severity,
+                    follow=args.follow, new_only=args.new, count=args.count, duration=args.duration)
     signal.signal(signal.SIGTERM, interrupted)  # a pipeline's SIGTERM ends it like Ctrl-C: exit 0
 
     async def go() -> int:  # a follower whose connection closed for good exits 75 (natsclient.until_closed)

@@ -38,6 +38,7 @@ FETCH_WAIT_S = 0.5  # how long one fetch waits for new messages: the follower's 
 @dataclass
 class EventsQuery:
     node: str | None = None
+    job: str | None = None  # only messages about this job (details.job: its ranks' symptoms, as incidents name it)
     collector: str | None = None
     severity: str | None = None
     follow: bool = False
@@ -58,8 +59,9 @@ class _Done(Exception):
 
 
 class _Printer:
-    def __init__(self, count: int | None) -> None:
+    def __init__(self, count: int | None, job: str | None = None) -> None:
         self.count = count
+        self.job = job
         self.printed = 0
         self.rejections = Rejections(who="events")
 
@@ -80,6 +82,8 @@ class _Printer:
             # is counted and summarised on stderr, and its bytes (terminal escapes) never printed raw
             self.rejections.record(exc.reason, subject, data, str(exc))
             return
+        if self.job is not None and (msg.get("details") or {}).get("job") != self.job:
+            return
         sys.stdout.write(json.dumps(msg, separators=(",", ":")) + "\n")
         sys.stdout.flush()
         self.printed += 1
@@ -96,7 +100,7 @@ async def run_events(servers: list[str], q: EventsQuery, cfg: NatsConfig) -> int
 
     timeout = cfg.connect_timeout if deadline is None else min(cfg.connect_timeout, left() or 0.0)
     nc = await connect(servers, cfg=cfg, name="gpu-node-agent-events", timeout=timeout)
-    out = _Printer(q.count)
+    out = _Printer(q.count, q.job)
     try:
         await _stream(nc, q, cfg, out, left)
     except _Done:

@@ -181,3 +181,21 @@ def test_spoofed_and_damaged_messages_never_reach_stdout(tmp_path: Path, nats_se
     assert "\x1b" not in r.stdout and "\\u001b[31mred" in r.stdout
     assert "skipped 2 messages that failed validation (node_mismatch: 1, not_json: 1)" in r.stderr
     assert "\x1b" not in r.stderr
+
+
+def test_job_prints_only_that_jobs_messages(tmp_path: Path, nats_server: NatsServerProcess) -> None:
+    """Issue 22: an incident shows a sample of its evidence; `events --job` is where the rest is."""
+    async def emit() -> None:
+        async with running_agent(agent_config(tmp_path, servers=[nats_server.url])) as agent:
+            em = agent.emitter_for("burst")
+            for i, job in enumerate(["0xaa", "0xbb", "0xaa", None]):
+                await em.event("BurstEvent", severity="warning", entity=f"b{i}", reason="T", message="m",
+                               details={"job": job} if job else {})
+            while agent.spool is not None and agent.spool.depth:
+                await asyncio.sleep(0.05)
+
+    asyncio.run(emit())
+    r = _events(nats_server.url, "--job", "0xaa")
+    assert r.returncode == 0, r.stderr
+    assert [json.loads(x)["entity"] for x in r.stdout.splitlines()] == ["b0", "b2"]
+    assert _events(nats_server.url, "--job", "0xcc").stdout == ""
