@@ -11,11 +11,12 @@ over ``STREAM.MSG.GET`` with ``next_by_subj``), and the consumer is created by s
 
 Even by sequence, a re-creation can fail (the stream has no leader during an election) and nats-py does
 not retry it until its heartbeat check fires again. The follower therefore watches its consumer
-(``CONSUMER.INFO`` every ``check_s``): a consumer the server no longer knows, or one with messages
-pending that delivers nothing, is replaced by a new one starting after the last sequence handed on.
-Messages are handed on at most once each, in stream order (a sequence at or below the last one is a
-duplicate of a reset and is dropped, counted). A follower that cannot get a consumer for ``fail_s``
-calls ``on_fail`` (the services exit 75: their supervisor restarts them, and a restart resumes).
+(``CONSUMER.INFO`` every ``check_s``, answered within ``check_s``): a consumer the server no longer
+knows, one nobody answers for, or one with messages pending that delivers nothing, is replaced by a new
+one starting after the last sequence handed on. Messages are handed on at most once each, in stream
+order (a sequence at or below the last one is a duplicate of a reset and is dropped, counted). A
+follower that cannot get a consumer for ``fail_s`` calls ``on_fail`` (the services exit 75: their
+supervisor restarts them, and a restart resumes).
 """
 
 from __future__ import annotations
@@ -88,6 +89,7 @@ class Follower:
         self.duplicates = 0
         self.resubscribes = 0
         self.failures = 0
+        self.unanswered = 0  # checks of the consumer nobody answered in time (then replaced)
         self.done = asyncio.Event()
         self.ready = asyncio.Event()  # subscribed at least once
         # what the stream held when the follower began has been handed on (a service judges only then:
@@ -154,9 +156,15 @@ class Follower:
         from nats.js.errors import NotFoundError
 
         try:
-            info = await self._sub.consumer_info()
+            # bounded by the check's own period: nats-py waits 5 s for an answer by default, and a
+            # consumer whose server died answers nothing (measured: faults on a killed server's
+            # consumer named 5-7 s after their decisive message, bench/incidents_scale.py --mode cluster)
+            info = await asyncio.wait_for(self._sub.consumer_info(), timeout=self.check_s)
         except NotFoundError:
             return False, None  # the server lost it (a restart, a failed re-creation)
+        except TimeoutError:
+            self.unanswered += 1
+            return False, None  # nobody answers for it: a new one, on a server that is there
         d = info.delivered
         delivered, cseq = (d.stream_seq or 0, d.consumer_seq or 0) if d is not None else (0, 0)
         pending = info.num_pending or 0
@@ -207,4 +215,4 @@ class Follower:
 
     def stats(self) -> dict[str, int]:
         return {"last": self.last, "handed": self.handed, "duplicates": self.duplicates,
-                "resubscribes": self.resubscribes, "failures": self.failures}
+                "resubscribes": self.resubscribes, "failures": self.failures, "unanswered": self.unanswered}

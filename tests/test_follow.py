@@ -196,3 +196,53 @@ async def test_a_follower_survives_each_server_of_a_cluster_killed_in_turn(tmp_p
         if nc is not None:
             await nc.close()
         cluster.stop(kill=True)
+
+
+class _Info:
+    def __init__(self) -> None:
+        self.state = type("S", (), {"first_seq": 1, "last_seq": 0, "messages": 0})()
+
+
+class _SilentJS:
+    """A stream whose consumers' server never answers CONSUMER.INFO (it died with them), the stream's
+    own info still answered by its new leader: the state after a server kill."""
+
+    def __init__(self, answer_after: int) -> None:
+        self.subs = 0
+        self.answer_after = answer_after
+
+    async def stream_info(self, _stream: str) -> Any:
+        return _Info()
+
+    async def subscribe(self, *_a: Any, **_k: Any) -> Any:
+        self.subs += 1
+        silent = self.subs <= self.answer_after
+
+        class Sub:
+            async def consumer_info(self) -> Any:
+                if silent:
+                    await asyncio.sleep(3600)  # nats-py would wait its 5 s, then raise
+                return type("I", (), {"delivered": None, "num_pending": 0})()
+
+            async def unsubscribe(self) -> None:
+                return None
+
+        return Sub()
+
+
+async def test_a_consumer_nobody_answers_for_is_replaced_within_the_check_period() -> None:
+    """Issue 21: a fault whose consumer sat on a killed server was named 5-7 s after its decisive message
+    (nats-py's 5 s request timeout, then a retry pause); the check is bounded by its own period."""
+    js = _SilentJS(answer_after=2)
+    f = Follower(js, STREAM, "t.>", Seen(), start=1, check_s=0.2)
+    task = asyncio.create_task(f.run())
+    try:
+        t0 = time.monotonic()
+        await _until(lambda: js.subs >= 3, 3.0, "two silent consumers replaced")
+        assert time.monotonic() - t0 < 1.5  # two checks of 0.2 s each, and their answers' 0.2 s bounds
+        assert f.unanswered == 2 and f.resubscribes == 2 and f.failures == 0
+        await asyncio.sleep(0.6)
+        assert js.subs == 3  # the answering one is kept
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
