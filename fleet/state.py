@@ -239,7 +239,8 @@ class NodeView:
     conditions: dict[str, dict[str, Any]] = field(default_factory=dict)  # "collector|type|entity" -> condition
     events: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=200))
     actions: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=200))
-    spans: dict[str, list[list[float | None]]] = field(default_factory=dict)  # "type|entity" -> [[start, end]]
+    # "type|entity" -> [[start, end or None while firing, severity]]: a new span when the severity changes
+    spans: dict[str, list[list[Any]]] = field(default_factory=dict)
     conditions_total: int = 0  # what the node reports; more than len(conditions) when its heartbeat was cut
     conditions_folded: int = 0  # beyond its per-collector caps (aggregated on the node)
 
@@ -334,9 +335,8 @@ class FleetState:
                 prev = nv.conditions.get(key, {})
                 fresh[key] = {**prev, **c, "since": c.get("since") or prev.get("since"),
                               "severity": self._severity(c.get("severity"))}
-                span_key = f"{c.get('type')}|{c.get('entity')}"
-                if span_key not in nv.spans or nv.spans[span_key][-1][1] is not None:
-                    nv.spans.setdefault(span_key, []).append([_epoch(c.get("since")) or time.time(), None])
+                self._open_span(nv, f"{c.get('type')}|{c.get('entity')}", fresh[key]["severity"],
+                                start=_epoch(c.get("since")) or time.time(), at=time.time())
             if not complete:  # a cut heartbeat (max_payload): what it left out is still known from events
                 fresh = {**nv.conditions, **fresh}
             for key in set(nv.conditions) - set(fresh):
@@ -344,6 +344,16 @@ class FleetState:
                 self._close_span(nv, f"{t}|{e}", time.time())
             nv.conditions = fresh
         self._touch(name)
+
+    def _open_span(self, nv: NodeView, key: str, severity: str, *, start: float, at: float) -> None:
+        """A firing span from ``start``; one already open goes on, unless its severity changed: then it
+        ends ``at`` and one of the new severity begins (the timeline colours each by its own)."""
+        spans = nv.spans.setdefault(key, [])
+        if spans and spans[-1][1] is None:
+            if spans[-1][2] == severity:
+                return
+            spans[-1][1] = start = max(at, float(spans[-1][0]))
+        spans.append([start, None, severity])
 
     def _close_span(self, nv: NodeView, key: str, at: float) -> None:
         spans = nv.spans.get(key)
@@ -368,9 +378,7 @@ class FleetState:
                                                               "message", "details", "suggested_action")}
                 nv.conditions[key]["since"] = (prev or {}).get("since") or msg.get("time")
                 nv.conditions[key]["message_id"] = msg.get("id")
-                spans = nv.spans.setdefault(span_key, [])
-                if not spans or spans[-1][1] is not None:
-                    spans.append([at, None])
+                self._open_span(nv, span_key, msg["severity"], start=at, at=at)
             else:
                 nv.conditions.pop(key, None)
                 self._close_span(nv, span_key, at)
@@ -508,8 +516,7 @@ class FleetState:
     def timeline_svg(self, name: str, *, hours: float = 6.0, width: int = 900, now: float | None = None) -> str:
         """Each condition's firing spans, zoomed to the data within the last ``hours``: when did this port flap?"""
         nv = self.nodes.get(name)
-        rows = [timeline.Row(label=" ".join(key.split("|", 1)),
-                             color="#7f8c8d" if family(key) == "Agent" else "#c0392b", spans=spans)
+        rows = [timeline.Row(label=" ".join(key.split("|", 1)), spans=spans)
                 for key, spans in sorted(nv.spans.items())] if nv else []
         return timeline.render(rows, now=time.time() if now is None else now, max_s=hours * 3600, width=width)
 

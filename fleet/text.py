@@ -21,12 +21,13 @@ Cc, Cf, Cs, Zl, Zp) at import, over every code point that can hold one (planes 0
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 import unicodedata
 from typing import Any, Final
 
 __all__ = ["ELLIPSIS", "REPLACEMENT", "UNSAFE_CATEGORIES", "clean_markup", "clean_text", "clean_tree", "is_unsafe",
-           "shorten"]
+           "shorten", "stamp"]
 
 REPLACEMENT: Final = "\ufffd"
 ELLIPSIS: Final = "\u2026"
@@ -103,3 +104,11 @@ def shorten(value: Any, width: int) -> str:
     if space >= width // 2:
         room = room[:space]
     return room.rstrip(" ,;:-") + ELLIPSIS
+
+
+def stamp(epoch: float | None) -> str:
+    """A time as every view prints it: UTC to the second, "2026-12-05 08:40:12Z" (the dashboard's pages
+    format with stamp() in fleet/static/common.js, the same way); "?" for none."""
+    if epoch is None:
+        return "?"
+    return dt.datetime.fromtimestamp(epoch, dt.UTC).strftime("%Y-%m-%d %H:%M:%SZ")

@@ -3,15 +3,19 @@
 Rendered here rather than in the browser so it is one request and stays well-formed whatever the
 labels hold. The range runs from a little before the earliest span to now (at least
 ``MIN_RANGE_S``, at most the caller's window): a port that flapped for ten seconds fills the
-plot instead of being a 1-px tick on a 6-hour axis.
+plot instead of being a 1-px tick on a 6-hour axis. Each span is coloured by its severity (critical
+red, warning amber, info grey; a legend under the plot says which) and its title names it; times are
+fleet/text.py ``stamp`` (UTC), as everywhere in the dashboard.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
+
+from fleet.text import stamp
 
 MIN_RANGE_S = 60.0
 STEPS_S = (10, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 3 * 3600, 6 * 3600, 12 * 3600, 24 * 3600)
@@ -26,19 +30,30 @@ GAP = 10  # between the gutter and the plot, and after the plot
 AXIS_Y = 16
 MIN_SPAN_PX = 3.0
 MAX_GUTTER_SHARE = 0.35  # longer labels wrap instead of squeezing the plot
+LEGEND_H = 18
+# A span's fill by its severity: a warning must not look critical. The dashboard's other colours agree
+# (fleet/static: .critical red, .warning amber); info, or no severity, is neutral.
+SEVERITY_FILL = {"critical": "#c0392b", "warning": "#e0a020", "info": "#8c9aa6"}
+NEUTRAL_FILL = "#8c9aa6"
+LEGEND = ("critical", "warning", "info")
 
 
 @dataclass
 class Row:
     label: str  # "Type entity"
-    color: str
-    spans: Sequence[Sequence[float | None]]  # [start, end or None while firing], epochs
+    spans: Sequence[Sequence[Any]]  # [start, end or None while firing, severity], epochs
+
+
+def _severity(span: Sequence[Any]) -> str:
+    sev = span[2] if len(span) > 2 else ""
+    return sev if sev in SEVERITY_FILL else ""
 
 
 def render(rows: Sequence[Row], *, now: float, max_s: float, width: int) -> str:
-    visible = [(r, [(float(s or 0), e) for s, e in r.spans if e is None or float(e) >= now - max_s]) for r in rows]
+    visible = [(r, [(float(sp[0] or 0), sp[1], _severity(sp)) for sp in r.spans
+                    if sp[1] is None or float(sp[1]) >= now - max_s]) for r in rows]
     visible = [(r, spans) for r, spans in visible if spans]
-    starts = [max(s, now - max_s) for _, spans in visible for s, _ in spans]
+    starts = [max(s, now - max_s) for _, spans in visible for s, _e, _sev in spans]
     gutter = _gutter([r.label for r, _ in visible], width)
     right = width - GAP
     plot = right - gutter
@@ -57,7 +72,8 @@ def render(rows: Sequence[Row], *, now: float, max_s: float, width: int) -> str:
         h = max(18, len(lines) * LINE_PX + 6)
         layout.append((r, spans, lines, y, h))
         y += h
-    height = max(y, AXIS_Y + 30) + 4
+    legend_y = max(y, AXIS_Y + 30) + 4
+    height = legend_y + (LEGEND_H if visible else 0)
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
            f'viewBox="0 0 {width} {height}" font-family="sans-serif" '
            f'font-size="{FONT_PX}" data-range-s="{range_s:g}" data-gutter="{gutter}" data-plot-right="{right}" '
@@ -77,21 +93,37 @@ def render(rows: Sequence[Row], *, now: float, max_s: float, width: int) -> str:
                          for i, line in enumerate(lines))
         out.append(f'<g><title>{_esc(r.label)}</title><text class="label" x="{LABEL_X}" y="{y + 13}" '
                    f'font-family="monospace" fill="#333">{tspans}</text></g>')
-        for s, e in spans:
+        for s, e, sev in spans:
             end = now if e is None else min(float(e), now)
             x0, x1 = x_of(s), x_of(end)
             w = max(MIN_SPAN_PX, x1 - x0)
             x0 = min(x0, right - w)  # a span that just began still shows, left of the edge
-            until = "still firing" if e is None else f"to {_iso(float(e))}"
+            until = "still firing" if e is None else f"to {stamp(float(e))}"
             dur = _dur(end - s)
             out.append(f'<rect class="span" x="{x0:.1f}" y="{y + 3}" width="{w:.1f}" height="{h - 6}" '
-                       f'fill="{r.color}" rx="2" data-start="{s:.3f}" data-end="{"" if e is None else f"{e:.3f}"}" '
-                       f'data-dur="{dur}"><title>{_esc(r.label)}&#10;from {_iso(s)} {until} ({dur})</title></rect>')
-    if not visible:
+                       f'fill="{SEVERITY_FILL.get(sev, NEUTRAL_FILL)}" rx="2" data-severity="{sev}" '
+                       f'data-start="{s:.3f}" data-end="{"" if e is None else f"{e:.3f}"}" data-dur="{dur}">'
+                       f'<title>{_esc(r.label)}&#10;{sev or "no severity"} from {stamp(s)} {until} ({dur})</title>'
+                       f'</rect>')
+    if visible:
+        out.append(_legend(legend_y))
+    else:
         out.append(f'<text x="{LABEL_X}" y="{AXIS_Y + 20}" fill="#888">no condition fired in the last '
                    f'{_dur(max_s)}</text>')
     out.append("</svg>")
     return "".join(out)
+
+
+def _legend(y: int) -> str:
+    """What the colours mean, under the plot: a swatch and the severity's name for each."""
+    parts, x = ['<g class="legend">'], LABEL_X
+    for sev in LEGEND:
+        parts.append(f'<rect class="swatch" x="{x}" y="{y + 4}" width="10" height="10" rx="2" '
+                     f'fill="{SEVERITY_FILL[sev]}" data-severity="{sev}"/>'
+                     f'<text x="{x + 14}" y="{y + 13}" fill="#555">{sev}</text>')
+        x += 14 + math.ceil(len(sev) * CHAR_PX) + 14
+    parts.append("</g>")
+    return "".join(parts)
 
 
 def _gutter(labels: list[str], width: int) -> int:
@@ -138,10 +170,6 @@ def _dur(seconds: float) -> str:
     if not h:
         return f"{m} min {sec} s" if sec else f"{m} min"
     return f"{h} h {m} min" if m else f"{h} h"
-
-
-def _iso(epoch: float) -> str:
-    return dt.datetime.fromtimestamp(epoch, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _esc(s: str) -> str:

@@ -169,7 +169,7 @@ def test_timeline_zooms_to_the_data() -> None:
     assert all(float(r.get("x") or 0) + float(r.get("width") or 0) <= right + 0.05 for r in spans)
     titles = ["".join(r.itertext()) for r in spans]
     assert sum("still firing" in t for t in titles) == 2 and sum("(1.2 s)" in t for t in titles) == 8, titles
-    assert titles[0].startswith("IBErrorCountersIncreasing ib:mlx5_3/1\nfrom 20"), titles[0]
+    assert titles[0].startswith("IBErrorCountersIncreasing ib:mlx5_3/1\ncritical from 20"), titles[0]
 
     old = FleetState()
     old.apply_message(_event("a", now - 2 * 3600, "GPUDevicesMissing", "firing", "gpu:0"))
@@ -190,6 +190,39 @@ def test_timeline_zooms_to_the_data() -> None:
     assert _svg(fresh.timeline_svg("f", now=now)).get("data-range-s") == "60", "a minimum range"
     root = _svg(old.timeline_svg("nobody", hours=1, now=now))
     assert "no condition fired in the last 1 h" in "".join(root.itertext())
+
+
+def test_timeline_colours_each_span_by_its_severity() -> None:
+    """Issue 22 item 8: every span was drawn red, so a warning read as critical."""
+    now = time.time()
+    st = FleetState()
+    st.apply_message(_event("n", now - 50, "NCCLNoGDRDMA", "firing", "nccl:1", severity="warning"))
+    st.apply_message(_event("n", now - 45, "JuiceFSCacheCold", "firing", "juicefs:/mnt", severity="info"))
+    st.apply_message(_event("n", now - 40, "IBPortDown", "firing", "ib:a/1"))
+    st.apply_message(_event("n", now - 30, "NCCLNoGDRDMA", "firing", "nccl:1", severity="critical"))  # escalates
+    st.apply_state({"node": "n", "time": rfc3339(now), "conditions": [
+        {"collector": "nvml", "type": "GPUThrottled", "entity": "gpu:0", "severity": "warning",
+         "since": rfc3339(now - 20)}]})
+    root = _svg(st.timeline_svg("n", width=1000, now=now))
+    spans = [(r.get("data-severity"), r.get("fill"), "".join(r.itertext())) for r in root.iter(_ns("rect"))
+             if r.get("class") == "span"]
+    by_label = {}
+    for sev, fill, title in spans:
+        by_label.setdefault(title.split("\n")[0], []).append((sev, fill, title.split("\n")[1].split(" from ")[0]))
+    red, amber, grey = (timeline.SEVERITY_FILL[s] for s in ("critical", "warning", "info"))
+    assert len({red, amber, grey}) == 3
+    assert by_label == {
+        "IBPortDown ib:a/1": [("critical", red, "critical")],
+        "JuiceFSCacheCold juicefs:/mnt": [("info", grey, "info")],
+        "NCCLNoGDRDMA nccl:1": [("warning", amber, "warning"), ("critical", red, "critical")],
+        "GPUThrottled gpu:0": [("warning", amber, "warning")]}, by_label
+    warn, crit = (r for r in root.iter(_ns("rect")) if "NCCLNoGDRDMA" in "".join(r.itertext()))
+    assert warn.get("data-end") == crit.get("data-start"), "the warning span ends where the critical one begins"
+    legend = root.find(_ns("g") + "[@class='legend']")
+    assert legend is not None, "a legend says what the colours mean"
+    assert [(r.get("data-severity"), r.get("fill")) for r in legend.iter(_ns("rect"))] == [
+        ("critical", red), ("warning", amber), ("info", grey)]
+    assert [t.text for t in legend.iter(_ns("text"))] == ["critical", "warning", "info"]
 
 
 def test_timeline_labels_wrap_instead_of_being_cut() -> None:
@@ -372,7 +405,8 @@ async def test_shutdown_ends_open_streams() -> None:
 
 
 # Every box that would push content past its right edge, and ellipsized text whose full form is not
-# on hover; wrapped timestamps; keys of the details list that wrapped or drifted off their value's line.
+# on hover; wrapped timestamps (the relative and the UTC line each whole); keys of the details list that
+# wrapped or drifted off their value's line.
 LAYOUT_JS = """() => {
   const bad = [], de = document.documentElement;
   if (de.scrollWidth > de.clientWidth) bad.push(`document ${de.scrollWidth} > ${de.clientWidth}`);
@@ -385,7 +419,7 @@ LAYOUT_JS = """() => {
       bad.push(`overflow ${el.tagName}.${el.className} ${el.scrollWidth}>${el.clientWidth}: ${el.textContent.slice(0, 50)}`);
     }
   }
-  for (const el of document.querySelectorAll(".ts, .count, .kv .k")) {
+  for (const el of document.querySelectorAll(".ts .rel, .ts .abs, .ts:not([data-t]), .count, .kv .k")) {
     if (new Set([...el.getClientRects()].map(r => Math.round(r.top))).size !== 1) bad.push(`wrapped: ${el.textContent}`);
   }
   for (const k of document.querySelectorAll(".kv .k")) {
@@ -406,6 +440,9 @@ TIMELINE_JS = """() => {
 }"""
 
 
+STAMP = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ"  # the one time format (fleet/text.py stamp, common.js stamp)
+
+
 async def _serve(state: FleetState) -> tuple[web.AppRunner, str]:
     runner = web.AppRunner(make_app(state))
     await runner.setup()
@@ -422,8 +459,8 @@ def _check_timeline(tl: dict[str, Any], labels: set[str]) -> None:
     assert ticks[-1]["text"] == "now" and ticks[-1]["x1"] <= tl["width"] and ticks[0]["x0"] >= 0
     assert all(a["x1"] < b["x0"] for a, b in itertools.pairwise(ticks)), ("tick labels overlap", ticks)
     assert all(s["w"] >= timeline.MIN_SPAN_PX for s in tl["spans"])
-    assert all(re.search(r"\nfrom \d\d:\d\d:\d\d (to \d\d:\d\d:\d\d|still firing) \(", s["title"])
-               for s in tl["spans"]), ("span titles give local start, end and duration", tl["spans"][:2])
+    assert all(re.search(rf"\n(critical|warning|info|no severity) from {STAMP} (to {STAMP}|still firing) \(", s["title"])
+               for s in tl["spans"]), ("span titles give severity, start, end and duration", tl["spans"][:2])
 
 
 @pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="Debian's chromium is not installed (.ci/run installs it)")
@@ -461,7 +498,8 @@ async def test_layout_in_a_real_browser() -> None:
                         ("gpu-07", {"NCCLSocketFallback " + XSS})):
                     await page.goto(f"{url}/node/{node}")
                     await page.locator("#timeline svg rect.span").first.wait_for(timeout=5000)
-                    assert await page.evaluate(LAYOUT_JS) == [], (node, width)
+                    bad = await page.evaluate(LAYOUT_JS)
+                    assert bad == [], (node, width, bad)
                     _check_timeline(await page.evaluate(TIMELINE_JS), labels)
                     assert await page.locator(".ts[title]").count() >= 2
             await page.goto(f"{url}/node/gpu-03")
@@ -470,9 +508,60 @@ async def test_layout_in_a_real_browser() -> None:
             assert (await page.locator("tr.action .count").all_text_contents()) == ["\u00d77"]
             assert await page.locator("tr.action").first.locator(".ts").count() == 2, "last and first time"
             since = page.locator("tr.cond .ts").first
-            assert re.fullmatch(r"\d+ min ago \d\d:\d\d:\d\d", await since.text_content() or ""), "relative + local"
+            assert re.fullmatch(rf"\d+ min ago {STAMP}", await since.text_content() or ""), "relative + UTC"
             assert re.fullmatch(r"\d{4}-\d\d-\d\dT[\d:.]+Z", await since.get_attribute("title") or ""), "ISO on hover"
             assert await page.evaluate("window.__xss") is None
+        finally:
+            await browser.close()
+            await runner.cleanup()
+
+
+WRAP_JS = """() => [...document.querySelectorAll("td.worst, #incidents td.why")].map(el => ({
+  node: el.closest("tr").id, text: el.textContent, ellipsis: getComputedStyle(el).textOverflow === "ellipsis",
+  clipped: el.scrollWidth > el.clientWidth + 1 || el.scrollHeight > el.clientHeight + 1,
+  height: el.getBoundingClientRect().height}))"""
+
+
+@pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="Debian's chromium is not installed (.ci/run installs it)")
+async def test_at_1024_px_reasons_wrap_and_times_read_one_way() -> None:
+    """Issue 22 item 8: at 1024 px the overview cut the worst condition and an incident's reason with an
+    ellipsis; the pages printed times three ways (local "16:43:51", "Dec 5 16:43:51", ISO with a T)."""
+    from playwright.async_api import async_playwright
+
+    from fleet.text import stamp
+
+    now = time.time()
+    st = demo_like_fleet(now)
+    reason = ("NCCL's RAS names 1 process on gpu-06 that died, stopped answering or never joined: rank 41 of "
+              "communicator 0x5b1e0c3f9a7d2e41 (pid 4306) on GPU 0000:9a:00.0, and every other rank waits for it")
+    st.apply_incident({"status": "open", "job": "0x5eed0d3e0a1b2c3d", "confidence": 0.97, "actionable": True,
+                       "culprit": {"node": "gpu-06", "entity": "gpu:0000:9a:00.0", "kind": "gpu"},
+                       "reason": reason, "evidence": [], "evidence_total": 0,
+                       "victims": [f"gpu-0{i}" for i in (1, 2, 3)], "nodes": ["gpu-06"], "updated": now})
+    runner, url = await _serve(st)
+    async with async_playwright() as pw:
+        browser = await pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
+            "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"])
+        try:
+            page = await browser.new_page(viewport={"width": 1024, "height": 900})
+            await page.goto(url + "/")
+            await page.locator('tr[id="n:gpu-02"] td.worst').wait_for(timeout=10_000)
+            await page.locator("#incrows tr.incident td.why").wait_for(timeout=10_000)
+            cells = await page.evaluate(WRAP_JS)
+            assert not [c for c in cells if c["ellipsis"] or c["clipped"]], "nothing is cut"
+            height = {c["node"]: c["height"] for c in cells if c["node"]}
+            assert height["n:gpu-02"] >= 1.8 * height["n:gpu-01"], ("the long reason wraps", height)
+            why = next(c for c in cells if c["text"] == reason)
+            assert why["height"] >= 1.8 * height["n:gpu-01"], ("the incident's reason wraps", why)
+            assert await page.evaluate(LAYOUT_JS) == []
+            seen = await page.locator('tr[id="n:gpu-01"] td.seen .ts').get_attribute("title") or ""
+            assert re.fullmatch(STAMP, seen), seen
+            assert await page.evaluate("t => stamp(t)", 1796460012.4) == stamp(1796460012.4) == "2026-12-05 08:40:12Z"
+            await page.goto(f"{url}/node/gpu-03")
+            await page.locator("#timeline svg rect.span").first.wait_for(timeout=5000)
+            texts = await page.locator(".ts .abs").all_text_contents()
+            assert texts and all(re.fullmatch(STAMP, t) for t in texts), texts
+            assert await page.locator("#timeline svg g.legend rect").count() == 3
         finally:
             await browser.close()
             await runner.cleanup()

@@ -9,5 +9,14 @@ function incidentRank(a,b){
     (Number(b.confidence)||0)-(Number(a.confidence)||0)||(Number(b.updated)||0)-(Number(a.updated)||0)||
     String(a.job).localeCompare(String(b.job));
 }
-// An epoch time as the pages print it: UTC, to the second ("2026-12-05 08:40:12Z").
+// An epoch time as the pages print it: UTC, to the second ("2026-12-05 08:40:12Z"), the one format of every
+// page and of fleet/text.py stamp (the timeline SVG's titles).
 function stamp(sec){return sec?new Date(sec*1000).toISOString().replace("T"," ").replace(/\.\d+Z$/,"Z"):"?";}
+// How long ago an epoch time was: "12 s ago", "5 min ago", "1 h 5 min ago", "3 d ago".
+function ago(sec){
+  const s=Math.max(0,Math.round(Date.now()/1000-sec));
+  if(s<60) return `${s} s ago`;
+  if(s<3600) return `${Math.floor(s/60)} min ago`;
+  if(s<86400) return `${Math.floor(s/3600)} h ${Math.floor(s%3600/60)} min ago`;
+  return `${Math.floor(s/86400)} d ago`;
+}
