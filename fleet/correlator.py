@@ -63,6 +63,7 @@ from fleet.job_facts import (
     brief,
     is_tenant,
 )
+from gna_sdk import plural
 
 __all__ = ["TENANT_COLLECTORS", "Incident", "JobFacts", "Member", "Membership", "_details", "correlate",
            "fast_verdict", "incident", "is_incident", "is_tenant", "members_of", "slow_verdict"]
@@ -334,8 +335,9 @@ def slow_verdict(f: JobFacts) -> _Verdict:
                     reporters = {ms.ranks[r].node for r in timed_out}
                     return _Verdict({"node": mem.node, "entity": entity, "kind": "rank", "rank": str(silent[0])},
                                     0.85, [], ("NCCLCollectiveTimeout",),
-                                    f"{len(timed_out)} of {size} ranks timed out; rank(s) {silent} on "
-                                    f"{mem.node} did not: stuck before the collective", reporters=reporters,
+                                    f"{len(timed_out)} of {size} ranks timed out; "
+                                    f"{'rank' if len(silent) == 1 else 'ranks'} {silent} on {mem.node} did not: "
+                                    "stuck before the collective", reporters=reporters,
                                     membership_only=True)
         elif size and len(ms.ranks) < size:
             return _Verdict(None, 0.0, [], SYMPTOMS,
@@ -454,7 +456,8 @@ def _ras(f: JobFacts) -> _Verdict | None:
     if ranks:
         culprit["rank"] = str(ranks[0])
     return _Verdict(culprit, 0.9, evidence[node], ("NCCLCollectiveTimeout",),
-                    f"NCCL's RAS names {len(culprits)} process(es) on {first.node} that died, stopped "
+                    f"NCCL's RAS names {plural(len(culprits), 'process', 'processes')} on {first.node} that died, "
+                    "stopped "
                     f"answering, sent no data or failed", reporters=reporters[node])
 
 
@@ -492,16 +495,18 @@ def _behind(f: JobFacts) -> _Verdict | None:
     mem = ms.ranks[behind[0]]
     entity = f"rank:{behind[0]}" if len(behind) == 1 else "ranks:" + ",".join(map(str, behind))
     own = [r for r in behind if r in self_reported]
-    how = (f"rank(s) {own} said their last enqueued work is below it" if own
-           else f"rank(s) {behind} failed at an earlier one")
+    how = (f"{'rank' if len(own) == 1 else 'ranks'} {own} said {'its' if len(own) == 1 else 'their'} last "
+           "enqueued work is below it" if own
+           else f"{'rank' if len(behind) == 1 else 'ranks'} {behind} failed at an earlier one")
     wanted = set(behind)
     deciding = [b for kind in ("at", "enq") for v, held in sorted(f.low[kind].get(pg, {}).items()) if v < waited
                 for key, b in held if rank_of(*key) in wanted]
     # the behind ranks' own numbers decide (their node is a reporter); the others' establish the collective
     return _Verdict({"node": mem.node, "entity": entity, "kind": "rank", "rank": str(behind[0])},
                     0.9 if own else 0.85, deciding, ("NCCLCollectiveTimeout",),
-                    f"{len(at[pg])} rank(s) of {size} failed in collective {waited} of process group {pg}; {how}: "
-                    f"they never joined it", reporters={mem.node}, membership_only=True)
+                    f"{len(at[pg])} of {size} ranks failed in collective {waited} of process group {pg}; "
+                    f"{how}: {'it' if len(behind) == 1 else 'they'} never joined it", reporters={mem.node},
+                    membership_only=True)
 
 
 def _link(f: JobFacts) -> _Verdict | None:
