@@ -12,6 +12,8 @@ function incidentRank(a,b){
 // An epoch time as the pages print it: UTC, to the second ("2026-12-05 08:40:12Z"), the one format of every
 // page and of fleet/text.py stamp (the timeline SVG's titles).
 function stamp(sec){return sec?new Date(sec*1000).toISOString().replace("T"," ").replace(/\.\d+Z$/,"Z"):"?";}
+// An RFC 3339 time from the wire in the same format; as it came when it does not parse (shown, never guessed).
+function stampIso(iso){const ms=Date.parse(iso); return isNaN(ms)?String(iso??"?"):stamp(ms/1000);}
 // How long ago an epoch time was: "12 s ago", "5 min ago", "1 h 5 min ago", "3 d ago".
 function ago(sec){
   const s=Math.max(0,Math.round(Date.now()/1000-sec));
