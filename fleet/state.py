@@ -44,7 +44,7 @@ MAX_INCIDENT_BYTES = 1 << 20
 MAX_INCIDENT_TEXT = 4096  # any one string in a record
 MAX_EVIDENCE = 1000  # the correlator sends at most 24 (the rest counted in evidence_total)
 MAX_INCIDENT_NODES = 20000  # victims, nodes
-_EVIDENCE_TEXT = ("node", "type", "entity", "severity", "time", "message", "logged_at")
+_EVIDENCE_TEXT = ("node", "type", "entity", "severity", "time", "message")
 _EVIDENCE_EXTRA = ("rank", "seq_num", "op_type", "peer", "pci")
 MAX_COUNT_KEYS = 64  # types or nodes in an incident's evidence counts (the correlator names at most 16 nodes)
 _CULPRIT_TEXT = ("node", "entity", "kind")
@@ -180,6 +180,8 @@ def decode_incident(data: bytes | str | dict[str, Any], *, job: str | None = Non
                 item[k] = _scalar(ev[k], f"evidence.{k}")
         if ev.get("decisive") is True:
             item["decisive"] = True
+        if ev.get("logged_at") is not None:  # when its source logged it (the kernel log's records)
+            item["logged_at"] = _text(ev["logged_at"], "evidence.logged_at")
         items.append(item)
     total = doc.get("evidence_total", len(items))
     if isinstance(total, bool) or not isinstance(total, int) or total < len(items):
