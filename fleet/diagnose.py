@@ -36,7 +36,7 @@ def summary(reports: list[dict[str, Any]], incidents: list[dict[str, Any]]) -> d
     """The JSON document: nodes with their status and critical findings, and the incidents."""
     return {"nodes": [r["node"] for r in reports],
             "node_status": {r["node"]: r["status"] for r in reports},
-            "critical": {r["node"]: _critical(r) for r in reports if _critical(r)},
+            "critical": {r["node"]: crit for r in reports if (crit := _critical(r))},
             "incidents": incidents}
 
 
