@@ -15,20 +15,22 @@ import structlog
 from nats.aio.client import Client
 from nats.errors import NoRespondersError
 from nats.js import JetStreamContext
-from nats.js.api import DiscardPolicy, KeyValueConfig, StorageType, StreamConfig, StreamInfo
+from nats.js.api import DiscardPolicy, KeyValueConfig, StorageType, StreamConfig, StreamInfo, SubjectTransform
 from nats.js.errors import APIError, NotFoundError
 from nats.js.kv import KeyValue
 
 from agent.config import NatsConfig
 from agent.metrics import AgentMetrics
 from agent.natsclient import NatsUnavailable, describe, redact
-from agent.subjects import ACTIONS_PREFIX, EVENTS_PREFIX, JOBS_PREFIX, SIGNALS_PREFIX
+from agent.subjects import ACTIONS_PREFIX, EVENTS_PREFIX, JOBS_PREFIX, JOBS_TRANSFORM, SIGNALS_PREFIX
 from gna_sdk.retry import Backoff
 
 log = structlog.get_logger(__name__)
 
 STREAM_SUBJECTS = [f"{EVENTS_PREFIX}.>", f"{ACTIONS_PREFIX}.>"]
 JOBS_STREAM_SUBJECTS = [f"{JOBS_PREFIX}.>"]
+# every job subject stored with its bucket first (agent/subjects.py JOBS_TRANSFORM): partitioned readers
+JOBS_STREAM_TRANSFORM = SubjectTransform(src=JOBS_TRANSFORM[0], dest=JOBS_TRANSFORM[1])
 SIGNALS_STREAM_SUBJECTS = [f"{SIGNALS_PREFIX}.>"]
 CREATE_RETRY_S = 60.0  # a refused creation is asked for again only after this long (each one is a server violation)
 
@@ -109,6 +111,12 @@ def foreign_settings(have: StreamConfig, want: StreamConfig) -> list[str]:
     """What ``have`` (an existing stream's config) carries that ``want`` did not ask for, in words; [] when none."""
     out = [_describe(f, getattr(have, f, None)) for f in FOREIGN_SETTINGS
            if getattr(have, f, None) and not getattr(want, f, None)]
+    if want.subject_transform is not None and have.subject_transform is not None and (
+            (have.subject_transform.src, have.subject_transform.dest)
+            != (want.subject_transform.src, want.subject_transform.dest)):
+        out.append(_describe("subject_transform", have.subject_transform))  # ours is one exact rewrite
+    if want.subject_transform is not None and have.subject_transform is None:
+        out.append(MISSING_TRANSFORM)
     wanted = want.subjects or []
     subjects = have.subjects or []
     if extra := [s for s in subjects if s not in wanted]:
@@ -118,10 +126,18 @@ def foreign_settings(have: StreamConfig, want: StreamConfig) -> list[str]:
     return out
 
 
+# the jobs stream's bucket transform (agent/subjects.py JOBS_TRANSFORM) absent: a stream made before issue 21's
+# partitioned reading; ``ensure_stream`` adds it in place where this connection may update the stream
+MISSING_TRANSFORM = "without its subject_transform (the jobs' partition buckets)"
+
+
 def verify_stream(info: StreamInfo, want: StreamConfig, *, what: str = "") -> None:
     """Raise ``StreamRefused`` naming the stream and each foreign setting when ``info`` is not the stream ``want``
     describes (operator tuning such as ``max_age``, ``max_bytes`` or replicas is accepted)."""
     found = foreign_settings(info.config, want)
+    if found == [MISSING_TRANSFORM]:
+        raise StreamRefused(f"{what or f'stream {want.name}'} exists {MISSING_TRANSFORM}: an admin runs "
+                            "`gpu-node-agent nats setup`, which adds it in place (docs/subjects.md)")
     if found:
         raise StreamRefused(f"{what or f'stream {want.name}'} exists with settings gna did not ask for: "
                             f"{'; '.join(found)}; "
@@ -138,7 +154,8 @@ def stream_configs(cfg: NatsConfig) -> list[StreamConfig]:
         StreamConfig(name=cfg.jobs_stream, subjects=JOBS_STREAM_SUBJECTS, storage=StorageType.FILE,
                      duplicate_window=cfg.duplicate_window, max_age=cfg.jobs_stream_max_age,
                      max_msgs_per_subject=cfg.jobs_max_per_subject, num_replicas=cfg.stream_replicas,
-                     discard=DiscardPolicy.OLD),
+                     discard=DiscardPolicy.OLD,
+                     subject_transform=JOBS_STREAM_TRANSFORM),
         StreamConfig(name=cfg.signals_stream, subjects=SIGNALS_STREAM_SUBJECTS, storage=StorageType.FILE,
                      duplicate_window=cfg.duplicate_window, max_age=cfg.signals_stream_max_age,
                      max_msgs_per_subject=cfg.signals_max_per_subject, num_replicas=cfg.stream_replicas,
@@ -173,6 +190,21 @@ async def _info_after_refusal(js: JetStreamContext, name: str, exc: APIError) ->
         raise StreamMissing(f"stream {name} does not exist and the server refused to create it: {why}") from None
 
 
+async def _add_transform(js: JetStreamContext, info: StreamInfo, want: StreamConfig) -> StreamInfo:
+    """A stream made before its transform was asked for gets it in place (nothing else of the operator's settings
+    changes; messages stored before keep their subjects and are not read by partitioned readers). Refused or
+    unanswered (a node's permissions do not allow updates): the stream as it was, refused by the caller."""
+    cfg = info.config
+    cfg.subject_transform = want.subject_transform
+    try:
+        updated = await js.update_stream(cfg)
+    except (APIError, TimeoutError, NoRespondersError) as exc:
+        log.warning("stream_transform_not_added", stream=str(want.name), error=repr(exc)[:300])
+        return info
+    log.info("stream_transform_added", stream=str(want.name))
+    return updated
+
+
 async def ensure_stream(js: JetStreamContext, want: StreamConfig, *, create: bool = True) -> str:
     """``want`` exists and is verified: "verified" (it existed) or "created" (``create`` and this connection may).
 
@@ -180,7 +212,10 @@ async def ensure_stream(js: JetStreamContext, want: StreamConfig, *, create: boo
     or the server gave no answer to the creation (a permission refusal is silent: no reply, a timeout)."""
     name = str(want.name)
     try:
-        verify_stream(await js.stream_info(name), want)
+        info = await js.stream_info(name)
+        if create and foreign_settings(info.config, want) == [MISSING_TRANSFORM]:
+            info = await _add_transform(js, info, want)
+        verify_stream(info, want)
         return "verified"
     except NotFoundError:
         if not create:

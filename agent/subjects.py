@@ -26,6 +26,18 @@ JOB_FACT_TYPES = frozenset({"NCCLJobMember", "NCCLProcessEnded"})
 # subjects, so a replica reading only its partitions' jobs (fleet/incident_service.py) misses none.
 JOB_MAX = 320
 JOB_KINDS = ("member", "evidence")
+# Partitions split reading at the server (issue 21): the jobs stream stores every job subject with a
+# bucket token in front of the job, ``gna.jobs.<bucket>.<job>.<node>.<kind>``, computed by nats-server
+# itself from the job token (a stream subject transform, ``JOBS_TRANSFORM``; publishers keep publishing
+# ``gna.jobs.<job>.<node>.<kind>``). A correlator replica's consumer then asks only for its partitions'
+# buckets (filter subjects), and receives nothing of the others' jobs. The bucket is
+# nats-server's ``{{partition(n, 1)}}`` (server/subject_transform.go, getHashPartition: FNV-1a 32 of the
+# wildcard token, modulo n), computed the same here by ``job_bucket`` (tests/test_job_buckets.py holds
+# both to agreement on a real server). 120 buckets split evenly over 1-6, 8, 10, 12, 15, 20... replicas.
+JOB_BUCKETS = 120
+JOBS_TRANSFORM = (f"{JOBS_PREFIX}.*.*.*",
+                  f"{JOBS_PREFIX}.{{{{partition({JOB_BUCKETS},1)}}}}.{{{{wildcard(1)}}}}.{{{{wildcard(2)}}}}"
+                  ".{{wildcard(3)}}")
 SIGNALS_PREFIX = "gna.signals"  # gna.signals.<node token>.<collector>: straggler vectors (docs/subjects.md)
 SIGNAL_TYPES = frozenset({"StragglerSignals", "NCCLInspectorSummary"})
 STRAGGLERS_PREFIX = "gna.stragglers"  # fleet/stragglers.py: gna.stragglers.<node token>, the correlator's records
@@ -85,6 +97,28 @@ def job_subject(job: str, node: str, kind: str) -> str:
     if kind not in JOB_KINDS:
         raise ValueError(f"job subject kind {kind!r} is not one of {JOB_KINDS}")
     return f"{JOBS_PREFIX}.{encode_token(job)}.{encode_token(node)}.{kind}"
+
+
+def job_bucket(job_token: str) -> int:
+    """The bucket nats-server stores a job's subjects under (``JOBS_TRANSFORM``): FNV-1a 32 of the job's
+    subject token, modulo ``JOB_BUCKETS``."""
+    h = 0x811C9DC5
+    for b in job_token.encode():
+        h = ((h ^ b) * 0x01000193) & 0xFFFFFFFF
+    return h % JOB_BUCKETS
+
+
+def stored_job_subject(job: str, node: str, kind: str) -> str:
+    """The subject the jobs stream stores ``job_subject(job, node, kind)`` under (its bucket in front)."""
+    token = encode_token(job)
+    return f"{JOBS_PREFIX}.{job_bucket(token)}.{token}.{encode_token(node)}.{kind}"
+
+
+def job_bucket_filters(buckets: list[int] | range, kind: str = "*") -> list[str]:
+    """Filter subjects of a consumer of the jobs stream that reads only these buckets' jobs."""
+    if len(buckets) == JOB_BUCKETS:
+        return [f"{JOBS_PREFIX}.*.*.*.{kind}"]
+    return [f"{JOBS_PREFIX}.{b}.*.*.{kind}" for b in sorted(buckets)]
 
 
 def signals_subject(node: str, collector: str) -> str:

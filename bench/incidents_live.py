@@ -32,7 +32,7 @@ import nats
 from nats.js.api import StreamConfig
 
 from agent.logsetup import configure
-from agent.nats_link import JOBS_STREAM_SUBJECTS, SIGNALS_STREAM_SUBJECTS, STREAM_SUBJECTS
+from agent.nats_link import JOBS_STREAM_SUBJECTS, JOBS_STREAM_TRANSFORM, SIGNALS_STREAM_SUBJECTS, STREAM_SUBJECTS
 from agent.nats_server import NatsServerProcess
 from agent.subjects import subjects_for
 from sim.scenarios import generate
@@ -106,7 +106,8 @@ async def main() -> None:
         try:
             js = nc.jetstream()
             await js.add_stream(StreamConfig(name="GNA_EVENTS", subjects=STREAM_SUBJECTS))
-            await js.add_stream(StreamConfig(name="GNA_JOBS", subjects=JOBS_STREAM_SUBJECTS))
+            await js.add_stream(StreamConfig(name="GNA_JOBS", subjects=JOBS_STREAM_SUBJECTS,
+                                     subject_transform=JOBS_STREAM_TRANSFORM))
             await js.add_stream(StreamConfig(name="GNA_SIGNALS", subjects=SIGNALS_STREAM_SUBJECTS))
             got: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
 

@@ -3,6 +3,7 @@
     .venv/bin/python bench/incidents_scale.py --mode one-job [--sizes 128,512,1024,2048,4096] [--trials 3]
     .venv/bin/python bench/incidents_scale.py --mode many-jobs [--jobs 500] [--fleet-nodes 18000] [--fleet-start]
     .venv/bin/python bench/incidents_scale.py --mode cluster [--nodes 16]
+    .venv/bin/python bench/incidents_scale.py --mode replicas [--replicas 1,3] [--jobs 100] [--fleet-nodes 2000]
 
 What bench/incidents_live.py does for one job of 128 nodes, at the sizes a fleet has: a real nats-server
 (agent/nats_server.py) and a real correlator process (fleet/incident_service.py, started the way
@@ -31,6 +32,9 @@ Modes:
   ``--faults`` of them. Steady state: every membership published and digested, the fleet's noise,
   then the faults one after another (``--fault-gap``). ``--fleet-start``: every membership at once
   (the faulty jobs' first), the faults injected while the flood is half published.
+* replicas: the many-jobs fleet, healthy, its membership and traffic published once to 1, then 3 (``--replicas``)
+  partitioned replicas on a fresh nats-server each time: what each replica was handed, its CPU and RSS, and the
+  busiest replica's ratio to the first count (partitions split reading at the server: issue 21).
 * cluster: a 3-node cluster (R3 streams), three replicas ``--partitions 3 --partition i``; jobs of
   ``--nodes`` nodes, every job's membership published (and digested) first, each fault then only its
   evidence (so a replica that took a partition over, or lost and regained its lease, must have rebuilt
@@ -85,7 +89,7 @@ from agent.config import NatsConfig
 from agent.logsetup import configure
 from agent.nats_link import stream_configs
 from agent.nats_server import NatsCluster, NatsServerProcess
-from agent.subjects import EVENTS_PREFIX, SIGNALS_PREFIX, encode_token, subjects_for
+from agent.subjects import EVENTS_PREFIX, JOBS_PREFIX, SIGNALS_PREFIX, encode_token, subjects_for
 from fleet.incident_service import incident_versions
 from fleet.incidents import INCIDENTS_BUCKET, owner
 from sim.scenarios import generate
@@ -225,15 +229,14 @@ class Prepared:
         self.members = self.evidence = []  # the encoded copies are what is published (a fleet's worth is GBs)
 
     def read(self, which: str) -> int:
-        """How many of these messages a correlator accepts (it follows the events stream and the jobs
-        stream's membership; a job's evidence copies under gna.jobs are not read)."""
+        """How many of these messages one correlator holding every partition is handed (the events stream
+        whole, a job's NCCL copies there skipped unread; the jobs stream's membership and evidence)."""
         wire = self.member_wire if which == "members" else self.evidence_wire
         return sum(read_count(subs) for ms in wire.values() for _mid, subs, _data in ms)
 
 
 def read_count(subjects: list[str]) -> int:
-    return sum(1 for s in subjects if s.startswith((EVENTS_PREFIX + ".", SIGNALS_PREFIX + "."))
-               or s.endswith(".member"))
+    return sum(1 for s in subjects if s.startswith((EVENTS_PREFIX + ".", SIGNALS_PREFIX + ".", JOBS_PREFIX + ".")))
 
 
 def by_node(msgs: Iterable[dict[str, Any]]) -> dict[str, list[tuple[str, list[str], bytes]]]:
@@ -937,6 +940,99 @@ def run_many_jobs(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     return {"summary": summary, "fleet": f, "faults": rows, "generation": gen}
 
 
+# ---------------------------------------------------------------------------------------------- replicas
+
+async def replicas_async(args: argparse.Namespace, work: Path, metas: list[dict[str, Any]], n: int) -> dict[str, Any]:
+    """The same fleet's membership and healthy traffic digested by ``n`` partitioned replicas on one fresh
+    nats-server: what each replica was handed (the server splits the jobs stream by bucket), its CPU and RSS."""
+    prepared = [Prepared(m) for m in metas]
+    server = NatsServerProcess(work / f"nats-r{n}")
+    STARTED.append(server)
+    server.start()
+    nc = await nats.connect(server.url, max_reconnect_attempts=-1, error_cb=quiet)
+    js = nc.jetstream(timeout=10)
+    for cfg in stream_configs(NatsConfig()):
+        await js.add_stream(cfg)
+    corrs = [Correlator([server.url], work, stats_interval=args.stats_interval, partitions=n, partition=q,
+                        name=f"replica {q}") for q in range(n)]
+    try:
+        for c in corrs:
+            await c.start()
+        for q, c in enumerate(corrs):
+            if await c.until(lambda r, q=q: bool(r.get("judging")) and q in (r.get("owned") or []), 60) is None:
+                raise RuntimeError(f"replica {q} did not hold its partition within 60 s: {c.problems_text()}")
+        cpu0 = [c.cpu() for c in corrs]
+        base = [count(c.last()) for c in corrs]
+        pub = Publisher(js, dedupe=False)
+        wire: dict[str, list[tuple[str, list[str], bytes]]] = {}
+        for p in prepared:
+            for part in (p.member_wire, p.evidence_wire):
+                for node, m in part.items():
+                    wire.setdefault(node, []).extend(m)
+        tm = time.monotonic()
+        await pub.nodes(wire)
+        published_s = time.monotonic() - tm
+        # digested: every replica's count unchanged over two stats lines after the last publish
+        seen: list[int] = [-1] * n
+        deadline = time.monotonic() + args.digest_max
+        while time.monotonic() < deadline:
+            await asyncio.sleep(2 * args.stats_interval + 0.5)
+            now = [count(c.last()) for c in corrs]
+            if now == seen:
+                break
+            seen = now
+        digest_s = time.monotonic() - tm - 2 * args.stats_interval - 0.5
+        rows = []
+        for q, c in enumerate(corrs):
+            last = c.last()
+            rows.append({"replica": q, "handed": count(last) - base[q], "accepted": last.get("accepted"),
+                         "skipped": last.get("skipped"), "rejected": last.get("rejected"),
+                         "jobs": last.get("jobs"), "members": last.get("members"),
+                         "cpu_s": round(c.cpu() - cpu0[q], 2), "hwm_mib": round(c.hwm(), 1),
+                         "stall_max_ms": last.get("loop_stall_max_ms")})
+        return {"replicas": n, "published": pub.published, "published_s": round(published_s, 1),
+                "digest_s": round(digest_s, 1), "rows": rows}
+    finally:
+        await nc.close()
+        for c in corrs:
+            await c.stop()
+        server.stop()
+
+
+def run_replicas(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    specs = many_specs(args)
+    specs = [{**s, "kind": "healthy"} for s in specs]
+    print(f"\n{len(specs)} healthy jobs, {sum(s['nodes'] for s in specs)} nodes: scenarios", flush=True)
+    metas = build_all(specs, args, work)
+    runs = []
+    for n in args.replicas:
+        r = asyncio.run(replicas_async(args, work, metas, n))
+        runs.append(r)
+        print(f"  {n} replica(s): {r['published']} messages published in {r['published_s']} s, digested "
+              f"{r['digest_s']} s after the first", flush=True)
+        for row in r["rows"]:
+            print(f"    replica {row['replica']}: handed {row['handed']} (accepted {row['accepted']}, skipped "
+                  f"{row['skipped']}), jobs {row['jobs']}, members {row['members']}, CPU {row['cpu_s']} s, "
+                  f"RSS {row['hwm_mib']} MiB, longest stall {row['stall_max_ms']} ms", flush=True)
+    base = runs[0]
+    b_handed = max(x["handed"] for x in base["rows"])
+    b_cpu = max(x["cpu_s"] for x in base["rows"])
+    b_hwm = max(x["hwm_mib"] for x in base["rows"])
+    print(f"\nper replica, against {base['replicas']} replica(s) in this invocation (the busiest replica; partition 0 "
+          f"also reads every job's membership for the straggler watch):")
+    print("| replicas | handed (max) | ratio | CPU s (max) | ratio | RSS MiB (max) | ratio |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for r in runs:
+        h = max(x["handed"] for x in r["rows"])
+        c = max(x["cpu_s"] for x in r["rows"])
+        m = max(x["hwm_mib"] for x in r["rows"])
+        print(f"| {r['replicas']} | {h} | {h / b_handed:.2f} | {c:.1f} | {c / b_cpu:.2f} | {m:.0f} | {m / b_hwm:.2f} |")
+    for m in metas:
+        if not m["cached"]:
+            Path(m["out"]).unlink(missing_ok=True)
+    return {"runs": runs}
+
+
 # ---------------------------------------------------------------------------------------------- cluster
 
 def cluster_plan(args: argparse.Namespace) -> list[tuple[str, int | None]]:
@@ -1033,10 +1129,13 @@ async def cluster_async(args: argparse.Namespace, work: Path, metas: list[dict[s
         for p, c in replicas.items():
             if await c.until(lambda r, p=p: bool(r.get("judging")) and p in (r.get("owned") or []), 60) is None:
                 raise RuntimeError(f"replica {p} did not hold its partition within 60 s: {c.problems_text()}")
-        # every job runs before its fault: all the jobs' membership first, digested by every replica (a replica
-        # reads every message; it files only its partitions' jobs), so a replica that takes a partition over,
-        # or loses and regains its lease, has to rebuild the job from the streams' history
+        # every job runs before its fault: all the jobs' membership first, digested by its own replica (the
+        # server hands a replica only its partitions' jobs; partition 0's holder every job's membership, for the
+        # straggler watch), so a replica that takes a partition over, or loses and regains its lease, has to
+        # rebuild the job from the stream's history
         n_members = sum(pj.read("members") for ps in pool.values() for pj in ps)
+        own = {q: n_members if q == 0 else sum(pj.read("members") for ps in pool.values() for pj in ps
+                                              if owner(pj.job, PARTITIONS) == q) for q in replicas}
         base = {q: count(c.last()) for q, c in replicas.items()}
         tm = time.monotonic()
         member_stamps: dict[str, dict[str, float]] = {}
@@ -1045,7 +1144,7 @@ async def cluster_async(args: argparse.Namespace, work: Path, metas: list[dict[s
                 member_stamps[pj.job] = {}
                 await pub.nodes(pj.member_wire, stamps=member_stamps[pj.job], watch=pj.decisive_ids)
         for q, c in replicas.items():
-            if await c.until(digested(base[q], n_members), args.digest_max, since=tm) is None:
+            if await c.until(digested(base[q], own[q]), args.digest_max, since=tm) is None:
                 last = c.last()
                 print(f"  replica {q} did not digest the {n_members} members within {args.digest_max:g} s: accepted "
                       f"{last.get('accepted')} (before: {base[q]}), rejected {last.get('rejected')}, followers "
@@ -1226,7 +1325,9 @@ def kinds(s: str) -> list[str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description="the live correlator at fleet scale (docstring: bench/incidents_scale.py)")
-    ap.add_argument("--mode", choices=("one-job", "many-jobs", "cluster"), required=True)
+    ap.add_argument("--mode", choices=("one-job", "many-jobs", "cluster", "replicas"), required=True)
+    ap.add_argument("--replicas", type=ints, default=[1, 3],
+                    help="replicas: partitioned replica counts, the first the baseline (jobs as many-jobs draws them)")
     ap.add_argument("--sizes", type=ints, default=[128, 512, 1024, 2048, 4096], help="one-job: nodes of the job")
     ap.add_argument("--trials", type=int, default=3, help="one-job: trials per size and fault kind")
     ap.add_argument("--kinds", type=kinds, default=list(KINDS), help="fault kinds, comma-separated")
@@ -1270,6 +1371,8 @@ def main() -> None:
                     out = run_one_job(args, work)
                 elif args.mode == "many-jobs":
                     out = run_many_jobs(args, work)
+                elif args.mode == "replicas":
+                    out = run_replicas(args, work)
                 else:
                     out = run_cluster(args, work)
             finally:

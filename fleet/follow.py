@@ -77,8 +77,11 @@ class Follower:
     def __init__(self, js: Any, stream: str, subject: str, on_msg: Callable[[str, bytes], object], *,
                  since: float | None = None, start: int | None = None, until: int | None = None,
                  name: str = "", check_s: float = CHECK_S, fail_s: float = FAIL_S,
-                 on_fail: Callable[[str], None] | None = None) -> None:
+                 on_fail: Callable[[str], None] | None = None, filters: list[str] | None = None) -> None:
         self.js, self.stream, self.subject, self.on_msg = js, stream, subject, on_msg
+        # ``filters``: the consumer asks the server for these subjects only (each within ``subject``, which
+        # the start time is resolved over); None: ``subject``
+        self.filters = filters
         self.since, self.until = since, until
         self.next_seq = start  # the next sequence to ask for
         self.name = name or f"{stream}:{subject}"
@@ -140,10 +143,35 @@ class Follower:
                 await asyncio.sleep(0)
                 self._slice = time.monotonic()
 
+        filters = self.filters or [self.subject]
         self._sub = await self.js.subscribe(
-            self.subject, stream=self.stream, cb=cb, ordered_consumer=True, idle_heartbeat=IDLE_HEARTBEAT_S,
-            config=ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=start))
+            filters[0], stream=self.stream, cb=cb, ordered_consumer=True, idle_heartbeat=IDLE_HEARTBEAT_S,
+            config=ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=start,
+                                  filter_subjects=filters if len(filters) > 1 else None))
         self.ready.set()
+        if not self.caught_up.is_set():
+            # a filtered consumer may never see the stream's last sequence: whether anything is pending, at once
+            with contextlib.suppress(Exception):
+                info = await asyncio.wait_for(self._sub.consumer_info(), timeout=self.check_s)
+                if not info.num_pending and (info.delivered is None or not info.delivered.consumer_seq):
+                    self.caught_up.set()
+
+    async def current(self, timeout: float = 1.0) -> bool:
+        """Whether everything the stream held a moment ago (on this follower's subjects) has been handed on:
+        the stream's last sequence reached, or the consumer has nothing pending beyond what was handed on.
+        False when the server does not answer within ``timeout`` (a consumer on a server that died)."""
+        try:
+            mark = int((await asyncio.wait_for(self.js.stream_info(self.stream), timeout)).state.last_seq)
+            if self.last >= mark:
+                return True
+            if self._sub is None:
+                return False
+            info = await asyncio.wait_for(self._sub.consumer_info(), timeout)
+        except Exception:  # no leader, no answer: not known to be current
+            return False
+        d = info.delivered
+        delivered = (d.stream_seq or 0) if d is not None else 0
+        return not info.num_pending and delivered <= self.last
 
     async def _drop(self) -> None:
         sub, self._sub = self._sub, None

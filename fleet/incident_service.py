@@ -27,22 +27,33 @@ from agent.nats_link import StreamRefused, await_stream, open_kv, stream_configs
 from agent.subjects import (
     EVENTS_PREFIX,
     INCIDENTS_PREFIX,
+    JOB_BUCKETS,
     JOBS_PREFIX,
     SIGNALS_PREFIX,
     STRAGGLERS_PREFIX,
     decode_token,
     encode_token,
+    job_bucket_filters,
 )
 from fleet.follow import Follower
-from fleet.incidents import INCIDENTS_BUCKET, JUDGE_SLICE_S, MAX_KEY, MEMBERSHIP, IncidentTracker, owner, same_version
+from fleet.incidents import (
+    INCIDENTS_BUCKET,
+    JUDGE_SLICE_S,
+    MAX_KEY,
+    IncidentTracker,
+    owner,
+    partition_buckets,
+    same_version,
+)
 from fleet.leases import DEFAULT_TTL, Leases, open_bucket
 from fleet.stragglers import STRAGGLERS_BUCKET, StragglerWatch
-from fleet.wire import Rejected, Rejections, decode_event, decode_job, decode_signals, peek_job
+from fleet.wire import Rejected, Rejections, decode_event, decode_job, decode_signals
 from gna_sdk.aio import wait_event, within
 
 log = structlog.get_logger(__name__)
 
 CATCH_UP_MAX_S = 120.0  # s: judging starts then even if a follower has not caught up (logged)
+LAG_HOLD_MAX_S = 5.0  # s: the longest verdicts wait for the hardware findings' follower (``_findings_current``)
 STATS_INTERVAL_S = 30.0  # s between `correlator_stats` lines
 STALL_PROBE_S = 0.05  # s between the loop-stall probe's wake-ups
 WRITE_TIMEOUT_S = 10.0  # s one incident write may take before it is retried
@@ -84,6 +95,7 @@ class IncidentService:
         self._judging = False
         self._started = time.monotonic()
         self._replaying: dict[int, int] = {}  # partition -> replays in flight (its jobs are not judged yet)
+        self._readers: dict[int, list[asyncio.Task[Any]]] = {}  # partition -> the tasks reading its jobs
         self._deferred: set[str] = set()
         # publishing (issue 21): the newest record per job waits here until the KV and the subject have it
         self._outbox: dict[str, dict[str, Any]] = {}
@@ -92,6 +104,8 @@ class IncidentService:
         self.replay_retries = 0
         self.publish_same = 0  # records the KV already held (another replica, or ours before a restart)
         self.superseded = 0  # records replaced by a newer one of the same job before they were written
+        self.findings_waits = 0  # judge rounds held until the hardware findings were read (``_findings_current``)
+        self._findings_behind_since: float | None = None
         self.accepted = 0
         self.skipped = 0  # messages read off their subject as another replica's (or a copy) and not decoded
         self.stats_interval = stats_interval
@@ -111,47 +125,83 @@ class IncidentService:
             with contextlib.suppress(Exception):  # NATS trouble: the lease loop retries
                 await self.leases.tick()  # before the history replays: its jobs are kept as they arrive
             self._tasks.append(loop.create_task(self.leases.run(), name="incidents:leases"))
-        # membership lives on the jobs stream, symptoms and hardware findings on the events stream (a job's
-        # evidence copies on the jobs stream are not read: the same messages; IncidentTracker.add files a
-        # message id once anyway)
-        self._tasks += [loop.create_task(self._follow(js, MEMBERSHIP), name="incidents:jobs"),
-                        loop.create_task(self._follow(js, f"{EVENTS_PREFIX}.>"), name="incidents:events"),
+        # the nodes' hardware findings on the events stream, read by every replica (any job may have used the
+        # device); a job's membership and NCCL evidence on the jobs stream, read per partition (``_gain``)
+        self._tasks += [loop.create_task(self._follow(js, f"{EVENTS_PREFIX}.>"), name="incidents:events"),
                         loop.create_task(self._follow(js, f"{SIGNALS_PREFIX}.>"), name="incidents:signals"),
                         loop.create_task(self._judge_loop(), name="incidents:judge"),
                         loop.create_task(self._publish_loop(), name="incidents:publish"),
                         loop.create_task(self._stats_loop(), name="incidents:stats"),
                         loop.create_task(self._straggler_loop(), name="incidents:stragglers")]
         self._following = True
+        for partition in sorted(self.tracker.owned):  # static split, or leases taken before following began
+            self._read_partition(partition, taken_over=False)
 
     async def _gain(self, partition: int) -> None:
         self.tracker.owned.add(partition)
-        if self._following:  # a lost replica's partition: its jobs' history was not read here, replay it
-            loop = asyncio.get_running_loop()
-            js = self.nc.jetstream()
-            # its jobs' membership and NCCL's messages (the rest of the events stream, the nodes'
-            # hardware findings, every replica reads anyway); partition 0 brings the straggler watch:
-            # every job's membership (the same replay) and the vectors
-            replays = [(MEMBERSHIP, self.nats_cfg.jobs_stream),
-                       (f"{EVENTS_PREFIX}.*.nccl_logs.*", self.nats_cfg.stream)]
-            for subject, stream in replays:
-                self._replaying[partition] = self._replaying.get(partition, 0) + 1
-                self._tasks.append(loop.create_task(self._replay(js, subject, stream, partition),
-                                                    name=f"incidents:replay:{partition}"))
-            if partition == 0:  # the straggler vectors: no incident waits for them
-                self._tasks.append(loop.create_task(
-                    self._replay(js, f"{SIGNALS_PREFIX}.>", self.nats_cfg.signals_stream, partition, gates=False),
+        if self._following:
+            self._read_partition(partition, taken_over=True)
+
+    def _read_partition(self, partition: int, *, taken_over: bool) -> None:
+        """Partitions split reading at the server (issue 21): the partition's jobs are read from the jobs
+        stream by their buckets only (agent/subjects.py JOBS_TRANSFORM), from ``history_s`` ago on, and
+        judged once that history is in. Partition 0 brings the straggler watch: every job's membership
+        (which GPUs and NICs each job uses) and the vectors."""
+        if partition in self._readers:
+            return
+        loop = asyncio.get_running_loop()
+        js = self.nc.jetstream()
+        f = Follower(js, self.nats_cfg.jobs_stream, f"{JOBS_PREFIX}.>", self.accept,
+                     filters=job_bucket_filters(partition_buckets(partition, self.tracker.partitions)),
+                     since=time.time() - self.history_s, name=f"incidents:jobs:{partition}", on_fail=self._give_up)
+        self._replaying[partition] = 1
+        tasks = [loop.create_task(self._run_reader(partition, f), name=f"incidents:jobs:{partition}")]
+        if partition == 0 and self.tracker.partitions > 1:  # (one partition: its reader has every job)
+            others = [b for b in range(JOB_BUCKETS) if b not in set(partition_buckets(0, self.tracker.partitions))]
+            m = Follower(js, self.nats_cfg.jobs_stream, f"{JOBS_PREFIX}.>", self.accept_membership,
+                         filters=job_bucket_filters(others, "member"), since=time.time() - self.history_s,
+                         name="stragglers:membership", on_fail=self._give_up)
+            tasks.append(loop.create_task(self._run_reader(None, m), name="stragglers:membership"))
+            if taken_over:  # the live follower skipped the vectors until now: their recent history
+                tasks.append(loop.create_task(
+                    self._replay(js, f"{SIGNALS_PREFIX}.>", self.nats_cfg.signals_stream, partition),
                     name="incidents:replay:signals"))
+        self._readers[partition] = tasks
+        self._tasks += tasks
+
+    async def _run_reader(self, partition: int | None, f: Follower) -> None:
+        """One reader of the jobs stream until its partition is lost; a partition's jobs are judged from the
+        moment its history is in (the follower caught up)."""
+        loop = asyncio.get_running_loop()
+        await self._verified(f.js, self._stream_for(f.subject), f.subject)
+        self.followers.append(f)
+        runner = loop.create_task(f.run(), name=f.name)
+        try:
+            if partition is not None:
+                waiter = loop.create_task(f.caught_up.wait())
+                try:
+                    await asyncio.wait([runner, waiter], return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    waiter.cancel()
+                if f.caught_up.is_set():
+                    self.replays += 1
+                    self._replay_done(partition)
+            await runner
+        finally:
+            runner.cancel()
+            self.followers = [x for x in self.followers if x is not f]
 
     async def _loss(self, partition: int) -> None:
         self.tracker.lose(partition)
+        self._replaying.pop(partition, None)
+        for t in self._readers.pop(partition, []):
+            t.cancel()
         if partition == 0:  # another replica judges the stragglers now: their state is its
             self.stragglers = StragglerWatch()
 
-    async def _replay(self, js: Any, subject: str, stream: str, partition: int, *, gates: bool = True) -> None:
-        """The stream's history of the last ``history_s`` up to now, once (new messages reach the live
-        followers; a message both deliver is filed once, by its id). Retried until it is complete
-        while the partition is held: its jobs are judged only after it (a replay given up half-way
-        would have them judged without the members it did not read)."""
+    async def _replay(self, js: Any, subject: str, stream: str, partition: int) -> None:
+        """The straggler vectors' history of the last ``history_s`` up to now, once, for a replica that took
+        partition 0 over (new vectors reach the live follower). Retried while the partition is held."""
         complete = False
         tries = 0
         try:
@@ -178,12 +228,6 @@ class IncidentService:
             raise
         except Exception as exc:  # the follower gave up: the process is exiting (75)
             log.warning("replay_failed", stream=stream, error=repr(exc)[:300])
-            return
-        finally:
-            if gates:
-                self._replay_done(partition)
-        if complete:
-            self.replays += 1
 
     def _replay_done(self, partition: int) -> None:
         left = self._replaying.get(partition, 1) - 1
@@ -213,29 +257,25 @@ class IncidentService:
         a copy of one read elsewhere), or counted with a sample. Nothing a message holds may raise out
         of here (a replay that dies on a poison message would kill every restart after it).
 
-        Partitions split reading too (issue 21): what a message is for is read before it is decoded.
-        A job's membership (``gna.jobs.<job>.<node>.member``: the job is in the subject) is decoded
-        only by the replica that judges the job, and by the holder of partition 0 (the straggler
-        watch needs every job's GPUs and NICs); NCCL's messages on ``gna.events`` only by the judge of
-        the job their details name (``peek_job`` reads that one field); a node's hardware findings by
-        every replica (any job may have used the device). A job's evidence is read on the events
-        stream, in one order with the hardware findings (its copies on the jobs stream are not read:
-        across two streams a symptom could be judged before the finding that explains it). Straggler
-        vectors only on partition 0."""
-        route = self._route(subject, data)
+        Partitions split reading (issue 21): a replica's consumers of the jobs stream ask the server
+        only for its partitions' buckets (``_read_partition``), so a job's membership and NCCL evidence
+        reach the one replica that judges it; what arrives here of another partition (a lease just
+        lost) is skipped undecoded. The events stream is read for the nodes' hardware findings (any
+        job may have used the device): its NCCL messages are the jobs stream's evidence again and are
+        skipped by their subject, undecoded. Straggler vectors only on partition 0."""
+        route = self._route(subject)
         if route is None:
             self.skipped += 1
             return
-        mine, straggle = route
         try:
-            if subject.startswith(SIGNALS_PREFIX + "."):
+            if route == "signals":
                 self.stragglers.add(decode_signals(subject, data))
                 self.accepted += 1
                 return
-            msg = decode_job(subject, data) if subject.startswith(JOBS_PREFIX + ".") else decode_event(subject, data)
-            if straggle:
-                self.stragglers.add(msg)  # membership: which GPUs and NICs each job uses
-            touched = self.tracker.add(msg) if mine else set()
+            msg = decode_job(subject, data) if route == "job" else decode_event(subject, data)
+            if route == "job" and 0 in self.tracker.owned and subject.endswith(".member"):
+                self.stragglers.add(msg)  # the straggler watch's own jobs' membership (others: accept_membership)
+            touched = self.tracker.add(msg)
         except Rejected as exc:
             self.rejections.record(exc.reason, subject, data, str(exc))
             return
@@ -248,35 +288,66 @@ class IncidentService:
             self._dirty |= touched
             self._wake.set()
 
-    def _route(self, subject: str, data: bytes) -> tuple[bool, bool] | None:
-        """(for the tracker, for the straggler watch) from the subject (and a NCCL message's job);
-        None: skip it undecoded. What this cannot place is decoded (and refused there, counted)."""
-        parts = subject.split(".")
-        stragglers = 0 in self.tracker.owned
-        if len(parts) == 5 and subject.startswith(JOBS_PREFIX + "."):
-            try:
-                job = decode_token(parts[2])
-            except ValueError:
-                return True, False
-            mine = self.tracker.owns(job)
-            straggle = stragglers and parts[4] == "member"
-            return (mine, straggle) if mine or straggle else None
-        if len(parts) == 5 and parts[3] == "nccl_logs" and subject.startswith(EVENTS_PREFIX + "."):
-            named = peek_job(data)
-            return None if named is not None and not self.tracker.owns(named) else (True, False)
+    def accept_membership(self, subject: str, data: bytes) -> None:
+        """Every job's membership, for the straggler watch (partition 0's holder): which GPUs and NICs each
+        job uses. Never filed for judging, and this replica's own jobs are skipped: their partition's reader
+        files them and feeds the watch (``accept``)."""
+        if 0 not in self.tracker.owned or self._owned_job(subject):
+            self.skipped += 1
+            return
+        try:
+            self.stragglers.add(decode_job(subject, data))
+        except Rejected as exc:
+            self.rejections.record(exc.reason, subject, data, str(exc))
+            return
+        except Exception as exc:
+            self.rejections.record(f"unhandled:{type(exc).__name__}", subject, data, repr(exc))
+            log.exception("incidents_message_failed", subject=subject[:200])
+            return
+        self.accepted += 1
+
+    def _owned_job(self, subject: str) -> bool:
+        try:
+            return self.tracker.owns(decode_token(subject.split(".")[-3]))
+        except (ValueError, UnicodeDecodeError, IndexError):
+            return False
+
+    def _route(self, subject: str) -> str | None:
+        """"job", "event" or "signals" from the subject alone; None: skip it undecoded. What this cannot
+        place is decoded (and refused there, counted)."""
+        if subject.startswith(JOBS_PREFIX + "."):
+            parts = subject.split(".")
+            if len(parts) in (5, 6):  # gna.jobs.[<bucket>.]<job>.<node>.<kind>
+                try:
+                    job = decode_token(parts[-3])
+                except (ValueError, UnicodeDecodeError):
+                    return "job"
+                if not self.tracker.owns(job):
+                    return None
+            return "job"
         if subject.startswith(SIGNALS_PREFIX + "."):
-            return (False, True) if stragglers else None
-        return True, False
+            return "signals" if 0 in self.tracker.owned else None
+        if subject.startswith(EVENTS_PREFIX + ".") and subject.count(".") == 4 and ".nccl_logs." in subject:
+            return None  # a job's NCCL messages: read as the job's evidence, by the job's partition
+        return "event"
 
     async def _follow(self, js: Any, subject: str) -> None:
         """One stream, from ``history_s`` ago on, for as long as the service runs (fleet/follow.py:
         resumed by sequence after any server loss; exits 75 when it cannot be)."""
         cfg = self._stream_for(subject)
+        await self._verified(js, cfg, subject)
+        f = Follower(js, cfg.name, subject, self.accept, since=time.time() - self.history_s,
+                     name=f"incidents:{cfg.name}", on_fail=self._give_up)
+        self.followers.append(f)
+        await f.run()
+
+    async def _verified(self, js: Any, cfg: Any, subject: str) -> None:
+        """Until the stream exists as this code made it: one carrying a republish, mirror or sources is
+        never read, and a jobs stream without its bucket transform cannot be read by partition."""
         while True:
             try:
-                # verified first: a stream carrying a republish, mirror or sources is never read
                 await await_stream(js, cfg)
-                break
+                return
             except asyncio.CancelledError:
                 raise
             except StreamRefused as exc:
@@ -285,10 +356,6 @@ class IncidentService:
             except Exception as exc:  # NATS trouble: try again
                 log.info("incidents_waiting_for_stream", error=repr(exc))
                 await asyncio.sleep(1)
-        f = Follower(js, cfg.name, subject, self.accept, since=time.time() - self.history_s,
-                     name=f"incidents:{cfg.name}", on_fail=self._give_up)
-        self.followers.append(f)
-        await f.run()
 
     def _give_up(self, reason: str) -> None:
         log.error("incidents_follower_failed", reason=reason)
@@ -297,6 +364,32 @@ class IncidentService:
     def _stream_for(self, subject: str) -> Any:
         events, jobs, signals = stream_configs(self.nats_cfg)
         return jobs if subject.startswith(JOBS_PREFIX) else signals if subject.startswith(SIGNALS_PREFIX) else events
+
+    async def _findings_current(self) -> bool:
+        """Whether the nodes' hardware findings stored until now have been read: a job's evidence comes on
+        the jobs stream, the findings that explain it on the events stream, and two consumers can drift
+        apart (one of them on a server that just died, not yet replaced). Judging a symptom without the
+        finding stored before it names the wrong culprit (a link, where the finding names the port): the
+        verdicts wait until the events follower has handed on everything the stream held when the round
+        began (one STREAM.INFO a round; a CONSUMER.INFO when the stream's last message is not ours), at
+        most LAG_HOLD_MAX_S, then judge anyway (logged)."""
+        f = next((f for f in self.followers if f.until is None and f.stream == self.nats_cfg.stream), None)
+        if f is None or not f.ready.is_set():
+            return True  # not following yet: _ready_to_judge waits for the history
+        now = time.monotonic()
+        current = await f.current()
+        if current:
+            self._findings_behind_since = None
+            return True
+        self.findings_waits += 1
+        if self._findings_behind_since is None:
+            self._findings_behind_since = now
+        if now - self._findings_behind_since < LAG_HOLD_MAX_S:
+            return False
+        log.warning("judging_without_current_findings", behind_s=round(now - self._findings_behind_since, 1),
+                    follower=f.name, last=f.last)
+        self._findings_behind_since = now  # once per LAG_HOLD_MAX_S at most
+        return True
 
     async def _judge_loop(self) -> None:
         last_sweep = time.monotonic()
@@ -310,6 +403,10 @@ class IncidentService:
             if not self._ready_to_judge():
                 continue  # what arrives meanwhile stays dirty
             await asyncio.sleep(self.debounce)  # a burst of 1,000 timeouts is judged once, not 1,000 times
+            if not await self._findings_current():
+                self._wake.set()  # judged as soon as the findings are in: what is dirty stays dirty
+                await asyncio.sleep(0.05)
+                continue
             dirty, self._dirty = self._dirty | self.tracker.due(), set()
             if self._replaying:  # a gained partition's jobs wait for its history
                 held = {j for j in dirty if owner(j, self.tracker.partitions) in self._replaying}
@@ -367,11 +464,10 @@ class IncidentService:
 
     def _ready_to_judge(self) -> bool:
         if not self._judging:
-            # the incidents come from the events and jobs streams (the signals feed the straggler watch)
-            need = {self.nats_cfg.stream, self.nats_cfg.jobs_stream}
-            live = [f for f in self.followers if f.until is None and f.stream in need]
+            # the hardware findings' history is in (each partition's jobs wait for their own: ``_replaying``)
+            live = [f for f in self.followers if f.until is None and f.stream == self.nats_cfg.stream]
             waited = time.monotonic() - self._started
-            if (len(live) == len(need) and all(f.caught_up.is_set() for f in live)) or waited > CATCH_UP_MAX_S:
+            if (live and all(f.caught_up.is_set() for f in live)) or waited > CATCH_UP_MAX_S:
                 self._judging = True
                 log.info("incidents_caught_up", after_s=round(waited, 2), accepted=self.accepted,
                          followers={f.name: f.last for f in live},
@@ -459,7 +555,7 @@ class IncidentService:
                 "published": self.published,
                 "publish_same": self.publish_same, "publish_retries": self.publish_retries,
                 "publish_pending": len(self._outbox), "superseded": self.superseded, "replays": self.replays,
-                "replay_retries": self.replay_retries,
+                "replay_retries": self.replay_retries, "findings_waits": self.findings_waits,
                 "judging": self._judging, "owned": sorted(self.tracker.owned),
                 "followers": {f.name: f.stats() for f in self.followers},
                 "leases": ({"held": sorted(self.leases.held), "takeovers": self.leases.takeovers,

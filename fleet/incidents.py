@@ -13,21 +13,17 @@ from __future__ import annotations
 
 import json
 import time
-import zlib
 from typing import Any
 
 import structlog
 
 from agent.remediation.incidents import INCIDENTS_BUCKET as INCIDENTS_BUCKET  # re-exported: the correlator writes it
-from agent.subjects import JOBS_PREFIX
+from agent.subjects import JOB_BUCKETS, encode_token, job_bucket
 from fleet.correlator import _details, fast_verdict, hardware_key, incident, is_incident, slow_verdict
 from fleet.job_facts import SYMPTOMS, JobFacts
 
 log = structlog.get_logger(__name__)
 
-# the jobs stream's membership facts only: its evidence copies are the events stream's messages again,
-# read there in one order with the nodes' hardware findings (fleet/incident_service.py)
-MEMBERSHIP = f"{JOBS_PREFIX}.*.*.member"
 JUDGE_SLICE_S = 0.005  # s: the longest the judge loop runs before it lets the event loop serve others
 
 
@@ -36,8 +32,15 @@ MAX_KEY = 1024  # characters of a KV key or subject token: nats-server closes a 
 
 
 def owner(job: str, partitions: int) -> int:
-    """The partition that judges ``job``: stable across replicas and restarts."""
-    return zlib.crc32(job.encode()) % max(1, partitions)
+    """The partition that judges ``job``: stable across replicas and restarts. By the bucket nats-server
+    stores the job's subjects under (agent/subjects.py), so a replica's consumer can ask for its own jobs'
+    buckets only: partition ``p`` of ``n`` holds the buckets ``b`` with ``b % n == p``."""
+    return job_bucket(encode_token(job)) % max(1, partitions)
+
+
+def partition_buckets(partition: int, partitions: int) -> list[int]:
+    """The jobs stream's buckets whose jobs partition ``partition`` of ``partitions`` judges."""
+    return [b for b in range(JOB_BUCKETS) if b % max(1, partitions) == partition]
 
 
 # Per-reporter shares (issue 20, "suppression"): one node's messages can crowd out only its own. A

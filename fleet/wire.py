@@ -30,6 +30,7 @@ from agent.subjects import (
     decode_token,
     encode_token,
     is_valid_token,
+    job_bucket,
 )
 
 log = structlog.get_logger(__name__)
@@ -130,8 +131,15 @@ def decode_event(subject: str, data: bytes) -> dict[str, Any]:
 def decode_job(subject: str, data: bytes) -> dict[str, Any]:
     """A job's membership fact or evidence from ``gna.jobs.<job>.<node>.member|evidence``: the node is the
     subject's (the publisher's own, by its permissions), the job in the payload must be the subject's,
-    and only membership facts travel as ``member``."""
-    job_token, node_token, kind = _subject_tokens(subject, JOBS_PREFIX, 3)
+    and only membership facts travel as ``member``. As the jobs stream stores it, the subject carries the job's
+    bucket first (``gna.jobs.<bucket>.<job>.<node>.<kind>``, agent/subjects.py JOBS_TRANSFORM): it must be the
+    job token's, or a reader of one partition would file another's job."""
+    if subject.count(".") == 5:
+        bucket, job_token, node_token, kind = _subject_tokens(subject, JOBS_PREFIX, 4)
+        if bucket != str(job_bucket(job_token)):
+            raise Rejected("bad_bucket", f"bucket {bucket[:12]!r} for job token {job_token[:80]!r}")
+    else:
+        job_token, node_token, kind = _subject_tokens(subject, JOBS_PREFIX, 3)
     if kind not in JOB_KINDS:
         raise Rejected("bad_subject", subject[:MAX_SAMPLE])
     msg = _message(data, node_token)

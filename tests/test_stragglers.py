@@ -151,7 +151,7 @@ async def test_live_the_correlator_publishes_the_straggler_and_resolves_it(nats_
     import nats
     from nats.js.api import StreamConfig
 
-    from agent.nats_link import JOBS_STREAM_SUBJECTS, SIGNALS_STREAM_SUBJECTS, STREAM_SUBJECTS
+    from agent.nats_link import JOBS_STREAM_SUBJECTS, JOBS_STREAM_TRANSFORM, SIGNALS_STREAM_SUBJECTS, STREAM_SUBJECTS
     from agent.subjects import subjects_for
     from fleet.incident_service import IncidentService
     from fleet.stragglers import STRAGGLERS_BUCKET
@@ -162,7 +162,8 @@ async def test_live_the_correlator_publishes_the_straggler_and_resolves_it(nats_
     js = nc.jetstream()
     for name, subjects in (("GNA_EVENTS", STREAM_SUBJECTS), ("GNA_JOBS", JOBS_STREAM_SUBJECTS),
                            ("GNA_SIGNALS", SIGNALS_STREAM_SUBJECTS)):
-        await js.add_stream(StreamConfig(name=name, subjects=subjects))
+        await js.add_stream(StreamConfig(name=name, subjects=subjects,
+                                         subject_transform=JOBS_STREAM_TRANSFORM if name == "GNA_JOBS" else None))
     got: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
 
     async def on_record(msg: Any) -> None:

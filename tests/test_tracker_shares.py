@@ -105,7 +105,7 @@ def test_a_poison_message_is_counted_and_the_service_goes_on(monkeypatch: Any) -
 
     monkeypatch.setattr(svc.tracker, "add", boom)
     from agent.message import encode, make_message
-    from agent.subjects import event_subject
+    from agent.subjects import event_subject, job_subject
     m = make_message(node="n0", collector="kmsg_xid", kind="condition", type="GPUFellOffBus", status="firing",
                      severity="critical", entity="gpu:0000:18:00.0", reason="Xid79", message="x")
     svc.accept(event_subject("n0", "kmsg_xid", "critical"), encode(m))  # does not raise
@@ -115,16 +115,17 @@ def test_a_poison_message_is_counted_and_the_service_goes_on(monkeypatch: Any) -
     long = make_message(node="n0", collector="nccl_logs", kind="event", type="NCCLCollectiveTimeout",
                         severity="critical", entity="nccl:n0:1", reason="x", message="x",
                         details={"job": "0x" + "f" * 5000, "host": "n0", "pid": 1})
-    svc.accept(event_subject("n0", "nccl_logs", "critical"), encode(long))
+    svc.accept(job_subject("0x" + "f" * 5000, "n0", "evidence"), encode(long))
     assert svc.rejections.counts.get("too_long") == 1 and not svc.tracker.jobs
 
 
 def test_a_replica_decodes_only_its_partitions_jobs_and_every_nodes_hardware() -> None:
-    """Issue 21: partitions split reading. Replica 0 of 2 skips, undecoded, the membership and NCCL
-    messages of jobs that hash to partition 1 (even broken ones: they are another replica's to count),
-    and decodes its own jobs' and every hardware finding."""
+    """Issue 21: partitions split reading. The server hands a replica only its buckets' jobs (tested live in
+    tests/test_job_buckets.py); what still arrives of another partition's jobs is skipped undecoded (even
+    broken ones: they are another replica's to count), NCCL's copies on the events stream are never
+    decoded, and every node's hardware finding is."""
     from agent.message import encode, make_message
-    from agent.subjects import event_subject, job_subject
+    from agent.subjects import JOB_BUCKETS, encode_token, event_subject, job_bucket, stored_job_subject
     from fleet.incidents import owner
 
     svc = IncidentService(["nats://127.0.0.1:1"], partitions=2, partition=0)
@@ -137,19 +138,27 @@ def test_a_replica_decodes_only_its_partitions_jobs_and_every_nodes_hardware() -
                                    entity="nccl:n0:1", reason="x", message="x",
                                    details={"job": job, "host": "n0", "pid": 1, "rank": 0, "nranks": 2}))
 
-    svc.accept(job_subject(theirs, "n0", "member"), b"{broken")
-    svc.accept(job_subject(theirs, "n0", "member"), nccl(theirs, "NCCLJobMember", "info"))
-    svc.accept(event_subject("n0", "nccl_logs", "critical"), nccl(theirs, "NCCLCollectiveTimeout", "critical"))
-    assert svc.skipped == 3 and svc.accepted == 0 and not svc.rejections.counts
-    svc.accept(job_subject(ours, "n0", "member"), nccl(ours, "NCCLJobMember", "info"))
+    # what a consumer asking for another replica's buckets could still hand over (a lease just lost)
+    svc.accept(stored_job_subject(theirs, "n0", "member"), b"{broken")
+    svc.accept(stored_job_subject(theirs, "n0", "member"), nccl(theirs, "NCCLJobMember", "info"))
+    svc.accept(stored_job_subject(theirs, "n0", "evidence"), nccl(theirs, "NCCLCollectiveTimeout", "critical"))
+    # a job's NCCL messages on the events stream: the jobs stream's evidence again, never decoded here
     svc.accept(event_subject("n0", "nccl_logs", "critical"), nccl(ours, "NCCLCollectiveTimeout", "critical"))
+    svc.accept(event_subject("n0", "nccl_logs", "critical"), b"{broken")
+    assert svc.skipped == 5 and svc.accepted == 0 and not svc.rejections.counts
+    svc.accept(stored_job_subject(ours, "n0", "member"), nccl(ours, "NCCLJobMember", "info"))
+    svc.accept(stored_job_subject(ours, "n0", "evidence"), nccl(ours, "NCCLCollectiveTimeout", "critical"))
     hw = make_message(node="n0", collector="kmsg_xid", kind="condition", type="GPUFellOffBus", status="firing",
                       severity="critical", entity="gpu:0000:18:00.0", reason="Xid79", message="x")
     svc.accept(event_subject("n0", "kmsg_xid", "critical"), encode(hw))
-    svc.accept(event_subject("n0", "nccl_logs", "critical"), b"{broken")  # no job to place it by: decoded, counted
-    assert svc.skipped == 3 and svc.accepted == 3 and svc.rejections.counts == {"not_json": 1}
+    svc.accept(event_subject("n0", "kmsg_xid", "critical"), b"{broken")  # a node's finding: decoded, counted
+    # a stored subject whose bucket is not its job's (a forged or misconfigured store): refused, counted
+    wrong = (job_bucket(encode_token(ours)) + 1) % JOB_BUCKETS
+    svc.accept(f"gna.jobs.{wrong}." + stored_job_subject(ours, "n0", "member").split(".", 3)[3],
+               nccl(ours, "NCCLJobMember", "info"))
+    assert svc.skipped == 5 and svc.accepted == 3 and svc.rejections.counts == {"not_json": 1, "bad_bucket": 1}
     assert set(svc.tracker.jobs) == {ours} and "n0" in svc.tracker.hardware
-    # the holder of partition 0 decodes every job's membership for the straggler watch, judges only its own
+    # the holder of partition 0 reads every job's membership for the straggler watch, judges only its own
     svc0 = IncidentService(["nats://127.0.0.1:1"], partitions=2, partition=0)
-    svc0.accept(job_subject(ours, "n0", "member"), nccl(ours, "NCCLJobMember", "info"))
+    svc0.accept_membership(stored_job_subject(ours, "n0", "member"), nccl(ours, "NCCLJobMember", "info"))
     assert svc0.skipped == 0 and not svc0.tracker.jobs

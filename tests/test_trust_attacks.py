@@ -38,7 +38,7 @@ import pytest_asyncio
 from nats.aio.client import Client
 from nats.js.api import RePublish, StorageType, StreamConfig
 
-from agent.nats_link import JOBS_STREAM_SUBJECTS, SIGNALS_STREAM_SUBJECTS, STREAM_SUBJECTS
+from agent.nats_link import JOBS_STREAM_SUBJECTS, JOBS_STREAM_TRANSFORM, SIGNALS_STREAM_SUBJECTS, STREAM_SUBJECTS
 from agent.nats_server import free_port
 from agent.remediation.budget import FleetBudget
 from agent.subjects import encode_token, event_subject, job_subject
@@ -177,7 +177,8 @@ async def admin_setup(admin: Client) -> None:
                                              ("GNA_JOBS", JOBS_STREAM_SUBJECTS, 1024, 2 * 86400.0),
                                              ("GNA_SIGNALS", SIGNALS_STREAM_SUBJECTS, 12, 86400.0)):
         await js.add_stream(StreamConfig(name=name, subjects=subjects, storage=StorageType.FILE,
-                                         duplicate_window=600.0, max_age=age, max_msgs_per_subject=per_subject))
+                                         duplicate_window=600.0, max_age=age, max_msgs_per_subject=per_subject,
+                                         subject_transform=JOBS_STREAM_TRANSFORM if name == "GNA_JOBS" else None))
     await js.create_key_value(bucket="gna-nodes", history=1)
     await js.create_key_value(bucket="gna-budget", history=5)
     await js.create_key_value(bucket="gna-incidents", history=5)
@@ -592,7 +593,7 @@ async def admin_setup_without_signals(admin: Client) -> None:
     js = admin.jetstream()
     await js.add_stream(StreamConfig(name="GNA_EVENTS", subjects=STREAM_SUBJECTS, storage=StorageType.FILE))
     await js.add_stream(StreamConfig(name="GNA_JOBS", subjects=JOBS_STREAM_SUBJECTS, storage=StorageType.FILE,
-                                     max_msgs_per_subject=1024))
+                                     max_msgs_per_subject=1024, subject_transform=JOBS_STREAM_TRANSFORM))
     await js.create_key_value(bucket="gna-nodes", history=1)
     await js.create_key_value(bucket="gna-incidents", history=5)
     await js.create_key_value(bucket="gna-stragglers", history=5)

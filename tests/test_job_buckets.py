@@ -1,0 +1,166 @@
+"""Issue 21, "partitions split reading too": the jobs stream stores every job subject under a bucket that
+nats-server computes (agent/subjects.py JOBS_TRANSFORM), and a correlator replica's consumer asks the server
+for its own partitions' buckets only. Real nats-server throughout: the bucket this code computes must be the
+one the server stores, or a replica would read another's jobs (or none of its own)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+
+import nats
+import pytest
+from nats.js.api import StreamConfig, SubjectTransform
+
+from agent.config import NatsConfig
+from agent.message import encode, make_message
+from agent.nats_link import JOBS_STREAM_TRANSFORM, StreamRefused, ensure_stream, stream_configs
+from agent.nats_server import NatsServerProcess
+from agent.subjects import JOB_BUCKETS, encode_token, job_bucket, job_subject, stored_job_subject
+from fleet.incident_service import LAG_HOLD_MAX_S, IncidentService
+from fleet.incidents import owner, partition_buckets
+
+
+def _names(n: int, seed: int) -> list[str]:
+    """Job ids as operators and NCCL write them: commIds, namespace/name, dots, Unicode, odd bytes."""
+    rnd = random.Random(seed)
+    alphabet = "abcdefghijklmnopqrstuvwxyz0123456789-_./:é漢 "
+    out = [f"0x{rnd.getrandbits(64):016x}" for _ in range(n // 2)]
+    out += ["".join(rnd.choice(alphabet) for _ in range(rnd.randint(1, 60))) for _ in range(n - len(out))]
+    return out
+
+
+async def test_the_server_stores_each_job_under_the_bucket_this_code_computes(
+        nats_server: NatsServerProcess) -> None:
+    nc = await nats.connect(nats_server.url)
+    js = nc.jetstream()
+    try:
+        jobs_cfg = stream_configs(NatsConfig())[1]
+        assert await ensure_stream(js, jobs_cfg) == "created"
+        jobs = _names(300, seed=21)
+        for job in jobs:
+            await js.publish(job_subject(job, "gpu-017.dc1", "member"), b"{}")
+        info = await js.stream_info(str(jobs_cfg.name))
+        stored = [(await js.get_msg(str(jobs_cfg.name), seq=s)).subject for s in range(1, info.state.last_seq + 1)]
+        assert stored == [stored_job_subject(job, "gpu-017.dc1", "member") for job in jobs]
+        assert len({job_bucket(encode_token(j)) for j in jobs}) > JOB_BUCKETS * 0.8  # spread over the buckets
+        # a second check of the stream as made: verified, nothing changed
+        assert await ensure_stream(js, jobs_cfg) == "verified"
+    finally:
+        await nc.close()
+
+
+async def test_a_stream_made_before_the_transform_gets_it_in_place_and_a_foreign_one_is_refused(
+        nats_server: NatsServerProcess) -> None:
+    nc = await nats.connect(nats_server.url)
+    js = nc.jetstream()
+    try:
+        want = stream_configs(NatsConfig())[1]
+        await js.add_stream(StreamConfig(name=want.name, subjects=want.subjects, max_age=3600.0))
+        await js.publish(job_subject("0x1", "n1", "member"), b"{}")  # stored before: keeps its subject
+        with pytest.raises(StreamRefused, match="nats setup"):  # a reader that may not change it says what to do
+            await ensure_stream(js, want, create=False)
+        assert await ensure_stream(js, want) == "verified"  # nats setup (and an agent allowed to) adds it
+        info = await js.stream_info(str(want.name))
+        assert info.config.subject_transform is not None
+        assert info.config.subject_transform.dest == JOBS_STREAM_TRANSFORM.dest
+        assert info.config.max_age == 3600.0  # the operator's own settings kept
+        await js.publish(job_subject("0x1", "n1", "member"), b"{}")
+        assert (await js.get_msg(str(want.name), seq=1)).subject == "gna.jobs.0x1.n1.member"
+        assert (await js.get_msg(str(want.name), seq=2)).subject == stored_job_subject("0x1", "n1", "member")
+        # another transform (fewer buckets: every replica would read the wrong jobs): refused, never rewritten
+        cfg = info.config
+        cfg.subject_transform = SubjectTransform(src="gna.jobs.*.*.*",
+                                                 dest="gna.jobs.{{partition(60,1)}}.{{wildcard(1)}}."
+                                                      "{{wildcard(2)}}.{{wildcard(3)}}")
+        await js.update_stream(cfg)
+        with pytest.raises(StreamRefused, match="partition\\(60,1\\)"):
+            await ensure_stream(js, want)
+    finally:
+        await nc.close()
+
+
+def _member(job: str, node: str, rank: int) -> bytes:
+    return encode(make_message(node=node, collector="nccl_logs", kind="event", type="NCCLJobMember",
+                               severity="info", entity=f"nccl:{node}:{100 + rank}", reason="x", message="x",
+                               details={"job": job, "host": node, "pid": 100 + rank, "rank": rank, "nranks": 4,
+                                        "world_rank": rank, "world_size": 4}))
+
+
+async def test_each_replica_receives_only_its_own_jobs(nats_server: NatsServerProcess) -> None:
+    """Three replicas (a static split): the server delivers each one only the jobs of its buckets. Nothing
+    of another partition's jobs reaches it, so a replica's reading (and decoding) falls as replicas are added;
+    every job is held by exactly one replica."""
+    nc = await nats.connect(nats_server.url)
+    js = nc.jetstream()
+    svcs = [IncidentService([nats_server.url], partitions=3, partition=p, lease_ttl=0.0, debounce=0.02)
+            for p in range(3)]
+    try:
+        for cfg in stream_configs(NatsConfig()):
+            await ensure_stream(js, cfg)
+        jobs = [f"0x{i:016x}" for i in range(1, 61)]
+        for job in jobs:
+            for rank in range(4):
+                node = f"node-{rank // 2}"
+                await js.publish(job_subject(job, node, "member"), _member(job, node, rank),
+                                 headers={"Nats-Msg-Id": f"{job}:{rank}"})
+        for svc in svcs:
+            await svc.start()
+        want = {p: {j for j in jobs if owner(j, 3) == p} for p in range(3)}
+        assert all(want.values())
+        t0 = time.monotonic()
+        while any(set(s.tracker.jobs) != want[p] for p, s in enumerate(svcs)) and time.monotonic() - t0 < 15:
+            await asyncio.sleep(0.1)
+        for p, svc in enumerate(svcs):
+            assert set(svc.tracker.jobs) == want[p]
+            reader = next(f for f in svc.followers if f.name == f"incidents:jobs:{p}")
+            assert reader.handed == 4 * len(want[p]), "the server handed this replica another partition's jobs"
+            assert svc.skipped == 0 and not svc.rejections.counts
+            assert reader.filters == [f"gna.jobs.{b}.*.*.*" for b in partition_buckets(p, 3)]
+        # the holder of partition 0 also reads every job's membership for the straggler watch
+        assert {f.name for f in svcs[0].followers} >= {"stragglers:membership"}
+        assert all("stragglers:membership" not in {f.name for f in s.followers} for s in svcs[1:])
+    finally:
+        for svc in svcs:
+            await svc.stop()
+        await nc.close()
+
+
+async def test_verdicts_wait_for_the_hardware_findings_stored_before_them() -> None:
+    """Hardware findings (events stream) and a job's evidence (jobs stream) arrive on two consumers: after a
+    server loss one may be behind the other. While the findings' follower has not handed on what its stream
+    held, no job is judged (a symptom judged without the finding stored before it names the wrong culprit),
+    for at most LAG_HOLD_MAX_S."""
+    svc = IncidentService(["nats://127.0.0.1:1"])
+
+    class Findings:
+        until = None
+        stream = "GNA_EVENTS"
+        name = "incidents:GNA_EVENTS"
+        last = 7
+        ready = asyncio.Event()
+        is_current = False
+
+        async def current(self) -> bool:
+            return self.is_current
+
+    f = Findings()
+    svc.followers = [f]  # type: ignore[list-item]
+    assert await svc._findings_current()  # not following yet: the start's catch-up gate applies
+    f.ready.set()
+    assert not await svc._findings_current() and not await svc._findings_current()
+    assert svc.findings_waits == 2
+    assert svc._findings_behind_since is not None
+    svc._findings_behind_since -= LAG_HOLD_MAX_S + 0.1  # behind for too long: judged anyway (logged)
+    assert await svc._findings_current()
+    f.is_current = True
+    assert await svc._findings_current() and svc._findings_behind_since is None
+
+
+def test_partitions_hold_every_bucket_once() -> None:
+    for n in (1, 2, 3, 5, 7, 8, 16, JOB_BUCKETS):
+        held = [b for p in range(n) for b in partition_buckets(p, n)]
+        assert sorted(held) == list(range(JOB_BUCKETS))
+        sizes = [len(partition_buckets(p, n)) for p in range(n)]
+        assert max(sizes) - min(sizes) <= 1
