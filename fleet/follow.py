@@ -156,22 +156,26 @@ class Follower:
                 if not info.num_pending and (info.delivered is None or not info.delivered.consumer_seq):
                     self.caught_up.set()
 
-    async def current(self, timeout: float = 1.0) -> bool:
+    async def current(self, timeout: float = 1.0, settle: float = 0.25) -> bool:
         """Whether everything the stream held a moment ago (on this follower's subjects) has been handed on:
-        the stream's last sequence reached, or the consumer has nothing pending beyond what was handed on.
-        False when the server does not answer within ``timeout`` (a consumer on a server that died)."""
+        its consumer has nothing pending beyond what was handed on (asked first: it answers while the stream
+        elects a leader), or the stream's last sequence is reached within ``settle`` s (under steady traffic a
+        consumer always has a message in flight). False when neither answers within ``timeout`` (a consumer on
+        a server that died, a stream without a leader and no consumer to ask)."""
         try:
+            if self._sub is not None:
+                with contextlib.suppress(TimeoutError):
+                    info = await asyncio.wait_for(self._sub.consumer_info(), timeout)
+                    d = info.delivered
+                    if not info.num_pending and ((d.stream_seq or 0) if d is not None else 0) <= self.last:
+                        return True
             mark = int((await asyncio.wait_for(self.js.stream_info(self.stream), timeout)).state.last_seq)
-            if self.last >= mark:
-                return True
-            if self._sub is None:
-                return False
-            info = await asyncio.wait_for(self._sub.consumer_info(), timeout)
         except Exception:  # no leader, no answer: not known to be current
             return False
-        d = info.delivered
-        delivered = (d.stream_seq or 0) if d is not None else 0
-        return not info.num_pending and delivered <= self.last
+        t0 = time.monotonic()
+        while self.last < mark and time.monotonic() - t0 < settle:
+            await asyncio.sleep(0.01)
+        return self.last >= mark
 
     async def _drop(self) -> None:
         sub, self._sub = self._sub, None

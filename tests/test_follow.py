@@ -134,6 +134,34 @@ async def test_a_replay_stops_at_its_sequence_and_an_empty_window_ends_at_once(
         await nc.close()
 
 
+async def test_a_follower_is_current_only_once_it_handed_on_what_the_stream_held(
+        tmp_path: Path, nats_server: NatsServerProcess) -> None:
+    """``current()``: what the correlator asks before judging (its hardware findings read). Filter subjects too:
+    a follower of some subjects is current though the stream's last message is one it does not follow."""
+    nc = await _connect([nats_server.url])
+    js = nc.jetstream()
+    try:
+        await js.add_stream(StreamConfig(name=STREAM, subjects=["t.>"]))
+        await _publish(js, 0, 20, "t.a")
+        seen = Seen()
+        f = Follower(js, STREAM, "t.>", seen, since=time.time() - 3600, check_s=0.3, filters=["t.a", "t.c"])
+        assert not await f.current()  # not subscribed, the stream holds 20 it has not handed on
+        task = asyncio.ensure_future(f.run())
+        try:
+            await _until(lambda: len(seen.items) == 20, 10, "the history handed on")
+            assert await f.current()
+            await _publish(js, 20, 5, "t.b")  # the stream's last messages: not followed
+            await _publish(js, 25, 3, "t.c")
+            await _until(lambda: len(seen.items) == 23, 10, "t.c handed on")
+            await _publish(js, 28, 2, "t.b")
+            assert await f.current() and seen.numbers() == [*range(20), 25, 26, 27]
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    finally:
+        await nc.close()
+
+
 async def test_a_follower_that_cannot_resume_says_so_and_ends(tmp_path: Path,
                                                             nats_server: NatsServerProcess) -> None:
     """The stream is gone (deleted by an admin): no consumer can be made; after fail_s the follower calls
