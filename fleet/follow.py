@@ -156,26 +156,35 @@ class Follower:
                 if not info.num_pending and (info.delivered is None or not info.delivered.consumer_seq):
                     self.caught_up.set()
 
-    async def current(self, timeout: float = 1.0, settle: float = 0.25) -> bool:
-        """Whether everything the stream held a moment ago (on this follower's subjects) has been handed on:
-        its consumer has nothing pending beyond what was handed on (asked first: it answers while the stream
-        elects a leader), or the stream's last sequence is reached within ``settle`` s (under steady traffic a
-        consumer always has a message in flight). False when neither answers within ``timeout`` (a consumer on
-        a server that died, a stream without a leader and no consumer to ask)."""
+    async def target(self, timeout: float = 1.0) -> int | None:
+        """The stream sequence this follower must have handed on to hold everything its stream held a moment
+        ago (on its subjects): its consumer is asked first (it answers while the stream elects a leader) and,
+        with nothing pending, the mark is what it delivered (at most one message in flight); otherwise the
+        stream's last sequence. None when neither answers within ``timeout`` (a consumer on a server that died,
+        a stream without a leader and no consumer to ask). A fixed mark, not a fresh one each time: under
+        steady traffic a follower a little behind never meets a moving one."""
         try:
             if self._sub is not None:
                 with contextlib.suppress(TimeoutError):
                     info = await asyncio.wait_for(self._sub.consumer_info(), timeout)
-                    d = info.delivered
-                    if not info.num_pending and ((d.stream_seq or 0) if d is not None else 0) <= self.last:
-                        return True
-            mark = int((await asyncio.wait_for(self.js.stream_info(self.stream), timeout)).state.last_seq)
-        except Exception:  # no leader, no answer: not known to be current
-            return False
+                    if not info.num_pending:
+                        d = info.delivered
+                        return (d.stream_seq or 0) if d is not None else 0
+            return int((await asyncio.wait_for(self.js.stream_info(self.stream), timeout)).state.last_seq)
+        except Exception:  # no leader, no answer: not known
+            return None
+
+    async def reached(self, mark: int, settle: float = 0.25) -> bool:
+        """Whether ``mark`` has been handed on, waiting up to ``settle`` s for it."""
         t0 = time.monotonic()
         while self.last < mark and time.monotonic() - t0 < settle:
             await asyncio.sleep(0.01)
         return self.last >= mark
+
+    async def current(self, timeout: float = 1.0, settle: float = 0.25) -> bool:
+        """Whether everything the stream held a moment ago (on this follower's subjects) has been handed on."""
+        mark = await self.target(timeout)
+        return mark is not None and await self.reached(mark, settle)
 
     async def _drop(self) -> None:
         sub, self._sub = self._sub, None

@@ -18,7 +18,7 @@ from agent.message import encode, make_message
 from agent.nats_link import JOBS_STREAM_TRANSFORM, StreamRefused, ensure_stream, stream_configs
 from agent.nats_server import NatsServerProcess
 from agent.subjects import JOB_BUCKETS, encode_token, job_bucket, job_subject, stored_job_subject
-from fleet.incident_service import LAG_HOLD_MAX_S, IncidentService
+from fleet.incident_service import LAG_HOLD_LIMIT_S, LAG_HOLD_MAX_S, IncidentService
 from fleet.incidents import owner, partition_buckets
 
 
@@ -131,7 +131,7 @@ async def test_verdicts_wait_for_the_hardware_findings_stored_before_them() -> N
     """Hardware findings (events stream) and a job's evidence (jobs stream) arrive on two consumers: after a
     server loss one may be behind the other. While the findings' follower has not handed on what its stream
     held, no job is judged (a symptom judged without the finding stored before it names the wrong culprit),
-    for at most LAG_HOLD_MAX_S."""
+    for at most LAG_HOLD_MAX_S while it shows no life, LAG_HOLD_LIMIT_S while it recovers."""
     svc = IncidentService(["nats://127.0.0.1:1"])
 
     class Findings:
@@ -139,23 +139,39 @@ async def test_verdicts_wait_for_the_hardware_findings_stored_before_them() -> N
         stream = "GNA_EVENTS"
         name = "incidents:GNA_EVENTS"
         last = 7
+        resubscribes = failures = unanswered = 0
         ready = asyncio.Event()
-        is_current = False
+        marks = 0
 
-        async def current(self) -> bool:
-            return self.is_current
+        async def target(self) -> int:
+            self.marks += 1
+            return 9 + self.marks  # the stream grows while the follower reads: a moving mark
+
+        async def reached(self, mark: int) -> bool:
+            return self.last >= mark
 
     f = Findings()
     svc.followers = [f]  # type: ignore[list-item]
     assert await svc._findings_current()  # not following yet: the start's catch-up gate applies
     f.ready.set()
     assert not await svc._findings_current() and not await svc._findings_current()
-    assert svc.findings_waits == 2
-    assert svc._findings_behind_since is not None
-    svc._findings_behind_since -= LAG_HOLD_MAX_S + 0.1  # behind for too long: judged anyway (logged)
-    assert await svc._findings_current()
-    f.is_current = True
+    assert svc.findings_waits == 2 and f.marks == 1  # the mark is taken once and waited for
+    f.last = 10  # the follower reaches what the stream held when the hold began, though it grew since
     assert await svc._findings_current() and svc._findings_behind_since is None
+    assert not await svc._findings_current() and f.marks == 2  # a new round, a new mark (11)
+    assert svc._findings_behind_since is not None
+    svc._findings_behind_since -= LAG_HOLD_MAX_S + 0.1
+    svc._findings_alive_at -= LAG_HOLD_MAX_S + 0.1
+    f.resubscribes += 1  # recovering from a server's loss: waited for longer
+    assert not await svc._findings_current()
+    svc._findings_behind_since -= LAG_HOLD_LIMIT_S  # but not for ever: judged anyway (logged)
+    assert await svc._findings_current()
+    assert svc._findings_mark is None
+    assert not await svc._findings_current()  # a new hold; a follower that shows no life: LAG_HOLD_MAX_S
+    assert svc._findings_behind_since is not None
+    svc._findings_behind_since -= LAG_HOLD_MAX_S + 0.1
+    svc._findings_alive_at -= LAG_HOLD_MAX_S + 0.1
+    assert await svc._findings_current()
 
 
 def test_partitions_hold_every_bucket_once() -> None:
