@@ -15,8 +15,8 @@ import structlog
 from agent import message as msgmod
 from agent.message import Message
 from agent.spool import Spool, SpoolError
-from agent.subjects import subjects_for
 from gna_sdk.aio import cancel_and_wait, within
+from gna_types.subjects import subjects_for
 
 log = structlog.get_logger(__name__)
 

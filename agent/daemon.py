@@ -31,10 +31,10 @@ from agent.remediation.incidents import IncidentView
 from agent.sdnotify import Notifier
 from agent.shutdown import EX_SOFTWARE, ShutdownGuard
 from agent.spool import SEVERITY_NAMES, Spool
-from agent.subjects import action_subject, encode_token
 from gna_sdk import ExportsMetrics, plural
 from gna_sdk.aio import cancel_and_wait, within
 from gna_sdk.hostroot import HostRoot
+from gna_types.subjects import action_subject, encode_token
 
 log = structlog.get_logger(__name__)
 

@@ -22,14 +22,14 @@ from nats.js.kv import KeyValue
 from agent.config import NatsConfig
 from agent.metrics import AgentMetrics
 from agent.natsclient import NatsUnavailable, describe, redact
-from agent.subjects import ACTIONS_PREFIX, EVENTS_PREFIX, JOBS_PREFIX, JOBS_TRANSFORM, SIGNALS_PREFIX
 from gna_sdk.retry import Backoff
+from gna_types.subjects import ACTIONS_PREFIX, EVENTS_PREFIX, JOBS_PREFIX, JOBS_TRANSFORM, SIGNALS_PREFIX
 
 log = structlog.get_logger(__name__)
 
 STREAM_SUBJECTS = [f"{EVENTS_PREFIX}.>", f"{ACTIONS_PREFIX}.>"]
 JOBS_STREAM_SUBJECTS = [f"{JOBS_PREFIX}.>"]
-# every job subject stored with its bucket first (agent/subjects.py JOBS_TRANSFORM): partitioned readers
+# every job subject stored with its bucket first (gna_types/subjects.py JOBS_TRANSFORM): partitioned readers
 JOBS_STREAM_TRANSFORM = SubjectTransform(src=JOBS_TRANSFORM[0], dest=JOBS_TRANSFORM[1])
 SIGNALS_STREAM_SUBJECTS = [f"{SIGNALS_PREFIX}.>"]
 CREATE_RETRY_S = 60.0  # a refused creation is asked for again only after this long (each one is a server violation)
@@ -126,7 +126,7 @@ def foreign_settings(have: StreamConfig, want: StreamConfig) -> list[str]:
     return out
 
 
-# the jobs stream's bucket transform (agent/subjects.py JOBS_TRANSFORM) absent: a stream made before issue 21's
+# the jobs stream's bucket transform (gna_types/subjects.py JOBS_TRANSFORM) absent: a stream made before issue 21's
 # partitioned reading; ``ensure_stream`` adds it in place where this connection may update the stream
 MISSING_TRANSFORM = "without its subject_transform (the jobs' partition buckets)"
 

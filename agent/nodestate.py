@@ -20,9 +20,9 @@ from agent.emitter import ConditionTracker
 from agent.message import rfc3339
 from agent.nats_link import NatsLink
 from agent.spool import Spool
-from agent.subjects import encode_token, heartbeat_subject
 from gna_sdk import severity_rank
 from gna_sdk.aio import raise_if_cancelling, wait_event
+from gna_types.subjects import encode_token, heartbeat_subject
 
 log = structlog.get_logger(__name__)
 

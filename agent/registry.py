@@ -14,8 +14,8 @@ from typing import Any
 
 import structlog
 
-from agent.subjects import check_plugin_name
 from gna_sdk import collector_contract, remediation_contract
+from gna_types.subjects import check_plugin_name
 
 COLLECTOR_GROUP = "gpu_node_agent.collectors"
 REMEDIATION_GROUP = "gpu_node_agent.remediations"

@@ -36,9 +36,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agent.subjects import subjects_for
 from fleet.incidents import IncidentTracker
 from fleet.wire import decode_event, decode_job
+from gna_types.subjects import subjects_for
 
 
 def scenario(nodes: int, fault: str, seed: int) -> list[dict[str, Any]]:

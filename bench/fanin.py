@@ -25,8 +25,8 @@ import nats
 
 from agent.message import rfc3339
 from agent.nats_server import NatsServerProcess, free_port
-from agent.subjects import encode_token, event_subject
 from gna_sdk.ids import new_id
+from gna_types.subjects import encode_token, event_subject
 
 TYPES = ["GPUDevicesMissing", "IBPortDown", "NCCLSocketFallback", "JuiceFSCacheHitRatioLow", "GPUFatalXid"]
 

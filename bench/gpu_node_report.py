@@ -30,8 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from agent.check import check_roots
 from collectors.nvml import CLOCK_EVENT_REASONS, GPM_METRICS
-from collectors.nvml_lib import load_nvml, normalize_bus_id
+from collectors.nvml_lib import load_nvml
 from collectors.topology import probe_nvml, render_text, topology_report
+from gna_types.entities import normal_pci
 
 EX_UNAVAILABLE = 69
 
@@ -53,7 +54,7 @@ def _decode(v: Any) -> Any:
 def gpu_readings(nv: Any, h: Any, gpm_seconds: float) -> dict[str, Any]:
     out: dict[str, Any] = {
         "name": _decode(_try(nv, "nvmlDeviceGetName", h)),
-        "bus_id": normalize_bus_id(_decode(_try(nv, "nvmlDeviceGetPciInfo", h).busId)),
+        "bus_id": normal_pci(_decode(_try(nv, "nvmlDeviceGetPciInfo", h).busId)),
         "pcie": {k: _try(nv, f, h) for k, f in (
             ("gen", "nvmlDeviceGetCurrPcieLinkGeneration"), ("max_gen", "nvmlDeviceGetMaxPcieLinkGeneration"),
             ("width", "nvmlDeviceGetCurrPcieLinkWidth"), ("max_width", "nvmlDeviceGetMaxPcieLinkWidth"))},
@@ -78,7 +79,7 @@ def gpu_readings(nv: Any, h: Any, gpm_seconds: float) -> dict[str, Any]:
         if isinstance(remote, str):
             remote = _try(nv, "nvmlDeviceGetNvLinkRemotePciInfo", h, link)
         links.append({"link": link, "active": bool(state),
-                      "remote": normalize_bus_id(_decode(remote.busId)) if hasattr(remote, "busId") else remote})
+                      "remote": normal_pci(_decode(remote.busId)) if hasattr(remote, "busId") else remote})
     out["nvlinks"] = links
     out["gpm"] = gpm(nv, h, gpm_seconds)
     return out

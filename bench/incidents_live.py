@@ -34,7 +34,7 @@ from nats.js.api import StreamConfig
 from agent.logsetup import configure
 from agent.nats_link import JOBS_STREAM_SUBJECTS, JOBS_STREAM_TRANSFORM, SIGNALS_STREAM_SUBJECTS, STREAM_SUBJECTS
 from agent.nats_server import NatsServerProcess
-from agent.subjects import subjects_for
+from gna_types.subjects import subjects_for
 from sim.scenarios import generate
 
 KINDS = ("ib_port_down_early", "gpu_fell_off", "hung_rank", "socket_node", "ib_port_down")

@@ -10,7 +10,7 @@ What bench/incidents_live.py does for one job of 128 nodes, at the sizes a fleet
 `gpu-node-agent correlator` starts it, but with ``stats_interval`` short so its ``correlator_stats``
 lines, read from its stderr, show what it digested and how long its event loop was held). The messages
 come from sim/scenarios.py: simulated host trees read by the agents' own one-shot checks, published on
-the node's own subjects (agent/subjects.py) by one publisher per node, as the fleet's agents would.
+the node's own subjects (gna_types/subjects.py) by one publisher per node, as the fleet's agents would.
 
 Generating a scenario writes ~600 files a node (~2.7 MB) and reads them back with the agent's checks: on
 a 2-core VM, 0.06-0.5 s a node to write on its disk (it varies with the disk), 0.035 on tmpfs, and
@@ -89,7 +89,7 @@ from agent.config import NatsConfig
 from agent.logsetup import configure
 from agent.nats_link import stream_configs
 from agent.nats_server import NatsCluster, NatsServerProcess
-from agent.subjects import EVENTS_PREFIX, JOBS_PREFIX, SIGNALS_PREFIX, encode_token, subjects_for
+from gna_types.subjects import EVENTS_PREFIX, JOBS_PREFIX, SIGNALS_PREFIX, encode_token, subjects_for
 from fleet.incident_service import incident_versions
 from fleet.incidents import INCIDENTS_BUCKET, owner
 from sim.scenarios import generate

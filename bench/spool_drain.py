@@ -31,7 +31,7 @@ from agent.metrics import AgentMetrics
 from agent.nats_link import NatsLink
 from agent.nats_server import NatsServerProcess
 from agent.spool import Spool
-from agent.subjects import event_subject
+from gna_types.subjects import event_subject
 
 
 def _message(i: int, node: str = "bench-node-01.dc1") -> object:

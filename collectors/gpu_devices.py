@@ -18,12 +18,14 @@ from typing import Any, ClassVar
 import structlog
 
 from collectors.gpu_inventory import scan
-from collectors.nvml_lib import load_nvml, normalize_bus_id
+from collectors.nvml_lib import load_nvml
 from gna_sdk import CollectorSettings, Emitter, HostPaths
 from gna_sdk.inotify import DIR_CHANGES, IN_ONLYDIR, InotifyEvent
 from gna_sdk.persist import BootScopedSet, boot_id
 from gna_sdk.udev import Uevent
 from gna_sdk.watch import Watches
+from gna_types import entities
+from gna_types.entities import normal_pci
 
 log = structlog.get_logger(__name__)
 
@@ -131,7 +133,7 @@ class GPUDevicesCollector:
         try:
             for i in range(lib.nvmlDeviceGetCount()):
                 try:
-                    ids.add(normalize_bus_id(lib.nvmlDeviceGetPciInfo(lib.nvmlDeviceGetHandleByIndex(i)).busId))
+                    ids.add(normal_pci(lib.nvmlDeviceGetPciInfo(lib.nvmlDeviceGetHandleByIndex(i)).busId))
                 except Exception:
                     continue  # a lost GPU: it will be missing from the set, which is the point
         except Exception:
@@ -157,7 +159,7 @@ class GPUDevicesCollector:
         for i, (bus, minor) in enumerate(sorted(inv.pci.items())):
             wanted[minor if minor is not None else i] = bus
         for bus in gone:
-            await self._missing(f"gpu:{bus}", "RemovedFromPCIBus",
+            await self._missing(entities.gpu(bus), "RemovedFromPCIBus",
                                 f"GPU {bus} was on the PCI bus and is gone (fell off the bus or was removed).",
                                 {**base, "pci_address": bus})
         spare = (i for i in range(64) if i not in wanted)
@@ -166,12 +168,12 @@ class GPUDevicesCollector:
         for minor, bus in sorted(wanted.items()):
             if minor in inv.dev_minors:
                 if bus and nvml_ids is not None and bus not in nvml_ids:
-                    await self._missing(f"gpu:{bus}", "NotVisibleToNVML",
+                    await self._missing(entities.gpu(bus), "NotVisibleToNVML",
                                         f"GPU {bus} has /dev/nvidia{minor} but NVML does not see it.",
                                         {**base, "pci_address": bus, "device_node": f"/dev/nvidia{minor}"})
                 continue
             if bus:
-                await self._missing(f"gpu:{bus}", "DeviceNodeMissing",
+                await self._missing(entities.gpu(bus), "DeviceNodeMissing",
                                     f"GPU {bus} has no /dev/nvidia{minor}: workloads cannot use it.",
                                     {**base, "pci_address": bus, "device_node": f"/dev/nvidia{minor}"})
             else:
@@ -189,7 +191,7 @@ class GPUDevicesCollector:
                     details=base, suggested_action="cordon")
         for bus, (severity, details) in sorted(self.aer.items()):
             await self.emit.condition(
-                "GPUPCIeError", firing=True, severity=severity, entity=f"gpu:{bus}",  # type: ignore[arg-type]
+                "GPUPCIeError", firing=True, severity=severity, entity=entities.gpu(bus),  # type: ignore[arg-type]
                 reason="AERRecoveryFailed" if severity == "critical" else "AERRecovery",
                 message=f"PCIe AER on GPU {bus}: {details.get('error_event') or 'device offline'}.",
                 details=details, suggested_action="inspect_hardware" if severity == "critical" else "none")

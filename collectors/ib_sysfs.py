@@ -13,6 +13,8 @@ import os
 import re
 from dataclasses import dataclass, field
 
+from gna_types import entities
+
 # Native widths of the legacy PMA counters (bits). Data/packet counters are read through the
 # 64-bit extended PMA on every HCA the kernel still supports; a 32-bit all-ones still means stuck.
 COUNTER_BITS = {
@@ -148,7 +150,7 @@ class PortSnapshot:
 
     @property
     def entity(self) -> str:
-        return f"ib:{self.hca}/{self.port}"
+        return entities.ib(self.hca, self.port)
 
     @property
     def active(self) -> bool:

@@ -37,6 +37,7 @@ from gna_sdk import CollectorSettings, Emitter, HostPaths, Severity, plural
 from gna_sdk.persist import BootScopedSet, boot_id
 from gna_sdk.udev import Uevent
 from gna_sdk.watch import Watches
+from gna_types import entities
 
 log = structlog.get_logger(__name__)
 
@@ -207,7 +208,7 @@ class InfinibandCollector:
             if self._excluded(hca):
                 continue
             await self.emit.condition(
-                "IBDeviceMissing", firing=True, severity="critical", entity=f"ib:{hca}",
+                "IBDeviceMissing", firing=True, severity="critical", entity=entities.ib(hca),
                 reason="RemovedOrNotFound" if hca in self.seen.items else "ExpectedNotFound",
                 message=f"RDMA device {hca} is missing from /sys/class/infiniband.",
                 details={"expected": sorted(self.config.expected_hcas), "present": sorted(hcas)},

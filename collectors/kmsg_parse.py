@@ -10,6 +10,8 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from gna_types.entities import normal_pci
+
 MAX_MESSAGE = 4096
 
 
@@ -177,22 +179,6 @@ INSERT_RE = re.compile(r"could not insert '" + _MODULE + r"': (.*)")
 PEERMEM_RE = re.compile(r"nvidia-peermem (\w+):\d+ (?:ERROR )?(.*)")
 
 
-def normalize_bus(bus: str) -> str:
-    bus = bus.lower().removeprefix("pci:")
-    parts = bus.split(":")
-    if len(parts) == 2:  # "3b:00" without a domain
-        parts = ["0000", *parts]
-    if len(parts) != 3:
-        return bus
-    domain, b, devfn = parts
-    if "." not in devfn:
-        devfn += ".0"
-    try:
-        return f"{int(domain, 16):04x}:{b}:{devfn}"
-    except ValueError:
-        return bus
-
-
 def module_name(name: str) -> str:
     return name.replace("-", "_")
 
@@ -220,19 +206,19 @@ class NvidiaLineParser:
                 if pm := _PID.match(rest):
                     pid = int(pm.group(1)) if pm.group(1).isdigit() else None
                     process, rest = pm.group(2).strip(), pm.group(3)
-                return Xid(normalize_bus(bus), int(code), pid, process, mig.strip(), rest.strip()[:500])
+                return Xid(normal_pci(bus), int(code), pid, process, mig.strip(), rest.strip()[:500])
             if m := FELL_ONE.search(message):
-                return FellOffBus(normalize_bus(m.group(1)), message)
+                return FellOffBus(normal_pci(m.group(1)), message)
             if m := FELL_HEAD.search(message):
                 if FELL_TAIL.search(message):
-                    return FellOffBus(normalize_bus(m.group(1)), message)
-                self._pending_gpu, self._pending_age = normalize_bus(m.group(1)), 0
+                    return FellOffBus(normal_pci(m.group(1)), message)
+                self._pending_gpu, self._pending_age = normal_pci(m.group(1)), 0
             elif m := FELL_ANY.search(message):
-                return FellOffBus(normalize_bus(m.group(1)), message)
+                return FellOffBus(normal_pci(m.group(1)), message)
             return None
         if "SXid" in message and (m := SXID_RE.search(message)):
             sw, bus, code, rest = m.groups()
-            return SXid(sw, normalize_bus(bus), int(code), rest.lower().startswith("fatal"), rest[:500])
+            return SXid(sw, normal_pci(bus), int(code), rest.lower().startswith("fatal"), rest[:500])
         if "nvidia-peermem " in message and (m := PEERMEM_RE.search(message)):
             func, text = m.group(1), m.group(2).strip()
             kind = ("invalid_context" if "invalid context" in text or "invalid nv_mem_context" in text

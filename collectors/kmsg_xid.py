@@ -40,6 +40,7 @@ from gna_sdk.aio import wait_event
 from gna_sdk.inotify import IN_MODIFY, Inotify
 from gna_sdk.persist import boot_id
 from gna_sdk.statefile import is_int, read_state, write_state
+from gna_types import entities
 
 log = structlog.get_logger(__name__)
 
@@ -220,7 +221,7 @@ class KmsgXidCollector:
             if x.code not in entry["codes"]:
                 entry["codes"] = sorted([*entry["codes"], x.code])
             ok = await self.emit.condition(
-                "GPUFatalXid", firing=True, severity="critical", entity=f"gpu:{x.bus_id}", reason=f"Xid{x.code}",
+                "GPUFatalXid", firing=True, severity="critical", entity=entities.gpu(x.bus_id), reason=f"Xid{x.code}",
                 message=f"GPU {x.bus_id} hit Xid {x.code} ({info.name}): it needs "
                         f"{'a node reboot' if info.action == 'reboot' else 'a reset'} before it can be trusted.",
                 details={"xids": entry["codes"], "nvidia_action": info.nvidia_action, **self._logged_at},
@@ -231,7 +232,7 @@ class KmsgXidCollector:
 
     async def _fell_off(self, bus: str, text: str) -> bool:
         return await self.emit.condition(
-            "GPUFellOffBus", firing=True, severity="critical", entity=f"gpu:{bus}", reason="FallenOffTheBus",
+            "GPUFellOffBus", firing=True, severity="critical", entity=entities.gpu(bus), reason="FallenOffTheBus",
             message=f"GPU {bus} has fallen off the bus and is not responding; the node needs a reboot.",
             details={"text": text[:500], **self._logged_at}, suggested_action="reboot")
 
@@ -264,7 +265,7 @@ class KmsgXidCollector:
                 if now - entry["last"] >= self.config.fatal_xid_clear_after:
                     del self.fatal[bus]
                     await self.emit.condition(
-                        "GPUFatalXid", firing=False, severity="critical", entity=f"gpu:{bus}",
+                        "GPUFatalXid", firing=False, severity="critical", entity=entities.gpu(bus),
                         reason="QuietPeriodElapsed",
                         message=f"No fatal Xid on GPU {bus} for {self.config.fatal_xid_clear_after:g} s.")
                     self._save_state()

@@ -38,6 +38,7 @@ import structlog
 from gna_sdk import CollectorSettings, Emitter, HostPaths, plural
 from gna_sdk.hostroot import HostRoot
 from gna_sdk.tailer import TailedFile, Tailer
+from gna_types import entities
 
 log = structlog.get_logger(__name__)
 
@@ -480,7 +481,7 @@ class _Process:
 
     @property
     def entity(self) -> str:
-        return f"nccl:{self.host}:{self.pid}"
+        return entities.nccl_process(self.host, self.pid)
 
 
 class NCCLInspectorCollector:

@@ -47,7 +47,6 @@ from collectors.nccl_parse import (
     hca_prefix_surprises,
     match_or_reject,
     parse_line,
-    pci_from_nccl_bus_id,
 )
 from collectors.nccl_paths import Unjudged, far_nic_finding, nearest_nic_names, parse_nccl_version, rank_gdr_finding
 from collectors.pcie_paths import Finding, Topology, read_topology
@@ -56,6 +55,8 @@ from gna_sdk import CollectorSettings, Emitter, HostPaths, Severity, SuggestedAc
 from gna_sdk.hostroot import HostRoot
 from gna_sdk.ids import derived_id
 from gna_sdk.tailer import TailedFile, Tailer
+from gna_types import entities
+from gna_types.entities import pci_from_nccl
 
 log = structlog.get_logger(__name__)
 
@@ -137,7 +138,7 @@ class NCCLLogsCollector:
                 for port in (hca / "ports").iterdir():
                     st = parse_enum(self.host.read_text(f"/sys/class/infiniband/{hca.name}/ports/{port.name}/state"))
                     if st and st[0] in (4, 5):
-                        out.append(f"ib:{hca.name}/{port.name}")
+                        out.append(entities.ib(hca.name, port.name))
         return sorted(out)
 
     def _tri(self, value: Tri, auto: bool) -> bool:
@@ -305,7 +306,7 @@ class NCCLLogsCollector:
                 message=f"{st.key} joined communicator {comm} as rank {f['rank']} of {f['nranks']}"
                         + (f" on GPU {where['pci']}" if where.get("pci") else "") + ".",
                 details={**where, "comm_id": comm, "rank": int(f["rank"]), "size": int(f["nranks"]),
-                         "cuda_dev": int(f["cuda"]), "pci": pci_from_nccl_bus_id(f.get("bus"))}, msg_id=msg_id)
+                         "cuda_dev": int(f["cuda"]), "pci": pci_from_nccl(f.get("bus"))}, msg_id=msg_id)
         if m.rule.name in ("watchdog", "pg_progress", "pg_dump_signal"):
             # the job hangs here: NCCL's RAS says who stopped, PyTorch's Flight Recorder where each rank waits
             pid = st.pid if self._checkable(st) else 0
@@ -416,7 +417,7 @@ class NCCLLogsCollector:
         NCCLFarNIC when its own channels use a NIC farther than the GPU's nearest one, NCCLGDRLevel when
         NCCL_NET_GDR_LEVEL (its environ as written, else its log's echo) turns GPUDirect RDMA off for that pair
         or is a form NCCL misreads. A log here is taken as this node's job, like every check above."""
-        gpus = {g for c in st.comms.values() if (g := pci_from_nccl_bus_id(c.get("bus_id")))}
+        gpus = {g for c in st.comms.values() if (g := pci_from_nccl(c.get("bus_id")))}
         used = st.direct_nics()
         facts = self.emit.facts.get("nccl_env.gdr_level") or {}
         level = (facts.get(str(st.pid)) if self._checkable(st) else None) or st.env.get("NCCL_NET_GDR_LEVEL")

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gna_sdk import Severity
+from gna_types import entities
+from gna_types.entities import pci_from_nccl
 
 # NCCL's own prefix, found anywhere in the line: whatever stands before it is a launcher's or a
 # collector's ("node-3: ", "[1,0]<stdout>:", kubectl --timestamps' RFC 3339 time, syslog, tqdm's
@@ -469,15 +471,6 @@ def exact_hca_value(value: str, present: list[str]) -> str:
 MAX_COMMS = 32  # communicators remembered per process (world, its splits; more are counted, not kept)
 
 
-def pci_from_nccl_bus_id(value: str | None) -> str | None:
-    """NCCL prints a GPU's PCI address as one hex number of its digits ("%lx" of "0000:18:00.0"
-    read as hex: ``18000``); back to the domain:bus:device.function form the kernel and sysfs use."""
-    if not value or not all(c in "0123456789abcdefABCDEF" for c in value) or len(value) > 16:
-        return None
-    s = value.lower().zfill(9)
-    return f"{s[:-5].zfill(4)}:{s[-5:-3]}:{s[-3:-1]}.{s[-1]}"
-
-
 @dataclass
 class ProcessState:
     host: str
@@ -513,7 +506,7 @@ class ProcessState:
 
     @property
     def entity(self) -> str:
-        return f"nccl:{self.host}:{self.pid}"
+        return entities.nccl_process(self.host, self.pid)
 
     def transport(self) -> str | None:
         """The inter-node transport NCCL says it uses: "Using network X" (2.6+), else the channel or
@@ -579,7 +572,7 @@ class ProcessState:
                                                        default=(None, {}))
         return {"host": self.host, "pid": self.pid, "file": self.file, "ranks": self.ranks(),
                 "nranks": first.get("nranks"), "bus_id": first.get("bus_id"),
-                "pci": pci_from_nccl_bus_id(first.get("bus_id")),
+                "pci": pci_from_nccl(first.get("bus_id")),
                 "comm_ids": sorted(self.comms)[:8], "job": world[0], "world_rank": world[1].get("rank"),
                 "world_size": world[1].get("nranks"), "transport": self.transport(),
                 "hcas": sorted({f"{d['name']}/{d['port']}" for d in self.ib_devices})[:16], "oob": self.oob or None,

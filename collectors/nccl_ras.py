@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gna_sdk import plural
+from gna_types.reasons import RAS_SUSPECT_REASONS
 
 # src/ras/ras_internal.h (every tag 2.24.3-1 .. 2.30.7-1 and dev 2.31.0a7)
 DEFAULT_PORT = 28028  # NCCL_RAS_CLIENT_PORT
@@ -318,7 +319,7 @@ class RasSuspect:
     group_size: int | None = None  # how many ranks share this condition (a lone straggler is 1)
 
 
-_SUSPECT_ORDER = ("dead", "unresponsive", "missing", "error", "status", "behind", "remote_error")
+_SUSPECT_ORDER = RAS_SUSPECT_REASONS  # strongest first
 
 
 @dataclass(slots=True)

@@ -37,10 +37,11 @@ from collectors.nvml_lib import (
     NVML_ERROR_TIMEOUT,
     error_code,
     load_nvml,
-    normalize_bus_id,
 )
 from collectors.xid_catalog import classify, emit_xid
 from gna_sdk import Aggregator, CollectorSettings, Emitter, HostPaths, Severity, plural, severity_rank
+from gna_types import entities
+from gna_types.entities import normal_pci
 
 log = structlog.get_logger(__name__)
 
@@ -282,7 +283,7 @@ class NVMLCollector:
                 h = self._call("nvmlDeviceGetHandleByIndex", i)
                 pci = self._call("nvmlDeviceGetPciInfo", h)
                 if pci is not None:
-                    entity = f"gpu:{normalize_bus_id(pci.busId)}"
+                    entity = entities.gpu(pci.busId)
                 dev = {"index": i, "entity": entity}
                 devices.append(dev)
                 seen.add(entity)
@@ -767,7 +768,7 @@ class NVMLCollector:
             h = lib.nvmlDeviceGetHandleByIndex(i)
             try:
                 lib.nvmlDeviceRegisterEvents(h, EVENT_XID, event_set)
-                buses[h] = normalize_bus_id(lib.nvmlDeviceGetPciInfo(h).busId)
+                buses[h] = normal_pci(lib.nvmlDeviceGetPciInfo(h).busId)
             except Exception as exc:
                 log.warning("nvml_xid_events_unavailable", index=i, error=repr(exc))
         try:

@@ -35,11 +35,3 @@ def load_nvml() -> tuple[Any | None, str]:
 def error_code(exc: BaseException) -> int | None:
     value = getattr(exc, "value", None)
     return value if isinstance(value, int) else None
-
-
-def normalize_bus_id(bus_id: Any) -> str:
-    """NVML says "00000000:18:00.0" (8-digit domain); sysfs says "0000:18:00.0"."""
-    text = bus_id.decode() if isinstance(bus_id, bytes) else str(bus_id)
-    text = text.strip().lower()
-    domain, _, rest = text.partition(":")
-    return f"{int(domain, 16):04x}:{rest}" if rest else text

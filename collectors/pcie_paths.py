@@ -25,8 +25,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from collectors.nvml_lib import normalize_bus_id
 from gna_sdk import HostPaths, Severity, SuggestedAction
+from gna_types.entities import normal_pci
 
 NVIDIA_VENDOR = 0x10DE
 GPU_CLASSES = (0x0300, 0x0302)  # VGA, 3D controller (class >> 8)
@@ -221,7 +221,7 @@ class Topology:
                 return nic.bdf
         if ref in self.netdevs:
             return self.netdevs[ref]
-        bdf = normalize_bus_id(ref) if ":" in ref else ref
+        bdf = normal_pci(ref) if ":" in ref else ref
         if bdf in self.nodes:
             return bdf
         raise KeyError(ref)

@@ -28,7 +28,6 @@ from collectors.nvml_lib import (
     NVML_ERROR_NOT_SUPPORTED,
     error_code,
     load_nvml,
-    normalize_bus_id,
 )
 from collectors.pcie_paths import (
     BDF,
@@ -48,6 +47,8 @@ from collectors.pcie_paths import (
 from gna_sdk import CollectorSettings, Emitter, HostPaths, Severity, SuggestedAction, plural
 from gna_sdk.hostroot import HostRoot
 from gna_sdk.persist import BootScopedSet, boot_id
+from gna_types import entities
+from gna_types.entities import normal_pci
 
 MAX_NVML_GPUS = 64
 MAX_NVLINKS = 64
@@ -181,7 +182,7 @@ def read_nvlinks(lib: Any, handles: Mapping[str, Any], view: NvmlView | None = N
             pci = _call(lib, view, "nvmlDeviceGetNvLinkRemotePciInfo", h, link)
             kind = _call(lib, view, "nvmlDeviceGetNvLinkRemoteDeviceType", h, link)
             if pci is not _SKIP and hasattr(pci, "busId"):
-                remote = normalize_bus_id(pci.busId)
+                remote = normal_pci(pci.busId)
             else:  # the link is up but its far end unnamed: an NVSwitch only if NVML says so
                 remote = UNKNOWN_SWITCH if kind == NVML_NVLINK_DEVICE_TYPE_SWITCH else UNKNOWN_REMOTE
             if kind == NVML_NVLINK_DEVICE_TYPE_SWITCH:
@@ -224,7 +225,7 @@ def probe_nvml(lib: Any) -> NvmlView:
             pci = _call(lib, view, "nvmlDeviceGetPciInfo", h) if h is not _SKIP else _SKIP
             if pci is _SKIP:
                 continue
-            bus = normalize_bus_id(pci.busId)
+            bus = normal_pci(pci.busId)
             util = _call(lib, view, "nvmlDeviceGetUtilizationRates", h)
             if util is not _SKIP and isinstance(getattr(util, "gpu", None), int):
                 view.utilization[bus] = util.gpu
@@ -299,12 +300,12 @@ def pcie_findings(topo: Topology, utilization: Mapping[str, int] | None, busy_pc
             out.append(finding("PCIeLinkDegraded", "WidthBelowMax",
                                f"GPU{i} ({g}) PCIe link trained at x{node.cur_width}, below the x{width} both ends "
                                f"support: its host-device bandwidth is cut to {node.cur_width}/{width}.",
-                               entity=f"gpu:{g}", details=details))
+                               entity=entities.gpu(g), details=details))
         elif (busy is not None and busy >= busy_pct and speed is not None and node.cur_speed is not None
               and node.cur_speed < speed):
             out.append(finding("PCIeLinkDegraded", "SpeedBelowMaxUnderLoad",
                                f"GPU{i} ({g}) PCIe link runs at {node.cur_speed:g} GT/s while {busy}% busy, below "
-                               f"the {speed:g} GT/s both ends support.", entity=f"gpu:{g}", details=details))
+                               f"the {speed:g} GT/s both ends support.", entity=entities.gpu(g), details=details))
     return out
 
 
@@ -337,7 +338,7 @@ def nvlink_findings(topo: Topology, view: NvmlView, expected_per_pair: int,
                 f"{topo.label(g)} ({g}) has {up} of {want} NVLinks to the NVSwitches up: its GPU pairs run at "
                 f"NV{up} instead of NV{want}" + (" (no NVLink at all: peer traffic falls back to PCIe)" if up == 0
                                                  else "") + ".",
-                entity=f"gpu:{g}", details={"gpu": topo.label(g), "links_up": up, "expected": want,
+                entity=entities.gpu(g), details={"gpu": topo.label(g), "links_up": up, "expected": want,
                                             "links_known": view.link_total[g], "pairs": pairs, "nvswitch": True}))
         return out
     for a, b in itertools.combinations(known, 2):
@@ -378,7 +379,7 @@ def fabric_findings(topo: Topology, view: NvmlView | None, procs: ProcScan | Non
                 f"{label} ({g}) fabric registration is {what}"
                 + (f" with NVML error {status}" if state == FABRIC_COMPLETED else "")
                 + ": new CUDA work on it fails with cudaErrorSystemNotReady (802) until Fabric Manager completes it.",
-                entity=f"gpu:{g}", details={"state": what, "status": status}))
+                entity=entities.gpu(g), details={"state": what, "status": status}))
     if nvswitch_system(topo, view) and procs is not None and procs.visible and not procs.fm_pids:
         confirmed = bool(not_ready)
         all_done = nvml_ok and view is not None and bool(view.fabric) and not not_ready

@@ -13,6 +13,7 @@ from typing import Any
 
 from collectors.verdicts import verdict
 from gna_sdk import Emitter, Severity, SuggestedAction
+from gna_types import entities
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,7 @@ async def emit_xid(emit: Emitter, info: XidInfo, bus: str, *, source: str, count
     who = f", process {process} (pid {pid})" if process and pid else ""
     times = f" repeated {count} times {span}".rstrip() if count > 1 else ""
     return await emit.event(
-        "GPUXidError", severity=info.severity, entity=f"gpu:{bus}", reason=f"Xid{info.code}",
+        "GPUXidError", severity=info.severity, entity=entities.gpu(bus), reason=f"Xid{info.code}",
         message=f"Xid {info.code} ({info.name}) on GPU {bus}{who}{times}" + (" (NVML event)" if source == "nvml"
                                                                             else "") + ".",
         details={"xid": info.code, "name": info.name, "nvidia_action": info.nvidia_action,
@@ -101,7 +102,7 @@ async def emit_sxid(emit: Emitter, bus: str, code: int, *, fatal: bool, count: i
     what = f"{switch} reported SXid {code}: {text[:200]}" if count == 1 else \
         f"SXid {code}{' (fatal)' if fatal else ''} on NVSwitch {bus} repeated {count} times {span}".rstrip() + "."
     return await emit.event(
-        "NVSwitchSXidError", severity=severity, entity=f"nvswitch:{bus}", reason=f"SXid{code}", message=what,
+        "NVSwitchSXidError", severity=severity, entity=entities.nvswitch(bus), reason=f"SXid{code}", message=what,
         details={"sxid": code, "fatal": fatal, "switch": switch or None, "text": text or None, "count": count,
                  **(details or {})},
         suggested_action="inspect_hardware" if fatal else "none")

@@ -242,9 +242,9 @@ def cmd_correlator(args: argparse.Namespace) -> int:
 
     from agent.logsetup import configure
     from agent.natsclient import run_until_closed_or_stopped, watching
-    from agent.subjects import JOB_BUCKETS
     from fleet.incident_service import IncidentService
     from gna_sdk.aio import within
+    from gna_types.subjects import JOB_BUCKETS
 
     cfg = configmod.load(args.config).agent
     configure(cfg.log.level, cfg.log.format)
@@ -252,7 +252,7 @@ def cmd_correlator(args: argparse.Namespace) -> int:
     if not 0 <= args.partition < args.partitions:
         print(f"gpu-node-agent: --partition must be 0..{args.partitions - 1}", file=sys.stderr)
         return EX_USAGE
-    if args.partitions > JOB_BUCKETS:  # a partition holds jobs' buckets (agent/subjects.py): one at least
+    if args.partitions > JOB_BUCKETS:  # a partition holds jobs' buckets (gna_types/subjects.py): one at least
         print(f"gpu-node-agent: --partitions must be at most {JOB_BUCKETS} (the jobs stream's buckets)",
               file=sys.stderr)
         return EX_USAGE

@@ -67,11 +67,11 @@ from agent.remediation.incidents import (
     culprit_actionable,
 )
 from agent.remediation.loader import load_plugins
-from agent.subjects import EVENTS_PREFIX, action_subject, event_subject
 from fleet.wire import Rejected, Rejections, decode_event
 from gna_sdk import plural
 from gna_sdk.aio import within
 from gna_sdk.hostroot import HostRoot
+from gna_types.subjects import EVENTS_PREFIX, action_subject, event_subject
 
 log = structlog.get_logger(__name__)
 

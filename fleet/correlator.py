@@ -64,6 +64,8 @@ from fleet.job_facts import (
     is_tenant,
 )
 from gna_sdk import plural
+from gna_types import entities
+from gna_types.reasons import RAS_CULPRIT_REASONS
 
 __all__ = ["TENANT_COLLECTORS", "Incident", "JobFacts", "Member", "Membership", "_details", "correlate",
            "fast_verdict", "incident", "is_incident", "is_tenant", "members_of", "slow_verdict"]
@@ -292,7 +294,7 @@ def fast_verdict(f: JobFacts, hardware: Hardware) -> _Verdict | None:
         for fi in findings:
             entity = str(fi.get("entity"))
             for mem in ms.by_node.get(node, ()):
-                if mem.pci and entity == f"gpu:{mem.pci}":
+                if mem.pci and entity == entities.gpu(mem.pci):
                     used.append((fi, mem, "gpu"))
                 elif entity.startswith("ib:") and (entity[3:] in mem.hcas or (
                         entity.count("/") == 0 and any(h.startswith(entity[3:] + "/") for h in mem.hcas))):
@@ -331,7 +333,7 @@ def slow_verdict(f: JobFacts) -> _Verdict:
                 silent_nodes = {ms.ranks[r].node for r in silent}
                 if len(silent_nodes) == 1:
                     mem = ms.ranks[silent[0]]
-                    entity = f"rank:{silent[0]}" if len(silent) == 1 else "ranks:" + ",".join(map(str, silent))
+                    entity = entities.ranks(silent)
                     reporters = {ms.ranks[r].node for r in timed_out}
                     return _Verdict({"node": mem.node, "entity": entity, "kind": "rank", "rank": str(silent[0])},
                                     0.85, [], ("NCCLCollectiveTimeout",),
@@ -384,9 +386,6 @@ def _hardware_verdict(f: JobFacts, used: list[tuple[dict[str, Any], Member, str]
         reason += " (error counters only, the job not hit yet: shown, not acted on)"
     return _Verdict(culprits[0], confidence, deciding, SYMPTOMS, reason, reporters=set(firsts), tenant=tenant,
                     culprits=culprits)
-
-
-RAS_CULPRIT_REASONS = ("dead", "unresponsive", "missing", "error")  # collectors/nccl_ras.py RasSuspect.reason
 
 
 def _ras(f: JobFacts) -> _Verdict | None:
@@ -450,8 +449,7 @@ def _ras(f: JobFacts) -> _Verdict | None:
     ranked = sorted(culprits.values(), key=lambda m: (ms.rank_of(m) is None, ms.rank_of(m) or 0))
     first = ranked[0]
     ranks = [r for m in ranked if (r := ms.rank_of(m)) is not None]
-    entity = (f"rank:{ranks[0]}" if len(ranks) == 1 else "ranks:" + ",".join(map(str, ranks))) if ranks \
-        else f"process:{first.process}"
+    entity = entities.ranks(ranks) if ranks else entities.process(first.process)
     culprit = {"node": first.node, "entity": entity, "kind": "rank"}
     if ranks:
         culprit["rank"] = str(ranks[0])
@@ -493,7 +491,7 @@ def _behind(f: JobFacts) -> _Verdict | None:
     if len(behind_nodes) != 1:
         return None
     mem = ms.ranks[behind[0]]
-    entity = f"rank:{behind[0]}" if len(behind) == 1 else "ranks:" + ",".join(map(str, behind))
+    entity = entities.ranks(behind)
     own = [r for r in behind if r in self_reported]
     how = (f"{'rank' if len(own) == 1 else 'ranks'} {own} said {'its' if len(own) == 1 else 'their'} last "
            "enqueued work is below it" if own

@@ -21,9 +21,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from agent.subjects import subjects_for
 from fleet.wire import Rejected, decode_event, decode_job
 from gna_sdk import plural, severity_rank
+from gna_types.subjects import subjects_for
 
 MAX_REPORT_BYTES = 64 << 20  # one node's check report (a node with a storm of findings stays far below)
 MAX_REPORT_MESSAGES = 100_000

@@ -28,9 +28,9 @@ from nats.js.errors import NotFoundError
 from agent.config import NatsConfig
 from agent.nats_link import StreamMissing, ensure_stream, stream_configs
 from agent.natsclient import connect
-from agent.subjects import events_filter
 from fleet.wire import Rejected, Rejections, decode_event
 from gna_sdk import plural
+from gna_types.subjects import events_filter
 
 FETCH_WAIT_S = 0.5  # how long one fetch waits for new messages: the follower's reaction time
 

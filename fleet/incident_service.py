@@ -24,7 +24,7 @@ from nats.js.api import KeyValueConfig
 from agent import natsclient
 from agent.config import NatsConfig
 from agent.nats_link import StreamRefused, await_stream, open_kv, stream_configs
-from agent.subjects import (
+from gna_types.subjects import (
     EVENTS_PREFIX,
     INCIDENTS_PREFIX,
     JOB_BUCKETS,
@@ -150,7 +150,7 @@ class IncidentService:
 
     def _read_partition(self, partition: int, *, taken_over: bool) -> None:
         """Partitions split reading at the server (issue 21): the partition's jobs are read from the jobs
-        stream by their buckets only (agent/subjects.py JOBS_TRANSFORM), from ``history_s`` ago on, and
+        stream by their buckets only (gna_types/subjects.py JOBS_TRANSFORM), from ``history_s`` ago on, and
         judged once that history is in. Partition 0 brings the straggler watch: every job's membership
         (which GPUs and NICs each job uses) and the vectors."""
         if partition in self._readers:

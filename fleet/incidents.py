@@ -18,9 +18,9 @@ from typing import Any
 import structlog
 
 from agent.remediation.incidents import INCIDENTS_BUCKET as INCIDENTS_BUCKET  # re-exported: the correlator writes it
-from agent.subjects import JOB_BUCKETS, encode_token, job_bucket
 from fleet.correlator import _details, fast_verdict, hardware_key, incident, is_incident, slow_verdict
 from fleet.job_facts import SYMPTOMS, JobFacts
+from gna_types.subjects import JOB_BUCKETS, encode_token, job_bucket
 
 log = structlog.get_logger(__name__)
 
@@ -33,7 +33,7 @@ MAX_KEY = 1024  # characters of a KV key or subject token: nats-server closes a 
 
 def owner(job: str, partitions: int) -> int:
     """The partition that judges ``job``: stable across replicas and restarts. By the bucket nats-server
-    stores the job's subjects under (agent/subjects.py), so a replica's consumer can ask for its own jobs'
+    stores the job's subjects under (gna_types/subjects.py), so a replica's consumer can ask for its own jobs'
     buckets only: partition ``p`` of ``n`` holds the buckets ``b`` with ``b % n == p``."""
     return job_bucket(encode_token(job)) % max(1, partitions)
 

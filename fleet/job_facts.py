@@ -30,6 +30,8 @@ from typing import Any
 
 import msgspec
 
+from gna_types import entities
+
 SAMPLES_PER_TYPE = 8  # evidence messages kept per type and job (the rest counted)
 FINDINGS_MAX = 32  # conflicting claims kept per job (the rest counted)
 NICS_MAX = 64  # NICs kept per member (NCCL lists at most a node's HCAs)
@@ -371,7 +373,7 @@ class JobFacts:
             if m.get("severity") == "critical" and isinstance(d.get("hca"), str) and _int(d.get("port")) is not None:
                 # NCCL saw the port fail under a rank's feet: the same entity as the port's own condition, but a
                 # log line (the tenant's word): it names the port, it does not decide a cordon alone
-                entity = f"ib:{d['hca']}/{d['port']}"
+                entity = entities.ib(d["hca"], d["port"])
                 ports = self.async_ports.setdefault(node, {})
                 if entity in ports or len(ports) < ASYNC_PER_NODE:
                     ports[entity] = {**m, "entity": entity}

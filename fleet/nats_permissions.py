@@ -23,7 +23,7 @@ from pathlib import Path
 
 import msgspec
 
-from agent.subjects import (
+from gna_types.subjects import (
     ACTIONS_PREFIX,
     EVENTS_PREFIX,
     HEARTBEAT_PREFIX,

@@ -28,11 +28,11 @@ from agent.config import NatsConfig
 from agent.message import rfc3339
 from agent.nats_link import ensure_stream, open_kv, stream_configs
 from agent.remediation.incidents import INCIDENTS_BUCKET  # key: the job's token, value: its current record
-from agent.subjects import ACTIONS_PREFIX, EVENTS_PREFIX, HEARTBEAT_PREFIX, decode_token, is_valid_token
 from fleet import timeline
 from fleet.follow import Follower
 from fleet.wire import Rejected, Rejections, decode_action, decode_event, decode_state
 from gna_sdk import severity_rank
+from gna_types.subjects import ACTIONS_PREFIX, EVENTS_PREFIX, HEARTBEAT_PREFIX, decode_token, is_valid_token
 
 log = structlog.get_logger(__name__)
 

@@ -46,6 +46,8 @@ from collections.abc import Generator, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gna_types import entities
+
 MIN_PEERS = 8  # below this many devices (with any one node set aside) a job's group borrows the class's peers
 MAX_SHARE = 1 / 8  # standing out on more nodes than this share of the group is a fleet condition
 MIN_CONDITION_NODES = 3  # ... and on at least this many nodes even with any one node set aside
@@ -165,7 +167,7 @@ class Device:
 
 def _device(node: str, collector: str, key: str, vec: dict[str, Any]) -> Device:
     if collector == "nvml":
-        dev = Device(node, f"gpu:{key}", "gpu", str(vec.get("name") or "?")[:MAX_TEXT], vec, set())
+        dev = Device(node, entities.gpu(key), "gpu", str(vec.get("name") or "?")[:MAX_TEXT], vec, set())
     else:
         klass = f"{str(vec.get('hca_type') or '?')[:48]}/{str(vec.get('link_layer') or '?')[:48]}"
         dev = Device(node, f"ib:{key}", "hca_port", klass, vec, set())
@@ -224,7 +226,7 @@ def parse_member(msg: dict[str, Any]) -> tuple[str, str, str, tuple[str, ...]] |
         return None
     devs: list[str] = []
     if isinstance(d.get("pci"), str) and _PCI.fullmatch(d["pci"]):
-        devs.append(f"gpu:{d['pci']}")
+        devs.append(entities.gpu(d['pci']))
     nics = d.get("nics") if isinstance(d.get("nics"), list) else d.get("hcas")
     for nic in (nics if isinstance(nics, list) else [])[:MAX_PORTS_PER_NODE]:
         if isinstance(nic, str) and _PORT.fullmatch(nic):

@@ -12,6 +12,7 @@ or ``gna-nodes`` KV entry): a JSON object whose ``node`` is the subject's or key
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,7 +21,8 @@ import msgspec
 import structlog
 
 from agent import message as wire_message
-from agent.subjects import (
+from gna_types.details import DETAILS_BY_TYPE, ProcessSummary, declared_bounds
+from gna_types.subjects import (
     JOB_FACT_TYPES,
     JOB_KINDS,
     JOB_MAX,
@@ -36,23 +38,19 @@ from agent.subjects import (
 log = structlog.get_logger(__name__)
 
 MAX_SAMPLE = 200
+NCCL_COLLECTOR = "nccl_logs"  # the collector whose messages carry typed details (gna_types/details.py)
 MAX_PAYLOAD = 1 << 20  # bytes: nats-server's default max_payload (a larger message never reached a server)
 MAX_SUBJECT = 2048  # characters: well under nats-server's max_control_line (4 KiB by default)
 # Every string a consumer keys on, bounded: a job id or entity becomes a KV key and a subject token
-# (up to 3 characters per byte, agent/subjects.py encode_token), and a KV key longer than the server's
+# (up to 3 characters per byte, gna_types/subjects.py encode_token), and a KV key longer than the server's
 # control line makes it close the connection (issue 20, "silencing"). A node name is a DNS name
 # (RFC 1035: 253 characters); a job id is NCCL's commId (0x + 16 hex digits) or an operator's
 # namespace/name (Kubernetes: 253 + 63).
 FIELD_MAX = {"id": 64, "time": 256, "node": 253, "collector": 64, "type": 128, "entity": 512, "reason": 256,
              "message": 16384}
-# the fields of a NCCL message's process summary and symptoms that the fleet reads (docs/messages.md)
-DETAIL_TEXT_MAX = {"job": JOB_MAX, "comm_id": JOB_MAX, "host": 253, "pci": 32, "transport": 32, "oob": 256,
-                   "pg_id": 128, "peer": 256, "hca": 64}
-DETAIL_INT_RANGE = {"world_rank": (0, (1 << 18) - 1), "world_size": (1, 1 << 18), "rank": (0, (1 << 18) - 1),
-                    "size": (1, 1 << 18), "pid": (0, (1 << 31) - 1), "port": (0, 255)}
-MAX_RANKS = 1 << 18  # 262,144 ranks: larger than any job a fleet of this kind runs
-# list lengths: an HGX node has 8-10 NICs; RAS names at most every process of the job
-LIST_MAX = {"hcas": 64, "nics": 64, "suspects": 4096}
+# the fields of a NCCL message's process summary and symptoms that the fleet reads: declared once, typed and
+# bounded, in gna_types/details.py; a message of another collector naming them is held to the same bounds
+DETAIL_TEXT_MAX, DETAIL_INT_RANGE, LIST_MAX = declared_bounds()
 _BOUNDED = frozenset(DETAIL_TEXT_MAX) | frozenset(DETAIL_INT_RANGE) | frozenset(LIST_MAX)
 _STATE_TEXT = ("node", "time", "started", "agent_version")
 _CONDITION_TEXT = ("collector", "type", "entity", "severity", "since", "message_id", "reason", "message",
@@ -132,7 +130,7 @@ def decode_job(subject: str, data: bytes) -> dict[str, Any]:
     """A job's membership fact or evidence from ``gna.jobs.<job>.<node>.member|evidence``: the node is the
     subject's (the publisher's own, by its permissions), the job in the payload must be the subject's,
     and only membership facts travel as ``member``. As the jobs stream stores it, the subject carries the job's
-    bucket first (``gna.jobs.<bucket>.<job>.<node>.<kind>``, agent/subjects.py JOBS_TRANSFORM): it must be the
+    bucket first (``gna.jobs.<bucket>.<job>.<node>.<kind>``, gna_types/subjects.py JOBS_TRANSFORM): it must be the
     job token's, or a reader of one partition would file another's job."""
     if subject.count(".") == 5:
         bucket, job_token, node_token, kind = _subject_tokens(subject, JOBS_PREFIX, 4)
@@ -168,6 +166,14 @@ def check_bounds(msg: wire_message.Message) -> None:
         if len(value) > limit:
             raise Rejected("too_long", f"{name} of {len(value)} characters (at most {limit})")
     d = msg.details
+    if msg.collector == NCCL_COLLECTOR:  # typed: decoded as its type, every declared field its type and bound
+        try:
+            msgspec.convert(d, DETAILS_BY_TYPE.get(msg.type, ProcessSummary))
+        except msgspec.ValidationError as exc:
+            text = str(exc)
+            raise Rejected("too_long" if "of length" in text else "out_of_range" if re.search(r"`int` [<>]=", text)
+                           else "schema", f"details: {text[:200]}") from None
+        return
     for name in d.keys() & _BOUNDED:  # only the bounded fields a message carries (issue 21: every message pays this)
         value = d[name]
         if name in DETAIL_TEXT_MAX:
@@ -180,8 +186,8 @@ def check_bounds(msg: wire_message.Message) -> None:
                 raise Rejected("out_of_range", f"details.{name} = {str(value)[:40]} (not in {lo}..{hi})")
         else:
             most = LIST_MAX[name]
-            if isinstance(value, list) and (len(value) > most or
-                                            any(isinstance(v, str) and len(v) > 64 for v in value)):
+            if isinstance(value, list | dict) and (len(value) > most or
+                                                   any(isinstance(v, str) and len(v) > 64 for v in value)):
                 raise Rejected("too_long", f"details.{name}: {len(value)} items (at most {most} of 64 characters)")
 
 

@@ -30,7 +30,7 @@ from nats.js.api import StreamConfig
 from agent.message import make_message, rfc3339, to_dict
 from agent.nats_link import STREAM_SUBJECTS
 from agent.nats_server import NatsServerProcess, free_port
-from agent.subjects import encode_token, event_subject, heartbeat_subject
+from gna_types.subjects import encode_token, event_subject, heartbeat_subject
 from tests.conftest import AGENT_CMD, python_env
 
 # A fake scontrol/modprobe: records its argv, keeps Slurm node state in a JSON file.

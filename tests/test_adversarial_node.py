@@ -29,7 +29,7 @@ import nats
 import pytest
 
 from agent.nats_server import NatsServerProcess, free_port
-from agent.subjects import encode_token
+from gna_types.subjects import encode_token
 from sim.host import SimHost
 from tests.conftest import AGENT_CMD, agent_config, running_agent, validate_message
 

@@ -21,9 +21,9 @@ from agent.config import NatsConfig
 from agent.message import make_message, to_dict
 from agent.nats_link import stream_configs
 from agent.nats_server import NatsCluster
-from agent.subjects import subjects_for
 from fleet.incident_service import IncidentService, incident_versions
 from fleet.incidents import owner
+from gna_types.subjects import subjects_for
 from sim.scenarios import generate
 
 PARTITIONS = 3

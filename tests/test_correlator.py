@@ -17,7 +17,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from collectors.nccl_parse import pci_from_nccl_bus_id
 from fleet.correlator import correlate
 from sim.scenarios import FAULTS, Scenario, generate
 from tests.conftest import AGENT_CMD
@@ -122,19 +121,6 @@ def test_any_input_gives_incidents_that_only_blame_a_node_of_the_job(messages: l
         assert 0.0 <= inc.confidence <= 1.0 and (inc.culprit is not None or inc.confidence == 0.0)
         assert len(inc.evidence) <= 24
         json.dumps(inc.to_dict())
-
-
-@given(st.integers(0, 0xFFFF), st.integers(0, 0xFF), st.integers(0, 0x1F), st.integers(0, 7))
-def test_nccl_bus_id_round_trips_to_the_pci_address(domain: int, bus: int, dev: int, fn: int) -> None:
-    pci = f"{domain:04x}:{bus:02x}:{dev:02x}.{fn:x}"
-    printed = f"{int(pci.replace(':', '').replace('.', ''), 16):x}"  # NCCL: the digits read as hex, "%lx"
-    assert pci_from_nccl_bus_id(printed) == pci
-
-
-def test_nccl_bus_id_garbage_is_none() -> None:
-    assert pci_from_nccl_bus_id("18000") == "0000:18:00.0"
-    for bad in (None, "", "zz", "1" * 17, "0x18"):
-        assert pci_from_nccl_bus_id(bad) is None
 
 
 def test_diagnose_refuses_missing_roots_and_duplicate_names(tmp_path: Path) -> None:

@@ -26,8 +26,8 @@ from aiohttp import web
 from agent.message import make_message, rfc3339, to_dict
 from agent.nats_link import STREAM_SUBJECTS
 from agent.nats_server import NatsServerProcess
-from agent.subjects import action_subject, event_subject, heartbeat_subject
 from gna_sdk import Severity
+from gna_types.subjects import action_subject, event_subject, heartbeat_subject
 from tests.test_dashboard import CHROMIUM, _dashboard
 
 OVERVIEW, NODE_A, NODE_B, SVG_A = "overview", "node A", "node B", "timeline.svg of A"

@@ -163,7 +163,7 @@ def test_spoofed_and_damaged_messages_never_reach_stdout(tmp_path: Path, nats_se
     good = json.loads(first.stdout.splitlines()[0])
 
     async def publish() -> None:
-        from agent.subjects import event_subject
+        from gna_types.subjects import event_subject
 
         nc = await nats.connect(nats_server.url)
         js = nc.jetstream()

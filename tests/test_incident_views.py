@@ -23,10 +23,10 @@ import pytest
 from rich.console import Console
 
 from agent.nats_server import NatsServerProcess
-from agent.subjects import encode_token
 from fleet.incidents import INCIDENTS_BUCKET
 from fleet.state import MAX_EVIDENCE, MAX_INCIDENT_NODES, MAX_INCIDENT_TEXT, FleetState
 from fleet.top import render_incidents, screen
+from gna_types.subjects import encode_token
 from tests.conftest import AGENT_CMD
 from tests.test_dashboard import CHROMIUM, _dashboard, _serve
 

@@ -17,9 +17,9 @@ from nats.js.api import StreamConfig
 from agent import config as configmod
 from agent.nats_link import JOBS_STREAM_SUBJECTS, JOBS_STREAM_TRANSFORM, STREAM_SUBJECTS
 from agent.nats_server import NatsServerProcess
-from agent.subjects import event_subject, job_subject, subjects_for
 from fleet.incident_service import IncidentService
 from fleet.incidents import INCIDENTS_BUCKET, IncidentTracker, owner
+from gna_types.subjects import event_subject, job_subject, subjects_for
 from sim.scenarios import generate
 
 

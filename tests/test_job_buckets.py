@@ -1,5 +1,5 @@
 """Issue 21, "partitions split reading too": the jobs stream stores every job subject under a bucket that
-nats-server computes (agent/subjects.py JOBS_TRANSFORM), and a correlator replica's consumer asks the server
+nats-server computes (gna_types/subjects.py JOBS_TRANSFORM), and a correlator replica's consumer asks the server
 for its own partitions' buckets only. Real nats-server throughout: the bucket this code computes must be the
 one the server stores, or a replica would read another's jobs (or none of its own)."""
 
@@ -17,7 +17,7 @@ from agent.config import NatsConfig
 from agent.message import encode, make_message
 from agent.nats_link import JOBS_STREAM_TRANSFORM, StreamRefused, ensure_stream, stream_configs
 from agent.nats_server import NatsServerProcess
-from agent.subjects import JOB_BUCKETS, encode_token, job_bucket, job_subject, stored_job_subject
+from gna_types.subjects import JOB_BUCKETS, encode_token, job_bucket, job_subject, stored_job_subject
 from fleet.incident_service import LAG_HOLD_LIMIT_S, LAG_HOLD_MAX_S, IncidentService
 from fleet.incidents import owner, partition_buckets
 

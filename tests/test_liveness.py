@@ -26,7 +26,7 @@ from agent import natsclient
 from agent.message import make_message, to_dict
 from agent.nats_server import NatsServerProcess, free_port
 from agent.natsclient import EX_TEMPFAIL, ConnectionWatch, run_until_closed_or_stopped, until_closed
-from agent.subjects import event_subject
+from gna_types.subjects import event_subject
 from tests.conftest import AGENT_CMD, python_env
 from tests.test_adversarial_fleet import (  # the black-box suite's recording scontrol and helpers
     SLURM_CONFIG,

@@ -5,14 +5,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agent import message as msgmod
-from agent.subjects import (
+from gna_sdk.ids import id_time_ms, new_id
+from gna_types.subjects import (
     check_plugin_name,
     decode_token,
     encode_token,
     event_subject,
     is_valid_token,
 )
-from gna_sdk.ids import id_time_ms, new_id
 from tests.conftest import validate_message
 
 

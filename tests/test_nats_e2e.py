@@ -13,7 +13,7 @@ from pathlib import Path
 import nats
 
 from agent.nats_server import NatsServerProcess
-from agent.subjects import encode_token
+from gna_types.subjects import encode_token
 from sim.host import SimHost
 from tests.conftest import (
     AGENT_CMD,
@@ -236,7 +236,7 @@ async def test_a_flipped_byte_mid_segment_costs_one_record_and_is_announced(tmp_
     """#13 D10: 1,000 spooled events, one flipped byte in the middle: 999 arrive, SpoolCorrupted says so."""
     from agent.message import encode, make_message
     from agent.spool import Spool
-    from agent.subjects import event_subject
+    from gna_types.subjects import event_subject
 
     state = tmp_path / "state"
     sp = Spool(state / "spool", fsync=False, segment_bytes=16 << 20)

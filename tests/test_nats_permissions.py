@@ -22,7 +22,6 @@ from nats.js.api import StreamConfig
 
 from agent.config import NatsConfig
 from agent.nats_server import NatsServerProcess, find_nats_server, free_port
-from agent.subjects import encode_token, event_subject, heartbeat_subject
 from fleet.nats_permissions import (
     Layout,
     Roles,
@@ -32,6 +31,7 @@ from fleet.nats_permissions import (
     node_permissions,
     render_config,
 )
+from gna_types.subjects import encode_token, event_subject, heartbeat_subject
 from tests.conftest import ROOT, agent_config, running_agent
 
 NODE_A, NODE_B = "node-a.example.com", "node-b.example.com"
@@ -364,10 +364,10 @@ async def test_correlator_and_cordoner_work_on_incidents_with_their_own_permissi
     import json as _json
 
     from agent import config as configmod
-    from agent.subjects import event_subject, subjects_for
     from fleet.cordoner import Cordoner
     from fleet.incident_service import IncidentService
     from fleet.incidents import INCIDENTS_BUCKET, owner
+    from gna_types.subjects import event_subject, subjects_for
     from sim.scenarios import generate
 
     sc = generate(tmp_path / "fleet", seed=5, nodes=3, fault="gpu_fell_off", job_nodes=2, second_job=False)

@@ -467,7 +467,7 @@ async def test_a_process_of_a_job_that_ends_is_told_to_the_fleet_a_quiet_one_is_
     """Issue 20, lifecycle: an incident resolves on evidence -- every process of the job gone from /proc
     (or its log deleted) -- so the collector says so as a job fact (NCCLProcessEnded, under the job's
     member subject); a hung rank's quiet log is no such evidence."""
-    from agent.subjects import subjects_for
+    from gna_types.subjects import subjects_for
 
     host = SimHost.gpu_node(tmp_path / "h", gpus=8, hcas=8)
     host.write("/proc/sys/kernel/hostname", "gpu-a\n")

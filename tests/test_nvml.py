@@ -100,11 +100,6 @@ async def test_xid_events_from_event_set_aggregate_and_defer_to_kmsg() -> None:
     assert fake.registered == [0, 1]
 
 
-def test_normalize_bus_id() -> None:
-    assert nvml_lib.normalize_bus_id(b"00000000:3B:00.0") == "0000:3b:00.0"
-    assert nvml_lib.normalize_bus_id("0000:3b:00.0") == "0000:3b:00.0"
-
-
 def test_real_nvml_absent_here_reports_why(tmp_path: Path) -> None:
     lib, why = nvml_lib.load_nvml()
     if lib is not None:

@@ -380,7 +380,7 @@ async def _cordoners(url: str, n: int) -> tuple[list[Any], Any, list[dict[str, A
 
 async def test_central_cordoner_queue_group_acts_once_per_message(tools: Path, tmp_path: Path,
                                                                   nats_server: NatsServerProcess) -> None:
-    from agent.subjects import event_subject
+    from gna_types.subjects import event_subject
 
     cords, nc, audits = await _cordoners(nats_server.url, 2)
     js = nc.jetstream()
@@ -406,7 +406,7 @@ async def test_cordoner_takes_identity_from_the_subject_and_survives_poison(tool
                                                                            nats_server: NatsServerProcess) -> None:
     """#13 D1/D2: a message on nodeb's subject naming nodea is rejected; malformed ones are terminated and
     counted, never redelivered, and a valid message behind 200 of them is still decided."""
-    from agent.subjects import event_subject
+    from gna_types.subjects import event_subject
 
     (c,), nc, audits = await _cordoners(nats_server.url, 1)
     assert c.engine is not None and "modprobe" not in c.engine.plugins, "node-local plugins stay on the nodes"

@@ -144,7 +144,7 @@ def test_any_input_names_only_devices_a_job_uses(messages: list[dict[str, Any]])
 
 async def test_live_the_correlator_publishes_the_straggler_and_resolves_it(nats_server: NatsServerProcess) -> None:
     """Through a real nats-server: the nodes' vectors on gna.signals.<node>.<collector> and membership on
-    gna.jobs (agent/subjects.py subjects_for); the correlator publishes the straggler's record in KV
+    gna.jobs (gna_types/subjects.py subjects_for); the correlator publishes the straggler's record in KV
     gna-stragglers and on gna.stragglers.<node>, and resolves it when the device's next vector is healthy."""
     import asyncio
 
@@ -152,9 +152,9 @@ async def test_live_the_correlator_publishes_the_straggler_and_resolves_it(nats_
     from nats.js.api import StreamConfig
 
     from agent.nats_link import JOBS_STREAM_SUBJECTS, JOBS_STREAM_TRANSFORM, SIGNALS_STREAM_SUBJECTS, STREAM_SUBJECTS
-    from agent.subjects import subjects_for
     from fleet.incident_service import IncidentService
     from fleet.stragglers import STRAGGLERS_BUCKET
+    from gna_types.subjects import subjects_for
 
     sc = generate(23, nodes=64, fault="ib_symbol_errors")
     (node, entity), = sc.expected

@@ -105,7 +105,7 @@ def test_a_poison_message_is_counted_and_the_service_goes_on(monkeypatch: Any) -
 
     monkeypatch.setattr(svc.tracker, "add", boom)
     from agent.message import encode, make_message
-    from agent.subjects import event_subject, job_subject
+    from gna_types.subjects import event_subject, job_subject
     m = make_message(node="n0", collector="kmsg_xid", kind="condition", type="GPUFellOffBus", status="firing",
                      severity="critical", entity="gpu:0000:18:00.0", reason="Xid79", message="x")
     svc.accept(event_subject("n0", "kmsg_xid", "critical"), encode(m))  # does not raise
@@ -125,8 +125,8 @@ def test_a_replica_decodes_only_its_partitions_jobs_and_every_nodes_hardware() -
     broken ones: they are another replica's to count), NCCL's copies on the events stream are never
     decoded, and every node's hardware finding is."""
     from agent.message import encode, make_message
-    from agent.subjects import JOB_BUCKETS, encode_token, event_subject, job_bucket, stored_job_subject
     from fleet.incidents import owner
+    from gna_types.subjects import JOB_BUCKETS, encode_token, event_subject, job_bucket, stored_job_subject
 
     svc = IncidentService(["nats://127.0.0.1:1"], partitions=2, partition=0)
     svc.tracker.owned = {1}  # holds only partition 1 (0 went to another replica): no straggler watch

@@ -41,9 +41,9 @@ from nats.js.api import RePublish, StorageType, StreamConfig
 from agent.nats_link import JOBS_STREAM_SUBJECTS, JOBS_STREAM_TRANSFORM, SIGNALS_STREAM_SUBJECTS, STREAM_SUBJECTS
 from agent.nats_server import free_port
 from agent.remediation.budget import FleetBudget
-from agent.subjects import encode_token, event_subject, job_subject
 from fleet.cordoner import CULPRIT_MIN_CONFIDENCE
 from fleet.nats_permissions import Layout, Roles, ServerSettings, new_user_seed
+from gna_types.subjects import encode_token, event_subject, job_subject
 from tests.conftest import AGENT_CMD, agent_config, python_env, running_agent
 from tests.test_adversarial_fleet import FAKE_TOOL, Central, argv_log
 from tests.test_nats_permissions import RenderedServer

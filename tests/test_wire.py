@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 from agent.emitter import ConditionTracker
 from agent.message import encode, make_message, to_dict
 from agent.nodestate import HEARTBEAT_MAX_BYTES, bounded
-from agent.subjects import encode_token, event_subject, heartbeat_subject
 from fleet.state import FleetFeed, FleetState
 from fleet.wire import Rejected, decode_action, decode_event, decode_state
+from gna_types.subjects import encode_token, event_subject, heartbeat_subject
 
 NODE = "gpu-07.example.com"
 

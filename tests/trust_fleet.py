@@ -3,7 +3,7 @@
 Shapes come from docs/messages.md, docs/correlator.md, docs/ras.md and agent/schema/message.schema.json
 only -- never from the correlator's code -- so a scenario is not shaped by what it tests. Every message
 is built with ``agent.message.make_message`` (a schema-valid document) and published where an agent
-publishes it (``agent.subjects.subjects_for``).
+publishes it (``gna_types.subjects.subjects_for``).
 
 A job is ``per_node`` ranks on each of its nodes, in order: node ``nodes[i]`` hosts world ranks
 ``i * per_node .. i * per_node + per_node - 1``; local rank ``l`` runs as pid ``40000 + l`` on GPU
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.message import make_message, to_dict
-from agent.subjects import subjects_for
+from gna_types.subjects import subjects_for
 
 PCIS = ["0000:18:00.0", "0000:2a:00.0", "0000:3a:00.0", "0000:5d:00.0",
         "0000:9a:00.0", "0000:ab:00.0", "0000:ba:00.0", "0000:db:00.0"]

@@ -186,7 +186,7 @@ def _nkey() -> tuple[str, str]:
 
 
 async def test_per_node_nkeys_and_subject_permissions(tmp_path: Path) -> None:
-    from agent.subjects import encode_token
+    from gna_types.subjects import encode_token
 
     seeds = {}
     users = []

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import re
 
+from gna_types import details
+
 _SAFE = re.compile(r"[A-Za-z0-9-]")
 _TOKEN = re.compile(r"^[-_=A-Za-z0-9]+$")
 
@@ -21,10 +23,11 @@ JOBS_PREFIX = "gna.jobs"  # gna.jobs.<job token>.<node token>.member|evidence (d
 # Messages that are facts about a job, not about the node: published only under the job's subjects
 # (NCCLProcessEnded: one of the job's processes on the node ended: an incident resolves on evidence)
 JOB_FACT_TYPES = frozenset({"NCCLJobMember", "NCCLProcessEnded"})
-# a job id's longest accepted form (fleet/wire.py bounds it the same): NCCL's commId (0x + 16 hex digits)
-# or an operator's namespace/name (Kubernetes: 253 + 63). Every job id the fleet accepts has its job
-# subjects, so a replica reading only its partitions' jobs (fleet/incident_service.py) misses none.
-JOB_MAX = 320
+# a job id's longest accepted form (gna_types/details.py, where the fleet's bound comes from too): NCCL's
+# commId (0x + 16 hex digits) or an operator's namespace/name (Kubernetes: 253 + 63). Every job id the
+# fleet accepts has its job subjects, so a replica reading only its partitions' jobs
+# (fleet/incident_service.py) misses none.
+JOB_MAX = details.JOB_MAX
 JOB_KINDS = ("member", "evidence")
 # Partitions split reading at the server (issue 21): the jobs stream stores every job subject with a
 # bucket token in front of the job, ``gna.jobs.<bucket>.<job>.<node>.<kind>``, computed by nats-server
