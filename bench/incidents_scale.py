@@ -51,7 +51,8 @@ hardware finding, the last watchdog timeout of a hung rank, the Socket membershi
 right (no other node ever blamed, and the exact entity named within ``--timeout``); withdrawn (a
 culprit replaced by "no culprit" within 5 s). Per correlator: CPU seconds (utime+stime) per phase,
 peak RSS (VmHWM), the longest loop stall its stats lines report (``loop_stall_max_ms``: since it
-started; ``loop_stall_window_ms``: over the measured phases), memory per rank held (VmHWM growth over
+started; ``loop_stall_window_ms``: over the measured phases; ``loop_stall_cpu_max_ms``: how much of a
+stall was at most its own CPU, the rest being the thread waiting for a core), memory per rank held (VmHWM growth over
 the ranks its stats hold). A summary JSON line goes to bench/results/incidents_scale.jsonl with the commit,
 the date and the command line (--no-record: printed only).
 """
@@ -89,9 +90,9 @@ from agent.config import NatsConfig
 from agent.logsetup import configure
 from agent.nats_link import stream_configs
 from agent.nats_server import NatsCluster, NatsServerProcess
-from gna_types.subjects import EVENTS_PREFIX, JOBS_PREFIX, SIGNALS_PREFIX, encode_token, subjects_for
 from fleet.incident_service import incident_versions
 from fleet.incidents import INCIDENTS_BUCKET, owner
+from gna_types.subjects import EVENTS_PREFIX, JOBS_PREFIX, SIGNALS_PREFIX, encode_token, subjects_for
 from sim.scenarios import generate
 
 REPO = Path(__file__).resolve().parent.parent
@@ -716,6 +717,8 @@ def held(last: dict[str, Any], hwm: float, hwm0: float, ranks: int, stall_total:
             "processes_held": last.get("processes_held"),
             "kib_per_rank": (hwm - hwm0) * 1024 / ranks if ranks else None,
             "stall_max_ms": stall_total, "stall_window_ms": stall_window,
+            # of the longest stall, at most this much was the correlator's own CPU (the rest: waiting for a core)
+            "stall_cpu_max_ms": last.get("loop_stall_cpu_max_ms"),
             "published": last.get("published"), "publish_same": last.get("publish_same"),
             "publish_retries": last.get("publish_retries"), "rejected": last.get("rejected"),
             "refused": last.get("refused"), "dropped_jobs": last.get("dropped_jobs")}
@@ -931,7 +934,8 @@ def run_many_jobs(args: argparse.Namespace, work: Path) -> dict[str, Any]:
           f"{secs(f['cpu_total_s'])} s (membership {secs(f['cpu_members_s'])} s, the rest {secs(f['cpu_faults_s'])} s)"
           f", peak RSS "
           f"{secs(f['hwm_mib'])} MiB ({secs(f['kib_per_rank'])} KiB a rank over {f['ranks_held']} ranks held), "
-          f"max loop stall {secs(f['stall_max_ms'])} ms (measured phases: {secs(f['stall_window_ms'])} ms); "
+          f"max loop stall {secs(f['stall_max_ms'])} ms (measured phases: {secs(f['stall_window_ms'])} ms; "
+          f"the correlator's own CPU in a stall at most {secs(f['stall_cpu_max_ms'])} ms); "
           f"healthy jobs blamed: {f['healthy_blamed']}"
           + (f"; logged: {f['correlator_problems']}" if f["correlator_problems"] else ""))
     for m in metas:

@@ -158,11 +158,10 @@ class Follower:
 
     async def target(self, timeout: float = 1.0) -> int | None:
         """The stream sequence this follower must have handed on to hold everything its stream held a moment
-        ago (on its subjects): its consumer is asked first (it answers while the stream elects a leader) and,
-        with nothing pending, the mark is what it delivered (at most one message in flight); otherwise the
-        stream's last sequence. None when neither answers within ``timeout`` (a consumer on a server that died,
-        a stream without a leader and no consumer to ask). A fixed mark, not a fresh one each time: under
-        steady traffic a follower a little behind never meets a moving one."""
+        ago: what its consumer delivered when nothing is pending (at most one message in flight), else the
+        stream's last sequence. None when neither answers within ``timeout`` (a consumer on a server that
+        died, a stream without a leader and no consumer to ask). Taken once and waited for: under steady
+        traffic a follower a little behind never meets a fresh mark each time."""
         try:
             if self._sub is not None:
                 with contextlib.suppress(TimeoutError):
@@ -174,6 +173,25 @@ class Follower:
         except Exception:  # no leader, no answer: not known
             return None
 
+    @property
+    def recovering(self) -> bool:
+        """Between losing a consumer and having its replacement (``js.subscribe`` can wait out an election
+        for its whole timeout, showing no other sign of life meanwhile)."""
+        return self.ready.is_set() and self._sub is None and not self.done.is_set()
+
+    async def drained(self, timeout: float = 1.0) -> bool:
+        """Whether its consumer says nothing is pending beyond what was handed on: how a follower of some
+        subjects is current though the stream's last message is one it does not follow (that mark is
+        never reached)."""
+        if self._sub is None:
+            return False
+        try:
+            info = await asyncio.wait_for(self._sub.consumer_info(), timeout)
+        except Exception:  # no answer: not known
+            return False
+        d = info.delivered
+        return not info.num_pending and ((d.stream_seq or 0) if d is not None else 0) <= self.last
+
     async def reached(self, mark: int, settle: float = 0.25) -> bool:
         """Whether ``mark`` has been handed on, waiting up to ``settle`` s for it."""
         t0 = time.monotonic()
@@ -184,7 +202,7 @@ class Follower:
     async def current(self, timeout: float = 1.0, settle: float = 0.25) -> bool:
         """Whether everything the stream held a moment ago (on this follower's subjects) has been handed on."""
         mark = await self.target(timeout)
-        return mark is not None and await self.reached(mark, settle)
+        return (mark is not None and await self.reached(mark, settle)) or await self.drained(timeout)
 
     async def _drop(self) -> None:
         sub, self._sub = self._sub, None

@@ -24,17 +24,6 @@ from nats.js.api import KeyValueConfig
 from agent import natsclient
 from agent.config import NatsConfig
 from agent.nats_link import StreamRefused, await_stream, open_kv, stream_configs
-from gna_types.subjects import (
-    EVENTS_PREFIX,
-    INCIDENTS_PREFIX,
-    JOB_BUCKETS,
-    JOBS_PREFIX,
-    SIGNALS_PREFIX,
-    STRAGGLERS_PREFIX,
-    decode_token,
-    encode_token,
-    job_bucket_filters,
-)
 from fleet.follow import Follower
 from fleet.incidents import (
     INCIDENTS_BUCKET,
@@ -49,6 +38,17 @@ from fleet.leases import DEFAULT_TTL, Leases, open_bucket
 from fleet.stragglers import STRAGGLERS_BUCKET, StragglerWatch
 from fleet.wire import Rejected, Rejections, decode_event, decode_job, decode_signals
 from gna_sdk.aio import wait_event, within
+from gna_types.subjects import (
+    EVENTS_PREFIX,
+    INCIDENTS_PREFIX,
+    JOB_BUCKETS,
+    JOBS_PREFIX,
+    SIGNALS_PREFIX,
+    STRAGGLERS_PREFIX,
+    decode_token,
+    encode_token,
+    job_bucket_filters,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -116,6 +116,9 @@ class IncidentService:
         self.skipped = 0  # messages read off their subject as another replica's (or a copy) and not decoded
         self.stats_interval = stats_interval
         self.loop_stall_max_ms = 0.0  # the longest the event loop was held, since start
+        # of it, at most this much was the process's own work (its thread's CPU time over the late interval):
+        # the rest was the thread waiting for a core (on a machine shared with publishers and a server)
+        self.loop_stall_cpu_max_ms = 0.0
 
     async def start(self) -> None:
         self.nc = await natsclient.connect(self.servers, cfg=self.nats_cfg, name="gpu-node-agent-correlator",
@@ -379,23 +382,23 @@ class IncidentService:
         verdicts wait until the events follower has handed on everything the stream held when the hold
         began (``Follower.target``: asked once, then waited for; a fresh mark each round is never met by a
         follower a little behind under steady traffic, as on CI's 2 cores). A follower that shows no life
-        (nothing handed on, no resubscription, no retry) is waited for LAG_HOLD_MAX_S, one recovering from a
-        server's loss up to LAG_HOLD_LIMIT_S; then the jobs are judged anyway (logged) and judged again as
-        the findings arrive."""
+        (nothing handed on, no resubscription, no retry, not waiting for a new consumer) is waited for
+        LAG_HOLD_MAX_S, one recovering from a server's loss up to LAG_HOLD_LIMIT_S; then the jobs are
+        judged anyway (logged) and judged again as the findings arrive."""
         f = next((f for f in self.followers if f.until is None and f.stream == self.nats_cfg.stream), None)
         if f is None or not f.ready.is_set():
             return True  # not following yet: _ready_to_judge waits for the history
         now = time.monotonic()
         if self._findings_mark is None:  # what the stream held when the hold began: a fixed target
             self._findings_mark = await f.target()
-        if self._findings_mark is not None and await f.reached(self._findings_mark):
+        if (self._findings_mark is not None and await f.reached(self._findings_mark)) or await f.drained():
             self._findings_behind_since = self._findings_mark = None
             return True
         self.findings_waits += 1
         life = (f.last, f.resubscribes, f.failures, f.unanswered)
         if self._findings_behind_since is None:
             self._findings_behind_since = now
-        if life != self._findings_life:
+        if life != self._findings_life or f.recovering:
             self._findings_life, self._findings_alive_at = life, now
         held, quiet = now - self._findings_behind_since, now - max(self._findings_alive_at, self._findings_behind_since)
         if held < LAG_HOLD_MAX_S or (quiet < LAG_HOLD_MAX_S and held < LAG_HOLD_LIMIT_S):
@@ -575,24 +578,30 @@ class IncidentService:
                 "leases": ({"held": sorted(self.leases.held), "takeovers": self.leases.takeovers,
                             "reclaimed": self.leases.reclaimed, "errors": self.leases.errors}
                            if self.leases is not None else None),
-                "loop_stall_max_ms": round(self.loop_stall_max_ms, 1), **self.tracker.stats()}
+                "loop_stall_max_ms": round(self.loop_stall_max_ms, 1),
+                "loop_stall_cpu_max_ms": round(self.loop_stall_cpu_max_ms, 1), **self.tracker.stats()}
 
     async def _stats_loop(self) -> None:
         """The loop-stall probe (how late a short sleep wakes: what held the loop that long held every
-        message and verdict behind it) and the periodic stats line."""
-        last = time.monotonic()
-        window_max = 0.0
+        message and verdict behind it) and the periodic stats line. A late wake-up is the loop held by a
+        callback, or the thread waiting for a core: the thread's CPU time over the interval bounds the
+        first (``loop_stall_cpu_max_ms``)."""
+        last, last_cpu = time.monotonic(), time.thread_time()
+        window_max = window_cpu = 0.0
         next_line = last + self.stats_interval
         while True:
             await asyncio.sleep(STALL_PROBE_S)
-            now = time.monotonic()
+            now, cpu = time.monotonic(), time.thread_time()
             stall = max(0.0, now - last - STALL_PROBE_S) * 1000.0
-            last = now
-            window_max = max(window_max, stall)
+            own = min(stall, (cpu - last_cpu) * 1000.0)
+            last, last_cpu = now, cpu
+            window_max, window_cpu = max(window_max, stall), max(window_cpu, own)
             self.loop_stall_max_ms = max(self.loop_stall_max_ms, stall)
+            self.loop_stall_cpu_max_ms = max(self.loop_stall_cpu_max_ms, own)
             if now >= next_line:
-                log.info("correlator_stats", **{**self.stats(), "loop_stall_window_ms": round(window_max, 1)})
-                window_max = 0.0
+                log.info("correlator_stats", **{**self.stats(), "loop_stall_window_ms": round(window_max, 1),
+                                                "loop_stall_cpu_window_ms": round(window_cpu, 1)})
+                window_max = window_cpu = 0.0
                 next_line = now + self.stats_interval
 
 

@@ -17,9 +17,9 @@ from agent.config import NatsConfig
 from agent.message import encode, make_message
 from agent.nats_link import JOBS_STREAM_TRANSFORM, StreamRefused, ensure_stream, stream_configs
 from agent.nats_server import NatsServerProcess
-from gna_types.subjects import JOB_BUCKETS, encode_token, job_bucket, job_subject, stored_job_subject
 from fleet.incident_service import LAG_HOLD_LIMIT_S, LAG_HOLD_MAX_S, IncidentService
 from fleet.incidents import owner, partition_buckets
+from gna_types.subjects import JOB_BUCKETS, encode_token, job_bucket, job_subject, stored_job_subject
 
 
 def _names(n: int, seed: int) -> list[str]:
@@ -140,6 +140,7 @@ async def test_verdicts_wait_for_the_hardware_findings_stored_before_them() -> N
         name = "incidents:GNA_EVENTS"
         last = 7
         resubscribes = failures = unanswered = 0
+        recovering = False
         ready = asyncio.Event()
         marks = 0
 
@@ -149,6 +150,9 @@ async def test_verdicts_wait_for_the_hardware_findings_stored_before_them() -> N
 
         async def reached(self, mark: int) -> bool:
             return self.last >= mark
+
+        async def drained(self) -> bool:
+            return False
 
     f = Findings()
     svc.followers = [f]  # type: ignore[list-item]
@@ -169,6 +173,11 @@ async def test_verdicts_wait_for_the_hardware_findings_stored_before_them() -> N
     assert svc._findings_mark is None
     assert not await svc._findings_current()  # a new hold; a follower that shows no life: LAG_HOLD_MAX_S
     assert svc._findings_behind_since is not None
+    svc._findings_behind_since -= LAG_HOLD_MAX_S + 0.1
+    svc._findings_alive_at -= LAG_HOLD_MAX_S + 0.1
+    f.recovering = True  # waiting for a new consumer (js.subscribe through an election): life, though no count moved
+    assert not await svc._findings_current()
+    f.recovering = False
     svc._findings_behind_since -= LAG_HOLD_MAX_S + 0.1
     svc._findings_alive_at -= LAG_HOLD_MAX_S + 0.1
     assert await svc._findings_current()
