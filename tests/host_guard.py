@@ -15,11 +15,18 @@ temporary directory holds and the kernel log's next sequence number; at the end 
 
 ``GNA_TEST_HOST_GUARD=0`` turns it off, for a developer whose other work writes to the same
 temporary directory while the suite runs.
+
+Where /dev/shm is a writable tmpfs, the tests' ``tmp_path`` directories live there (``--basetemp``
+/dev/shm/gna-pytest-<uid>-<pid>, removed after a passing run; a failed run keeps it for debugging until
+the next run, which removes those whose process has ended): the suite creates tens of thousands of small files (host-root trees, per-rank
+logs, JetStream stores), and on CI's disk each creation costs ~0.7 ms (a 4-node scenario: 3.3 s on
+disk, 0.2 s on tmpfs). ``GNA_TEST_TMPFS=0``, or an explicit ``--basetemp``, keeps pytest's default.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -82,6 +89,35 @@ def _holds_a_file(path: Path) -> bool:
     return any(not p.is_dir() or p.is_symlink() for p in path.rglob("*"))
 
 
+SHM = Path("/dev/shm")
+
+
+def _tmpfs_basetemp() -> Path | None:
+    if os.environ.get("GNA_TEST_TMPFS", "1") == "0" or not SHM.is_dir() or not os.access(SHM, os.W_OK):
+        return None
+    try:
+        with open("/proc/self/mounts", encoding="utf-8") as fh:
+            if not any(f[1] == str(SHM) and f[2] == "tmpfs" for f in (line.split() for line in fh) if len(f) > 2):
+                return None
+    except OSError:
+        return None
+    prefix = f"gna-pytest-{os.getuid()}-"
+    for old in SHM.glob(prefix + "*"):  # a finished run's directory, kept because it failed
+        pid = old.name.removeprefix(prefix)
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(old, ignore_errors=True)
+    # one directory per pytest process: a session started by a test (pytester, a subprocess) has
+    # its own and cannot remove the outer session's directories
+    return SHM / f"{prefix}{os.getpid()}"
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's tmpdir plugin reads the option
+def pytest_configure(config: pytest.Config) -> None:
+    if config.option.basetemp is None and (base := _tmpfs_basetemp()) is not None:
+        config.option.basetemp = str(base)
+        _state["tmpfs_basetemp"] = base
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     if not _enabled():
         return
@@ -115,6 +151,9 @@ def leftovers() -> tuple[list[str], list[str]]:
 
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    base = _state.get("tmpfs_basetemp")
+    if isinstance(base, Path) and exitstatus == 0:
+        shutil.rmtree(base, ignore_errors=True)
     if not _enabled() or "tmp" not in _state or exitstatus != 0:
         return  # a failed run keeps its failed tests' directories on purpose
     left, misleading = leftovers()

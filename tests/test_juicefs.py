@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import tempfile
@@ -171,13 +172,32 @@ def _can_mount_tmpfs() -> bool:
         shutil.rmtree(d, ignore_errors=True)
 
 
+def _fs_type(path: Path) -> str:
+    """The live host's filesystem type under ``path`` (the longest mount point above it)."""
+    best, kind = "", ""
+    with open("/proc/self/mounts", encoding="utf-8") as fh:
+        for line in fh:
+            f = line.split()
+            if len(f) > 2 and len(f[1]) > len(best) and (str(path) + "/").startswith(f[1].rstrip("/") + "/"):
+                best, kind = f[1], f[2]
+    return kind
+
+
+def _disk_dir() -> Path | None:
+    """A directory on a real disk: the tests' tmp_path may be on tmpfs (tests/host_guard.py)."""
+    for d in (Path(tempfile.gettempdir()), Path(__file__).resolve().parent):
+        if _fs_type(d.resolve()) not in ("tmpfs", "ramfs", "") and os.access(d, os.W_OK):
+            return d
+    return None
+
+
 @pytest.mark.skipif(not _can_mount_tmpfs(), reason="cannot mount tmpfs here (needs CAP_SYS_ADMIN in this namespace)")
+@pytest.mark.skipif(_disk_dir() is None, reason="neither the temporary directory nor the checkout is on a disk")
 async def test_real_tmpfs_vs_real_disk_on_the_live_host(tmp_path: Path) -> None:
     tmpfs = tmp_path / "ram-cache"
-    disk = tmp_path / "disk-cache"
     tmpfs.mkdir()
-    disk.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(tmpfs)], check=True)
+    disk = Path(tempfile.mkdtemp(prefix="gna-disk-cache-", dir=_disk_dir()))
     try:
         sink = Sink()
         mounts = [jmod.MountConfig(mountpoint="/nonexistent/a", cache_dirs=[str(tmpfs)]),
@@ -185,6 +205,7 @@ async def test_real_tmpfs_vs_real_disk_on_the_live_host(tmp_path: Path) -> None:
         await _collector(Path("/"), sink, mounts=mounts).collect()
     finally:
         subprocess.run(["umount", str(tmpfs)], check=False)
+        shutil.rmtree(disk, ignore_errors=True)
     eph = [(m.entity, m.reason) for m in sink.messages if m.type == "JuiceFSCacheEphemeral"]
     assert eph == [(f"juicefs:/nonexistent/a:{tmpfs}", "tmpfs")]
 

@@ -148,21 +148,22 @@ def _collector(host: SimHost | Path, sink: Sink, state_dir: Path | None, tracker
     return KmsgXidCollector(KmsgXidConfig(**cfg), HostRoot(root), em)  # type: ignore[arg-type]
 
 
-async def test_storm_of_800k_identical_xids_is_a_handful_of_messages(tmp_path: Path) -> None:
+@pytest.mark.parametrize("records", [100_000, pytest.param(800_000, marks=pytest.mark.slow)])
+async def test_storm_of_identical_xids_is_a_handful_of_messages(tmp_path: Path, records: int) -> None:
     host = SimHost.gpu_node(tmp_path / "h", gpus=1)
     host.set_boot("b1", uptime=60)  # the storm is the last minute: inside check's look-back
     line = b"NVRM: Xid (PCI:0000:18:00): 95, pid='<unknown>', name=<unknown>, Uncontained ECC error.\n"
     with open(host.p("/dev/kmsg"), "wb") as fh:
-        fh.write(b"".join(b"3,%d,%d,-;" % (i, i * 10) + line for i in range(1, 800_001)))
+        fh.write(b"".join(b"3,%d,%d,-;" % (i, i * 10) + line for i in range(1, records + 1)))
     sink = Sink()
     t0 = time.perf_counter()
     await _collector(host, sink, None).check()
     elapsed = time.perf_counter() - t0
     xid = [m for m in sink.messages if m.type == "GPUXidError"]
     assert len(sink.messages) <= 5, [m.type for m in sink.messages]
-    assert xid[0].details["count"] == 1 and xid[-1].details["count"] == 800_000
+    assert xid[0].details["count"] == 1 and xid[-1].details["count"] == records
     assert {m.type for m in sink.messages} == {"GPUXidError", "GPUFatalXid"}
-    print(f"800k records in {elapsed:.1f}s")
+    print(f"{records} records in {elapsed:.1f}s")
 
 
 async def _run_until(c: KmsgXidCollector, done: object, settle: float = 0.2, timeout: float = 15.0) -> None:

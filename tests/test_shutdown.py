@@ -229,7 +229,7 @@ def _rounds(n: int, tmp_path: Path, nats_server: NatsServerProcess) -> None:
 @pytest.mark.timeout(300)
 def test_sigterm_is_bounded_under_saturated_cpu(tmp_path: Path, nats_server: NatsServerProcess,
                                                 cpu_saturated: int) -> None:
-    _rounds(3, tmp_path, nats_server)
+    _rounds(1, tmp_path, nats_server)  # one round in the default run; 25 under the slow marker
 
 
 @pytest.mark.slow
