@@ -33,7 +33,6 @@ from collectors.kmsg_parse import (
     parse_record,
     parse_text_line,
 )
-from collectors.verdicts import verdict
 from collectors.xid_catalog import classify, emit_sxid, emit_xid
 from gna_sdk import Aggregator, CollectorSettings, Emitter, HostPaths
 from gna_sdk.aio import wait_event
@@ -41,6 +40,7 @@ from gna_sdk.inotify import IN_MODIFY, Inotify
 from gna_sdk.persist import boot_id
 from gna_sdk.statefile import is_int, read_state, write_state
 from gna_types import entities
+from gna_types.policy import verdict
 
 log = structlog.get_logger(__name__)
 

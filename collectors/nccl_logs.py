@@ -50,13 +50,13 @@ from collectors.nccl_parse import (
 )
 from collectors.nccl_paths import Unjudged, far_nic_finding, nearest_nic_names, parse_nccl_version, rank_gdr_finding
 from collectors.pcie_paths import Finding, Topology, read_topology
-from collectors.verdicts import verdict
 from gna_sdk import CollectorSettings, Emitter, HostPaths, Severity, SuggestedAction
 from gna_sdk.hostroot import HostRoot
 from gna_sdk.ids import derived_id
 from gna_sdk.tailer import TailedFile, Tailer
 from gna_types import entities
 from gna_types.entities import pci_from_nccl
+from gna_types.policy import verdict
 
 log = structlog.get_logger(__name__)
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from collectors.pcie_paths import PCIE_LADDER, Finding, PciNode, Topology, pcie_distance, rank
-from gna_sdk import Severity, SuggestedAction
+from gna_types.policy import verdict
 
 # NCCL path types up to PATH_SYS per version (src/graph/topo.h, or src/include/graph.h since 2.24):
 # the names ncclGetLevel (src/graph/paths.cc) accepts in NCCL_NET_GDR_LEVEL, in ladder order.
@@ -207,24 +207,10 @@ def nccl_path(topo: Topology, a: str, b: str) -> str:
 
 # -- findings --------------------------------------------------------------------------------------------
 
-# (type, reason) -> (severity, suggested action): docs/topology.md section 8 prints the same (a test compares).
-# A job's log never cordons: a far NIC whose port is down is the node's hardware (inspect_hardware); a NIC the
-# job's NCCL_IB_HCA or container hid, a level the job set, are the job's configuration (fix_config).
-NCCL_PATH_POLICY: dict[tuple[str, str], tuple[Severity, SuggestedAction]] = {
-    ("NCCLFarNIC", "NearestNICDown"): ("warning", "inspect_hardware"),
-    ("NCCLFarNIC", "NearestNICNotSelected"): ("warning", "fix_config"),
-    ("NCCLFarNIC", "NearestNICUnused"): ("warning", "fix_config"),
-    ("NCCLGDRLevel", "GDRDisabledByLevel"): ("warning", "fix_config"),
-    ("NCCLGDRLevel", "InvalidLevel"): ("warning", "fix_config"),
-    ("NCCLGDRLevel", "IntegerLevel"): ("warning", "fix_config"),
-    ("NCCLGDRLevel", "NotReadByThisVersion"): ("info", "fix_config"),
-}
-
-
 def _finding(type_: str, reason: str, message: str, *, entity: str = "",
              details: Mapping[str, Any] | None = None) -> Finding:
-    severity, action = NCCL_PATH_POLICY[(type_, reason)]
-    return Finding(type_, severity, reason, message, entity, dict(details or {}), action)
+    v = verdict(type_, reason)  # gna_types/policy.py NCCL_PATH_FINDINGS
+    return Finding(type_, v.severity, reason, message, entity, dict(details or {}), v.action)
 
 
 def gdr_level_finding(level: str, gpu_nic_distance: str, nccl_version: str | None) -> Finding | None:

@@ -44,11 +44,12 @@ from collectors.pcie_paths import (
     read_attr,
     read_topology,
 )
-from gna_sdk import CollectorSettings, Emitter, HostPaths, Severity, SuggestedAction, plural
+from gna_sdk import CollectorSettings, Emitter, HostPaths, plural
 from gna_sdk.hostroot import HostRoot
 from gna_sdk.persist import BootScopedSet, boot_id
 from gna_types import entities
 from gna_types.entities import normal_pci
+from gna_types.policy import verdict
 
 MAX_NVML_GPUS = 64
 MAX_NVLINKS = 64
@@ -87,28 +88,10 @@ def matrix(topo: Topology, nvlinks: Mapping[str, Sequence[str]] | None = None, *
 
 
 
-# (type, reason) -> (severity, suggested action): one table, docs/topology.md prints the same (a test compares).
-# `cordon` only where the node cannot run new GPU work and the evidence is unambiguous (NVML says the fabric
-# is not registered); a host set-up step that NVML cannot confirm is `fix_config`; hardware `inspect_hardware`.
-FINDING_POLICY: dict[tuple[str, str], tuple[Severity, SuggestedAction]] = {
-    ("PCIeLinkDegraded", "WidthBelowMax"): ("warning", "inspect_hardware"),
-    ("PCIeLinkDegraded", "SpeedBelowMaxUnderLoad"): ("warning", "inspect_hardware"),
-    ("NVLinkDegraded", "FewerNVLinksThanExpected"): ("warning", "inspect_hardware"),
-    ("NVLinkDegraded", "NoNVLinkLeft"): ("critical", "inspect_hardware"),
-    ("FabricManagerNotRunning", "GPUsNotRegistered"): ("critical", "cordon"),
-    ("FabricManagerNotRunning", "NoProcess"): ("critical", "fix_config"),
-    ("FabricManagerNotRunning", "FabricRegistered"): ("warning", "none"),
-    ("GPUFabricNotReady", "NotStarted"): ("critical", "cordon"),
-    ("GPUFabricNotReady", "InProgress"): ("critical", "cordon"),
-    ("GPUFabricNotReady", "UnknownState"): ("critical", "cordon"),
-    ("GPUFabricNotReady", "CompletedWithError"): ("critical", "cordon"),
-}
-
-
 def finding(type_: str, reason: str, message: str, *, entity: str = "",
             details: Mapping[str, Any] | None = None) -> Finding:
-    severity, action = FINDING_POLICY[(type_, reason)]
-    return Finding(type_, severity, reason, message, entity, dict(details or {}), action)
+    v = verdict(type_, reason)  # gna_types/policy.py TOPOLOGY_FINDINGS
+    return Finding(type_, v.severity, reason, message, entity, dict(details or {}), v.action)
 
 
 # -- NVML (pynvml): NVLinks, utilization, fabric state ---------------------------------------------------

@@ -11,9 +11,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from collectors.verdicts import verdict
 from gna_sdk import Emitter, Severity, SuggestedAction
 from gna_types import entities
+from gna_types.policy import verdict
 
 
 @dataclass(frozen=True)

@@ -43,18 +43,14 @@ from typing import Annotated, Any, ClassVar, Literal, Protocol, runtime_checkabl
 
 import msgspec
 
-Severity = Literal["info", "warning", "critical"]
+from gna_types.policy import SEVERITIES as SEVERITIES
+from gna_types.policy import SUGGESTED_ACTIONS as SUGGESTED_ACTIONS
+from gna_types.policy import Severity as Severity
+from gna_types.policy import SuggestedAction as SuggestedAction
+
 Kind = Literal["event", "condition"]
 Status = Literal["firing", "resolved"]
-SuggestedAction = Literal[
-    "none", "cordon", "reload_module", "warmup", "reboot", "inspect_hardware", "fix_config"
-]
 Details = Mapping[str, Any]
-
-SEVERITIES: tuple[Severity, ...] = ("info", "warning", "critical")
-SUGGESTED_ACTIONS: tuple[SuggestedAction, ...] = (
-    "none", "cordon", "reload_module", "warmup", "reboot", "inspect_hardware", "fix_config",
-)
 
 
 def severity_rank(severity: Any) -> int:

@@ -23,6 +23,7 @@ from collectors import nccl_paths as ncclp
 from collectors import pcie_paths as pp
 from collectors.nccl_parse import ProcessState, candidate_lines, match_line, parse_line
 from gna_sdk.hostroot import HostRoot
+from gna_types.policy import NCCL_PATH_FINDINGS
 from sim.host import SimHost
 from sim.topology import DGX_COMPUTE_NICS, DGX_GPUS, PCIE_GPUS, dgx_h100, pcie_8gpu
 from tests.conftest import validate_message
@@ -372,7 +373,8 @@ def test_far_nic_fires_exactly_when_a_used_nic_is_farther_than_the_nearest(
     far = any(pp.rank(pp.pcie_distance(dgx_topo, gpu, dgx_topo.resolve(u))) > best for u in used)
     assert (f is not None) is far
     if isinstance(f, pp.Finding):
-        assert (f.severity, f.suggested_action) == ncclp.NCCL_PATH_POLICY[(f.type, f.reason)]
+        v = NCCL_PATH_FINDINGS[(f.type, f.reason)]
+        assert (f.severity, f.suggested_action) == (v.severity, v.action)
         assert set(f.details["far_nics"]) <= set(used) and f.details["nearest_nics"]
         assert pp.rank(f.details["used_distance"]) > pp.rank(f.details["nearest_distance"])
 
@@ -457,7 +459,7 @@ def test_policy_tables_are_the_documented_ones() -> None:
         cells = [c.strip().strip("`") for c in line.strip().strip("|").split("|")]
         if len(cells) >= 5 and cells[0] in ("NCCLFarNIC", "NCCLGDRLevel"):
             rows.add((cells[0], cells[1], cells[2], cells[3]))
-    assert rows == {(ty, why, sev, act) for (ty, why), (sev, act) in ncclp.NCCL_PATH_POLICY.items()}
+    assert rows == {(ty, why, v.severity, v.action) for (ty, why), v in NCCL_PATH_FINDINGS.items()}
     messages = (docs / "messages.md").read_text()
     assert "| `NCCLFarNIC` | condition | nccl_logs |" in messages
     assert "| `NCCLGDRLevel` | condition | nccl_logs |" in messages

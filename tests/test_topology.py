@@ -37,6 +37,7 @@ from collectors import topology as t
 from collectors.pcie_paths import PciNode, Topology
 from collectors.topology import TopologyCollector, TopologyConfig
 from gna_sdk.hostroot import HostRoot
+from gna_types.policy import TOPOLOGY_FINDINGS
 from sim.host import SimHost
 from sim.topology import (
     DGX_GPUS,
@@ -1071,15 +1072,15 @@ def test_parsers_on_kernel_strings() -> None:
 
 
 def test_finding_policy_table_is_the_documented_one() -> None:
-    """docs/topology.md's findings table lists exactly FINDING_POLICY (type, reason, severity, action)."""
+    """docs/topology.md's findings table lists exactly TOPOLOGY_FINDINGS (type, reason, severity, action)."""
     doc = (Path(__file__).resolve().parent.parent / "docs" / "topology.md").read_text()
-    types = {ty for ty, _ in t.FINDING_POLICY}
+    types = {ty for ty, _ in TOPOLOGY_FINDINGS}
     rows = set()
     for line in doc.splitlines():
         cells = [c.strip().strip("`") for c in line.strip().strip("|").split("|")]
         if len(cells) >= 5 and cells[0] in types:  # | type | reason | severity | action | when |
             rows.add((cells[0], cells[1], cells[2], cells[3]))
-    assert rows == {(ty, why, sev, act) for (ty, why), (sev, act) in t.FINDING_POLICY.items()}
+    assert rows == {(ty, why, v.severity, v.action) for (ty, why), v in TOPOLOGY_FINDINGS.items()}
 
 
 def test_collector_keeps_the_plugin_contract() -> None:

@@ -17,6 +17,7 @@ from agent.message import make_message, to_dict
 from fleet.wire import Rejected, decode_event
 from gna_types import generate
 from gna_types.details import DETAILS_BY_TYPE, MAX_RANKS, ProcessSummary
+from gna_types.policy import POLICY, TABLES
 from gna_types.subjects import encode_token
 from tests.conftest import VALIDATOR
 
@@ -26,6 +27,25 @@ def test_the_schema_and_the_table_are_what_the_vocabulary_generates() -> None:
     doc = generate.DOC.read_text()
     for t in DETAILS_BY_TYPE:
         assert f"`{t}`" in doc.split(generate.BEGIN, 1)[1].split(generate.END, 1)[0]
+
+
+def test_every_policy_row_is_in_its_generated_table_and_a_hand_edit_is_caught() -> None:
+    pages = generate.pages()
+    for name, (page, rows) in TABLES.items():
+        text = pages[generate.ROOT / page]
+        begin, end = generate.markers(name)
+        block = text.split(begin, 1)[1].split(end, 1)[0]
+        assert len([line for line in block.splitlines() if line.startswith("| `")]) == len(rows)
+        for (t, r), v in rows.items():
+            assert f"| `{t}` | `{r}` | {v.severity} | `{v.action}` |" in block
+    (t, r), v = next(iter(POLICY.items()))
+    row = f"| `{t}` | `{r}` | {v.severity} | `{v.action}` |"
+    edited = generate.DOC.read_text().replace(row, f"| `{t}` | `{r}` | info | `none` |")
+    assert edited != generate.DOC.read_text()
+    assert generate._between(edited, generate.DOC, *generate.markers("graded"),
+                             generate.policy_table("graded")) == pages[generate.DOC]  # regenerated, not kept
+    with pytest.raises(SystemExit, match="markers"):
+        generate._between("no markers here", generate.DOC, *generate.markers("graded"), "")
 
 
 def _msg(type_: str, details: dict[str, Any], node: str = "gpu-001") -> dict[str, Any]:
