@@ -147,6 +147,45 @@ def add_commands(sub: argparse._SubParsersAction[Parser]) -> None:
                       "run until SIGTERM/SIGINT)")
     corr.set_defaults(handler=cmd_correlator)
 
+    export_codes = {0: STOPPED, EX_UNAVAILABLE: f"{UNREACHABLE}, or the [cloudevents] extra is not installed (the "
+                    "line says what to install)", EX_NOINPUT: "--auth-file cannot be read",
+                    EX_TEMPFAIL: CLOSED, EX_CONFIG: CONFIG}
+    export_what = ("Forward every event and condition of the event stream to an HTTP receiver "
+                   "as CloudEvents 1.0 (structured JSON; docs/exports.md). A durable consumer "
+                   "(gna-export-cloudevents) is acknowledged only after the receiver's 2xx: at least once, "
+                   "the message id as the event id. A receiver away or answering 408/429/5xx is retried "
+                   "for as long as it takes; one refusing an event (another 4xx) has that event given up, "
+                   "counted and logged.")
+    exp = sub.add_parser("export", help="forward the fleet's events to another system (CloudEvents over HTTP)",
+                         description=export_what, exit_codes=export_codes)
+    exp_sub = exp.add_subparsers(dest="export_format", required=True, parser_class=Parser)
+    ce = exp_sub.add_parser("cloudevents", help="CloudEvents 1.0 over HTTP (structured or batched)",
+                            description=export_what, exit_codes=export_codes)
+    add_nats(ce)
+    ce.add_argument("--url", required=True, help="the receiver's HTTP(S) URL (a Knative broker, an event gateway)")
+    ce.add_argument("--mode", choices=["single", "batch"], default="single",
+                    help="single: one event a request (application/cloudevents+json); batch: a JSON array a "
+                    "request (application/cloudevents-batch+json) (default single)")
+    ce.add_argument("--batch", type=positive_int, default=64, help="messages fetched, and in batch mode sent, at "
+                    "once (default 64)")
+    ce.add_argument("--header", action="append", default=[], metavar="NAME=VALUE",
+                    help="an HTTP header for every request (repeatable)")
+    ce.add_argument("--auth-file", help="a file whose first line is the Authorization header's value (e.g. "
+                    "'Bearer <token>'; kept out of the process list; default: no Authorization header)")
+    ce.add_argument("--type-prefix", default="io.github.gpu-node-agent",
+                    help="reverse-DNS prefix of every event type: <prefix>.<collector>.<Type> (default "
+                    "io.github.gpu-node-agent)")
+    ce.add_argument("--source-prefix", default="/gpu-node-agent",
+                    help="each event's source is <prefix>/nodes/<node> (default /gpu-node-agent)")
+    ce.add_argument("--new", action="store_true", help="a consumer created now starts at new messages (default: "
+                    "the stream's stored history first); an existing consumer resumes where it stopped")
+    ce.add_argument("--durable", default="gna-export-cloudevents",
+                    help="the durable consumer's name (the NATS layout's [names] export_durable; default "
+                    "gna-export-cloudevents)")
+    ce.add_argument("--duration", type=positive_float, help="stop by itself after this many seconds (default: "
+                    "run until SIGTERM/SIGINT)")
+    ce.set_defaults(handler=cmd_export)
+
     diag = sub.add_parser("diagnose", help="correlate several nodes' snapshots: which job, which culprit",
                           description="The fleet correlator over several nodes' snapshots, for post-mortems, without "
                           "NATS. A snapshot is a node's host root (--host-root: each root's one-shot checks run here, "
@@ -268,6 +307,65 @@ def cmd_correlator(args: argparse.Namespace) -> int:
         rc = await run_until_closed_or_stopped(
             watch, None if args.duration is None else max(0.0, start + args.duration - time.monotonic()))
         await svc.stop()
+        return rc
+
+    return asyncio.run(go())
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    import time
+    from pathlib import Path
+
+    from agent.logsetup import configure
+    from agent.natsclient import run_until_closed_or_stopped, watching
+    from gna_sdk.aio import within
+
+    try:
+        import aiohttp  # noqa: F401  (the sink's HTTP client)
+    except ModuleNotFoundError:
+        print("gpu-node-agent export: needs the [cloudevents] extra (module 'aiohttp' is not installed): "
+              "pip install 'gpu-node-agent[cloudevents]'", file=sys.stderr)
+        return EX_UNAVAILABLE
+    from fleet.cloudevents import check_type_prefix
+    from fleet.exporter import CloudEventsExporter, ExportSettings
+
+    cfg = configmod.load(args.config).agent
+    configure(cfg.log.level, cfg.log.format)
+    headers: dict[str, str] = {}
+    for h in args.header:
+        name, sep, value = h.partition("=")
+        if not sep or not name.strip():
+            print(f"gpu-node-agent: --header wants NAME=VALUE, got {h[:80]!r}", file=sys.stderr)
+            return EX_USAGE
+        headers[name.strip()] = value
+    if args.auth_file:
+        try:
+            headers["Authorization"] = Path(args.auth_file).read_text().splitlines()[0].strip()
+        except (OSError, IndexError) as exc:
+            print(f"gpu-node-agent: --auth-file {args.auth_file}: {exc if isinstance(exc, OSError) else 'empty'}",
+                  file=sys.stderr)
+            return EX_NOINPUT
+    if not args.url.startswith(("http://", "https://")):
+        print(f"gpu-node-agent: --url must be an http:// or https:// URL, got {args.url[:80]!r}", file=sys.stderr)
+        return EX_USAGE
+    try:
+        check_type_prefix(args.type_prefix)
+    except ValueError as exc:
+        print(f"gpu-node-agent: --type-prefix: {exc}", file=sys.stderr)
+        return EX_USAGE
+    settings = ExportSettings(url=args.url, mode=args.mode, batch=args.batch, headers=headers,
+                              type_prefix=args.type_prefix, source_prefix=args.source_prefix.rstrip("/"),
+                              durable=args.durable, deliver_new=args.new)
+    ncfg = nats_config(args)
+    start = time.monotonic()
+
+    async def go() -> int:
+        watch = watching()
+        exporter = CloudEventsExporter(nats_servers(args), settings, nats_cfg=ncfg)
+        await within(exporter.start(), ncfg.connect_timeout + 1)
+        rc = await run_until_closed_or_stopped(
+            watch, None if args.duration is None else max(0.0, start + args.duration - time.monotonic()))
+        await exporter.stop()
         return rc
 
     return asyncio.run(go())

@@ -72,12 +72,14 @@ class Names(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     incidents_bucket: str = "gna-incidents"  # fleet.incidents: the correlator's current incident per job
     leases_bucket: str = "gna-correlator-leases"  # fleet.leases: which correlator replica judges which jobs
     stragglers_bucket: str = "gna-stragglers"  # fleet.stragglers: the current straggler records
+    export_durable: str = "gna-export-cloudevents"  # fleet.exporter: the CloudEvents exporter's durable consumer
 
 
 class Roles(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     cordoner: list[str] = msgspec.field(default_factory=list)
     correlators: list[str] = msgspec.field(default_factory=list)
     readers: list[str] = msgspec.field(default_factory=list)
+    exporters: list[str] = msgspec.field(default_factory=list)
     admins: list[str] = msgspec.field(default_factory=list)
 
 
@@ -131,6 +133,7 @@ def check_layout(layout: Layout) -> None:
                      *((f"cordoner #{i}", k) for i, k in enumerate(layout.roles.cordoner)),
                      *((f"correlator #{i}", k) for i, k in enumerate(layout.roles.correlators)),
                      *((f"reader #{i}", k) for i, k in enumerate(layout.roles.readers)),
+                     *((f"exporter #{i}", k) for i, k in enumerate(layout.roles.exporters)),
                      *((f"admin #{i}", k) for i, k in enumerate(layout.roles.admins))]:
         if not _USER_NKEY.match(key):
             raise ValueError(f"{who}: {key!r} is not a user public nkey (U + 55 base32 characters)")
@@ -262,9 +265,7 @@ def correlator_permissions(layout: Layout) -> Permissions:
         f"{JS_API}.STREAM.MSG.GET.{_kv_stream(n.leases_bucket)}",
         f"{JS_API}.DIRECT.GET.{_kv_stream(n.leases_bucket)}.>",
     ]
-    deny = [f"{JS_API}.CONSUMER.CREATE.{n.stream}.{n.cordoner_durable}",
-            f"{JS_API}.CONSUMER.CREATE.{n.stream}.{n.cordoner_durable}.>"]
-    return Permissions(publish=publish, subscribe=[inbox("correlator")], publish_deny=deny)
+    return Permissions(publish=publish, subscribe=[inbox("correlator")], publish_deny=_durables_deny(layout))
 
 
 def reader_permissions(layout: Layout) -> Permissions:
@@ -304,11 +305,34 @@ def reader_permissions(layout: Layout) -> Permissions:
         # the incidents views: a watch of the bucket
         *_incidents_read(layout),
     ]
-    # CONSUMER.CREATE.<stream>.<name> creates *or updates* a consumer by that name: without this a
-    # reader could repoint the cordoner's durable consumer at itself.
-    deny = [f"{JS_API}.CONSUMER.CREATE.{n.stream}.{n.cordoner_durable}",
-            f"{JS_API}.CONSUMER.CREATE.{n.stream}.{n.cordoner_durable}.>"]
-    return Permissions(publish=publish, subscribe=[f"{HEARTBEAT_PREFIX}.>", inbox("reader")], publish_deny=deny)
+    return Permissions(publish=publish, subscribe=[f"{HEARTBEAT_PREFIX}.>", inbox("reader")],
+                       publish_deny=_durables_deny(layout))
+
+
+def _durables_deny(layout: Layout) -> list[str]:
+    """CONSUMER.CREATE.<stream>.<name> creates *or updates* a consumer by that name: without this a reader
+    could repoint the cordoner's durable consumer at itself, or narrow the exporter's filter so that
+    what it should forward is never delivered to it."""
+    n = layout.names
+    return [f"{JS_API}.CONSUMER.CREATE.{n.stream}.{d}{tail}"
+            for d in (n.cordoner_durable, n.export_durable) for tail in ("", ".>")]
+
+
+def exporter_permissions(layout: Layout) -> Permissions:
+    """fleet.exporter: one durable pull consumer on the events stream, acknowledged after the receiver's 2xx."""
+    n = layout.names
+    d = n.export_durable
+    publish = [
+        f"{JS_API}.STREAM.NAMES",
+        f"{JS_API}.STREAM.INFO.{n.stream}",  # ensure_stream: verified, never created
+        f"{JS_API}.CONSUMER.DURABLE.CREATE.{n.stream}.{d}",
+        f"{JS_API}.CONSUMER.CREATE.{n.stream}.{d}",
+        f"{JS_API}.CONSUMER.CREATE.{n.stream}.{d}.>",
+        f"{JS_API}.CONSUMER.INFO.{n.stream}.{d}",
+        f"{JS_API}.CONSUMER.MSG.NEXT.{n.stream}.{d}",
+        f"$JS.ACK.{n.stream}.{d}.>",  # ack/term/progress of its own durable's deliveries only
+    ]
+    return Permissions(publish=publish, subscribe=[inbox("exporter")])
 
 
 def _q(s: str) -> str:
@@ -341,6 +365,7 @@ def render_accounts(layout: Layout) -> str:
     for keys, comment, perms in ((layout.roles.cordoner, "cordoner", cordoner),
                                  (layout.roles.correlators, "correlator (incidents)", correlator_permissions(layout)),
                                  (layout.roles.readers, "reader (dashboard, top, events)", reader),
+                                 (layout.roles.exporters, "exporter (CloudEvents)", exporter_permissions(layout)),
                                  (layout.roles.admins, "admin (streams, buckets, budget reset)", None)):
         users += [line for k in keys for line in _user(k, comment, perms, ind)]
     return "\n".join([

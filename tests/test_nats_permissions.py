@@ -35,7 +35,7 @@ from gna_types.subjects import encode_token, event_subject, heartbeat_subject
 from tests.conftest import ROOT, agent_config, running_agent
 
 NODE_A, NODE_B = "node-a.example.com", "node-b.example.com"
-ROLES = ("a", "b", "cordoner", "reader", "admin", "correlator")
+ROLES = ("a", "b", "cordoner", "reader", "admin", "correlator", "exporter")
 DENIED_WAIT = 0.5  # a refused request gets no reply: how long to wait for one
 
 
@@ -96,7 +96,7 @@ def fleet(tmp_path: Path) -> Iterator[Fleet]:
     layout = Layout(server=ServerSettings(listen=f"127.0.0.1:{free_port()}", store_dir=str(tmp_path / "js")),
                     nodes={NODE_A: keys["a"], NODE_B: keys["b"]},
                     roles=Roles(cordoner=[keys["cordoner"]], readers=[keys["reader"]], admins=[keys["admin"]],
-                                correlators=[keys["correlator"]]))
+                                correlators=[keys["correlator"]], exporters=[keys["exporter"]]))
     server = RenderedServer(tmp_path / "nats", layout)
     server.start()
     yield Fleet(server, seeds, keys)
@@ -409,19 +409,24 @@ async def test_correlator_and_cordoner_work_on_incidents_with_their_own_permissi
     assert any("gna.events" in v for v in fleet.violations_of("correlator"))
 
 
-NON_ADMIN = ("a", "cordoner", "correlator", "reader")
+NON_ADMIN = ("a", "cordoner", "correlator", "reader", "exporter")
 
 
 def test_no_role_but_the_admin_may_create_or_change_a_stream_or_bucket() -> None:
     """#20: every stream and bucket is the admin step's; any other role could shape one (a republish onto another
     node's subjects). Nodes (with and without node_budget), the cordoner, correlators and readers: INFO at most."""
-    from fleet.nats_permissions import cordoner_permissions, correlator_permissions, reader_permissions
+    from fleet.nats_permissions import (
+        cordoner_permissions,
+        correlator_permissions,
+        exporter_permissions,
+        reader_permissions,
+    )
 
     _, key = new_user_seed()
     perms = {"node": node_permissions(NODE_A, Layout(nodes={NODE_A: key})),
              "node with node_budget": node_permissions(NODE_A, Layout(nodes={NODE_A: key}, node_budget=True)),
              "cordoner": cordoner_permissions(Layout()), "correlator": correlator_permissions(Layout()),
-             "reader": reader_permissions(Layout())}
+             "reader": reader_permissions(Layout()), "exporter": exporter_permissions(Layout())}
     for who, p in perms.items():
         shaping = [s for s in p.publish if s.startswith(("$JS.API.STREAM.", "$JS.API.>", "$JS.>", ">"))
                    and not s.startswith(("$JS.API.STREAM.INFO.", "$JS.API.STREAM.MSG.GET.", "$JS.API.STREAM.NAMES"))]
@@ -540,3 +545,50 @@ def test_cordoner_before_the_admin_step_exits_69_and_says_why(tmp_path: Path, fl
     err = r.stderr
     assert r.returncode == 69, err
     assert "stream GNA_EVENTS does not exist" in err and "nats setup" in err and "Traceback" not in err, err
+
+
+async def test_the_exporter_exports_with_its_own_permissions_and_nobody_repoints_its_consumer(
+        tmp_path: Path, fleet: Fleet, admin: Any) -> None:
+    """Issue 23 (4): the CloudEvents exporter (role exporters) reads the events stream through its one durable
+    consumer and acknowledges its deliveries, and can publish nothing; a reader cannot create or update a
+    consumer by the exporter's name (it could narrow the filter and silence the export)."""
+    from aiohttp import web
+    from nats.js.api import ConsumerConfig
+
+    from fleet.exporter import CloudEventsExporter, ExportSettings
+
+    got: list[dict[str, Any]] = []
+
+    async def handle(request: web.Request) -> web.Response:
+        got.append(json.loads(await request.read()))
+        return web.Response(status=204)
+
+    app = web.Application()
+    app.router.add_post("/", handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}/"
+    await _emit_as_node_a(tmp_path, fleet, "e1", admin)
+    exp = CloudEventsExporter([fleet.url], ExportSettings(url=url), nats_cfg=fleet.cfg("exporter"))
+    await exp.start()
+    try:
+        for _ in range(200):
+            if exp.exported:
+                break
+            await asyncio.sleep(0.05)
+        assert [(e["source"], e["subject"]) for e in got] == [(f"/gpu-node-agent/nodes/{NODE_A}", "e1")]
+        info = await admin.jetstream().consumer_info("GNA_EVENTS", "gna-export-cloudevents")
+        assert info.num_ack_pending == 0 and info.num_pending == 0  # its acks were allowed
+        js = exp.nc.jetstream(timeout=DENIED_WAIT)
+        await _denied(js.publish(event_subject(NODE_A, "burst", "critical"), b"{}"))
+    finally:
+        await exp.stop()
+        await runner.cleanup()
+    r = await fleet.connect("reader")
+    try:
+        await _denied(r.jetstream(timeout=DENIED_WAIT).add_consumer("GNA_EVENTS", ConsumerConfig(
+            name="gna-export-cloudevents", durable_name="gna-export-cloudevents", filter_subject="gna.events.none")))
+    finally:
+        await r.close()
+    assert len(fleet.violations_of("exporter")) == 1 and len(fleet.violations_of("reader")) == 1
