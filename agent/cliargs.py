@@ -29,7 +29,7 @@ AddCommands = Callable[["argparse._SubParsersAction[Parser]"], None]
 
 # Modules only some installs carry, and the extra that brings each.
 EXTRAS = {"aiohttp": "fleet", "rich": "fleet", "lightkube": "kubernetes",
-          "hyperscan": "fast-scan", "re2": "fast-scan"}
+          "hyperscan": "fast-scan", "re2": "fast-scan", "grpc": "nvsentinel"}
 
 
 USAGE_ERROR = "usage error: an unknown option or command, a missing or bad value"

@@ -88,6 +88,21 @@ class LogConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     format: Literal["auto", "json", "console"] = "auto"
 
 
+class NVSentinelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """[exports.nvsentinel]: feed NVSentinel's platform connector on this node (docs/exports.md)."""
+
+    enabled: bool = False
+    socket: str = "/var/run/nvsentinel.sock"  # platform-connectors' --socket (gRPC over a Unix socket)
+    min_severity: Literal["info", "warning", "critical"] = "warning"
+    resync_seconds: float = 300.0  # firing conditions re-sent this often (NVSentinel restarted, state lost)
+    timeout_seconds: float = 5.0  # one RPC
+    max_pending_events: int = 1000  # events (not conditions) kept while NVSentinel is away; the oldest dropped
+
+
+class ExportsConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    nvsentinel: NVSentinelConfig = msgspec.field(default_factory=NVSentinelConfig)
+
+
 class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     node: str = ""
     host_root: str = "/"
@@ -101,6 +116,7 @@ class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     log: LogConfig = msgspec.field(default_factory=LogConfig)
     collectors: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)
     remediations: RemediationsConfig = msgspec.field(default_factory=RemediationsConfig)
+    exports: ExportsConfig = msgspec.field(default_factory=ExportsConfig)
 
     def node_name(self) -> str:
         """The configured name; else, under a host root, that host's own ``/etc/hostname`` (a check
@@ -343,6 +359,15 @@ def _check_values(config: Config, file: str, text: str) -> None:
             fail(f"collectors.{name}.jitter", "must be in [0, 1)")
         if cc.timeout <= 0:
             fail(f"collectors.{name}.timeout", "must be > 0")
+    nv = cfg.exports.nvsentinel
+    if nv.resync_seconds <= 0:
+        fail("exports.nvsentinel.resync_seconds", "must be > 0")
+    if nv.timeout_seconds <= 0:
+        fail("exports.nvsentinel.timeout_seconds", "must be > 0")
+    if nv.max_pending_events < 1:
+        fail("exports.nvsentinel.max_pending_events", "must be >= 1")
+    if nv.enabled and not nv.socket.startswith("/"):
+        fail("exports.nvsentinel.socket", f"must be an absolute path, got {nv.socket[:80]!r}")
     if cfg.metrics.listen and not re.match(r"^[^:]+:\d+$|^\[[0-9a-fA-F:]+\]:\d+$", cfg.metrics.listen):
         fail("metrics.listen", f"expected HOST:PORT, got {cfg.metrics.listen!r}")
 

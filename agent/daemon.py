@@ -65,6 +65,7 @@ class Agent:
         self.runners: dict[str, CollectorRunner] = {}
         self._collector_tasks: dict[str, asyncio.Task[None]] = {}
         self._tasks: list[asyncio.Task[Any]] = []
+        self.nvsentinel: Any = None  # agent.nvsentinel_sink.NVSentinelSink when [exports.nvsentinel] is on
         self._stop = asyncio.Event()
         self._reload = asyncio.Event()
         self.restart_needed: dict[str, str] = {}  # config sections changed on disk that need a restart
@@ -306,6 +307,26 @@ class Agent:
             self.engine.attempts = old.attempts
             self.engine.triggers = old.triggers
 
+    def _start_nvsentinel(self, loop: asyncio.AbstractEventLoop) -> None:
+        """[exports.nvsentinel]: a bus subscriber feeding NVSentinel's platform connector (docs/exports.md).
+        Without its extra the agent runs on and says why once; nothing else depends on it."""
+        nv = self.cfg.exports.nvsentinel
+        if not nv.enabled:
+            return
+        import importlib.util
+
+        if importlib.util.find_spec("grpc") is None:
+            log.error("nvsentinel_export_unavailable", reason="module 'grpc' is not installed: "
+                      "pip install 'gpu-node-agent[nvsentinel]'")
+            return
+        from agent.nvsentinel_sink import NVSentinelSink
+
+        assert self.bus is not None and self.tracker is not None
+        self.nvsentinel = NVSentinelSink(nv, self.node)
+        self.nvsentinel.seed(list(self.tracker.active.values()))
+        self.bus.subscribe("nvsentinel", self.nvsentinel.on_message)
+        self._tasks.append(loop.create_task(self.nvsentinel.run(), name="exports:nvsentinel"))
+
     async def run(self, duration: float | None = None) -> int:
         loop = asyncio.get_running_loop()
         self._install_signal_handlers(loop)
@@ -338,6 +359,7 @@ class Agent:
             # so it never cordons as a victim; in dry-run nothing is cordoned and no bucket access is needed
             self.watching_incidents = True
             self._tasks.append(loop.create_task(self._watch_incidents(self.link), name="remediation:incidents"))
+        self._start_nvsentinel(loop)
         if self.cfg.metrics.listen:
             self.metrics_server = MetricsServer(self.metrics, self.cfg.metrics.listen, self.health,
                                                 self.refresh_metrics)
@@ -397,6 +419,9 @@ class Agent:
                 if not await within(self.forwarder.drain(left(after_drain)), left(after_drain)):
                     log.warning("shutdown_spool_not_drained", depth=self.spool.depth if self.spool else 0)
         self._abandon(await cancel_and_wait(self._tasks, left(cap=0.5)))
+        if self.nvsentinel is not None:
+            with contextlib.suppress(Exception):
+                await within(self.nvsentinel.close(), left(cap=0.5))
         if self.link:
             with contextlib.suppress(Exception):
                 await within(self.link.close(), left(cap=0.5))
