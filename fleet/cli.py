@@ -161,30 +161,41 @@ def add_commands(sub: argparse._SubParsersAction[Parser]) -> None:
     exp_sub = exp.add_subparsers(dest="export_format", required=True, parser_class=Parser)
     ce = exp_sub.add_parser("cloudevents", help="CloudEvents 1.0 over HTTP (structured or batched)",
                             description=export_what, exit_codes=export_codes)
-    add_nats(ce)
-    ce.add_argument("--url", required=True, help="the receiver's HTTP(S) URL (a Knative broker, an event gateway)")
+    otlp = exp_sub.add_parser("otlp", help="OpenTelemetry logs over OTLP/HTTP JSON (a collector's /v1/logs)",
+                              description=export_what.replace("as CloudEvents 1.0 (structured JSON; docs/exports.md)",
+                                                              "as OTLP/HTTP JSON logs (docs/exports.md)")
+                              .replace("gna-export-cloudevents", "gna-export-otlp")
+                              .replace("the message id as the event id", "the message id as attribute gna.id")
+                              .replace("408/429/5xx", "429/502/503/504")
+                              .replace("(another 4xx)", "(any other status)"),
+                              exit_codes=export_codes)
+    for p, fmt in ((ce, "cloudevents"), (otlp, "otlp")):
+        add_nats(p)
+        p.add_argument("--url", required=True, help="the receiver's HTTP(S) URL (" + (
+            "a Knative broker, an event gateway)" if fmt == "cloudevents" else
+            "an OpenTelemetry collector's, e.g. http://otel-collector:4318/v1/logs)"))
+        p.add_argument("--batch", type=positive_int, default=64, help="messages fetched, and in batch mode sent, "
+                       "at once (default 64)")
+        p.add_argument("--header", action="append", default=[], metavar="NAME=VALUE",
+                       help="an HTTP header for every request (repeatable)")
+        p.add_argument("--auth-file", help="a file whose first line is the Authorization header's value (e.g. "
+                       "'Bearer <token>'; kept out of the process list; default: no Authorization header)")
+        p.add_argument("--type-prefix", default="io.github.gpu-node-agent",
+                       help="reverse-DNS prefix of every event " + ("type" if fmt == "cloudevents" else "name") +
+                       ": <prefix>.<collector>.<Type> (default io.github.gpu-node-agent)")
+        p.add_argument("--new", action="store_true", help="a consumer created now starts at new messages (default: "
+                       "the stream's stored history first); an existing consumer resumes where it stopped")
+        p.add_argument("--durable", default=f"gna-export-{fmt}",
+                       help="the durable consumer's name (the NATS layout's [names] "
+                       f"{'export_durable' if fmt == 'cloudevents' else 'otlp_durable'}; default gna-export-{fmt})")
+        p.add_argument("--duration", type=positive_float, help="stop by itself after this many seconds (default: "
+                       "run until SIGTERM/SIGINT)")
+        p.set_defaults(handler=cmd_export)
     ce.add_argument("--mode", choices=["single", "batch"], default="single",
                     help="single: one event a request (application/cloudevents+json); batch: a JSON array a "
                     "request (application/cloudevents-batch+json) (default single)")
-    ce.add_argument("--batch", type=positive_int, default=64, help="messages fetched, and in batch mode sent, at "
-                    "once (default 64)")
-    ce.add_argument("--header", action="append", default=[], metavar="NAME=VALUE",
-                    help="an HTTP header for every request (repeatable)")
-    ce.add_argument("--auth-file", help="a file whose first line is the Authorization header's value (e.g. "
-                    "'Bearer <token>'; kept out of the process list; default: no Authorization header)")
-    ce.add_argument("--type-prefix", default="io.github.gpu-node-agent",
-                    help="reverse-DNS prefix of every event type: <prefix>.<collector>.<Type> (default "
-                    "io.github.gpu-node-agent)")
     ce.add_argument("--source-prefix", default="/gpu-node-agent",
                     help="each event's source is <prefix>/nodes/<node> (default /gpu-node-agent)")
-    ce.add_argument("--new", action="store_true", help="a consumer created now starts at new messages (default: "
-                    "the stream's stored history first); an existing consumer resumes where it stopped")
-    ce.add_argument("--durable", default="gna-export-cloudevents",
-                    help="the durable consumer's name (the NATS layout's [names] export_durable; default "
-                    "gna-export-cloudevents)")
-    ce.add_argument("--duration", type=positive_float, help="stop by itself after this many seconds (default: "
-                    "run until SIGTERM/SIGINT)")
-    ce.set_defaults(handler=cmd_export)
 
     diag = sub.add_parser("diagnose", help="correlate several nodes' snapshots: which job, which culprit",
                           description="The fleet correlator over several nodes' snapshots, for post-mortems, without "
@@ -353,9 +364,11 @@ def cmd_export(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"gpu-node-agent: --type-prefix: {exc}", file=sys.stderr)
         return EX_USAGE
-    settings = ExportSettings(url=args.url, mode=args.mode, batch=args.batch, headers=headers,
-                              type_prefix=args.type_prefix, source_prefix=args.source_prefix.rstrip("/"),
-                              durable=args.durable, deliver_new=args.new)
+    otlp = args.export_format == "otlp"
+    settings = ExportSettings(url=args.url, mode="batch" if otlp else args.mode, batch=args.batch, headers=headers,
+                              type_prefix=args.type_prefix, durable=args.durable, deliver_new=args.new,
+                              source_prefix="" if otlp else args.source_prefix.rstrip("/"),
+                              format=args.export_format)
     ncfg = nats_config(args)
     start = time.monotonic()
 

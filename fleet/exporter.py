@@ -1,17 +1,19 @@
-"""`gpu-node-agent export cloudevents`: the fleet's events and conditions, as CloudEvents over HTTP.
+"""`gpu-node-agent export cloudevents|otlp`: the fleet's events and conditions, as CloudEvents or OTLP logs
+over HTTP.
 
 A source -> transform -> sink pipeline with its checkpoint after the sink's acknowledgement (as Vector
 does): a durable JetStream pull consumer on the events stream (``gna.events.>``; the jobs' membership and
 the straggler vectors stay inside), each message decoded at the fleet's boundary (fleet/wire.py: the node
 is its subject's, every field bounded; a refused one is terminated and counted, never exported), mapped
-to a CloudEvent (fleet/cloudevents.py) and POSTed; a message is acknowledged only after the receiver
-answered 2xx. At least once: a receiver that dedupes on ``source`` + ``id`` (the spec's event identity)
-sees each message once.
+to a CloudEvent (fleet/cloudevents.py) or an OTLP log record (fleet/otlp_logs.py; always batched) and
+POSTed; a message is acknowledged only after the receiver answered 2xx. At least once: a receiver that
+dedupes on the message id (CloudEvents' ``source`` + ``id``, OTLP's ``gna.id``) sees each message once.
 
 The receiver's answers (HTTP status, or none):
 
 - 2xx: acknowledged (the consumer moves on);
-- 408, 429, 5xx, a timeout, a refused connection: retried with a doubling backoff (0.5 s to 30 s) and
+- no answer (a timeout, a refused connection) and, for CloudEvents, 408, 429, 5xx; for OTLP, 429, 502,
+  503, 504 (its specification's retryable statuses): retried with a doubling backoff (0.5 s to 30 s) and
   the messages kept in progress (``+WPI``), never redelivered to another fetch meanwhile; nothing is
   dropped however long the receiver is away;
 - any other status (400, 413, 415, ...): that receiver refuses that content and would refuse it again.
@@ -44,6 +46,9 @@ from fleet.cloudevents import (
     DEFAULT_TYPE_PREFIX,
     to_cloudevent,
 )
+from fleet.otlp_logs import CONTENT_TYPE as OTLP_CONTENT_TYPE
+from fleet.otlp_logs import RETRY_STATUSES as OTLP_RETRY
+from fleet.otlp_logs import logs_request
 from fleet.wire import Rejected, decode_event
 from gna_types.subjects import EVENTS_PREFIX
 
@@ -84,17 +89,48 @@ class ExportSettings:
     durable: str = DURABLE
     deliver_new: bool = False  # a new consumer starts at new messages (True) or at the stream's first (False)
     subject: str = f"{EVENTS_PREFIX}.>"
+    format: str = "cloudevents"  # or "otlp": OTLP/HTTP JSON logs (fleet/otlp_logs.py), always batched
 
 
 class Outcome:
     OK, RETRY, REFUSED = "ok", "retry", "refused"
 
 
-def classify(status: int | None) -> str:
-    """A receiver's answer: None is no answer (a timeout, a refused connection)."""
-    if status is None or status in RETRY_STATUSES or status >= 500:
+def classify(status: int | None, fmt: str = "cloudevents") -> str:
+    """A receiver's answer: None is no answer (a timeout, a refused connection). OTLP says which
+    statuses are retried (429, 502, 503, 504; fleet/otlp_logs.py); for CloudEvents, 408, 429 and 5xx."""
+    if status is None:
         return Outcome.RETRY
-    return Outcome.OK if 200 <= status < 300 else Outcome.REFUSED
+    if 200 <= status < 300:
+        return Outcome.OK
+    if fmt == "otlp":
+        return Outcome.RETRY if status in OTLP_RETRY else Outcome.REFUSED
+    return Outcome.RETRY if status in RETRY_STATUSES or status >= 500 else Outcome.REFUSED
+
+
+class Codec:
+    """How one format writes a request: of one message, or of several; and its event's id."""
+
+    def __init__(self, s: ExportSettings) -> None:
+        self.s = s
+        self.batched = s.format == "otlp" or s.mode == "batch"
+
+    def item(self, msg: dict[str, Any]) -> dict[str, Any]:
+        if self.s.format == "otlp":
+            return msg  # records are built per request (grouped by node)
+        return to_cloudevent(msg, source_prefix=self.s.source_prefix, type_prefix=self.s.type_prefix)
+
+    def one(self, item: dict[str, Any]) -> tuple[bytes, str]:
+        return self.many([item]) if self.s.format == "otlp" else (_json(item), CONTENT_TYPE)
+
+    def many(self, items: list[dict[str, Any]]) -> tuple[bytes, str]:
+        if self.s.format == "otlp":
+            return _json(logs_request(items, type_prefix=self.s.type_prefix)), OTLP_CONTENT_TYPE
+        return _json(items), BATCH_CONTENT_TYPE
+
+
+def _json(v: Any) -> bytes:
+    return json.dumps(v, separators=(",", ":")).encode()
 
 
 class HttpSink:
@@ -136,6 +172,7 @@ class CloudEventsExporter:
         self.refused_ids: list[str] = []
         self.rejected: Counter[str] = Counter()  # refused at the fleet's boundary (fleet/wire.py)
         self.stopping = asyncio.Event()
+        self.codec = Codec(settings)
         self._own_sink = False
         self._sub: Any = None
         self._task: asyncio.Task[None] | None = None
@@ -211,6 +248,7 @@ class CloudEventsExporter:
 
     async def handle(self, msgs: list[Any]) -> None:
         """One fetched batch: decoded, sent until every message is acknowledged or refused."""
+        codec = self.codec
         events: list[tuple[Any, dict[str, Any]]] = []
         for m in msgs:
             try:
@@ -221,22 +259,22 @@ class CloudEventsExporter:
                 self._held.pop(id(m), None)
                 await _quiet(m.term())
                 continue
-            events.append((m, to_cloudevent(msg, source_prefix=self.s.source_prefix, type_prefix=self.s.type_prefix)))
+            events.append((m, codec.item(msg)))
         if not events:
             return
-        if self.s.mode == "batch":
-            body = json.dumps([ce for _m, ce in events], separators=(",", ":")).encode()
-            outcome, _status = await self._until_answered(body, BATCH_CONTENT_TYPE, [m for m, _ in events])
+        if codec.batched:
+            body, content_type = codec.many([ce for _m, ce in events])
+            outcome, _status = await self._until_answered(body, content_type, [m for m, _ in events])
             if outcome == Outcome.OK:
                 await self._ack(events)
                 return
             # refused as a whole: one at a time, so only the events the receiver refuses are given up
-        sem = asyncio.Semaphore(self.s.concurrency if self.s.mode == "single" else 1)
+        sem = asyncio.Semaphore(1 if codec.batched else self.s.concurrency)
 
         async def one(m: Any, ce: dict[str, Any]) -> None:
             async with sem:
-                body = json.dumps(ce, separators=(",", ":")).encode()
-                outcome, status = await self._until_answered(body, CONTENT_TYPE, [m])
+                body, content_type = codec.one(ce)
+                outcome, status = await self._until_answered(body, content_type, [m])
                 if outcome == Outcome.OK:
                     await self._ack([(m, ce)])
                 else:
@@ -250,7 +288,7 @@ class CloudEventsExporter:
         last_progress = time.monotonic()
         while True:
             status = await self.sink.post(body, content_type)
-            outcome = classify(status)
+            outcome = classify(status, self.s.format)
             if outcome != Outcome.RETRY:
                 return outcome, status
             self.retries += 1
@@ -272,7 +310,8 @@ class CloudEventsExporter:
         self.refused[status] += 1
         if len(self.refused_ids) < MAX_REFUSED_SAMPLES:
             self.refused_ids.append(str(ce["id"]))
-        log.warning("export_refused", status=status, id=ce["id"], type=ce["type"], source=ce["source"])
+        log.warning("export_refused", status=status, id=ce["id"], type=ce["type"],
+                    source=ce.get("source") or ce.get("node"))
         self._held.pop(id(m), None)
         await _quiet(m.term())
 

@@ -73,6 +73,7 @@ class Names(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     leases_bucket: str = "gna-correlator-leases"  # fleet.leases: which correlator replica judges which jobs
     stragglers_bucket: str = "gna-stragglers"  # fleet.stragglers: the current straggler records
     export_durable: str = "gna-export-cloudevents"  # fleet.exporter: the CloudEvents exporter's durable consumer
+    otlp_durable: str = "gna-export-otlp"  # fleet.exporter: the OTLP logs exporter's durable consumer
 
 
 class Roles(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -315,23 +316,23 @@ def _durables_deny(layout: Layout) -> list[str]:
     what it should forward is never delivered to it."""
     n = layout.names
     return [f"{JS_API}.CONSUMER.CREATE.{n.stream}.{d}{tail}"
-            for d in (n.cordoner_durable, n.export_durable) for tail in ("", ".>")]
+            for d in (n.cordoner_durable, n.export_durable, n.otlp_durable) for tail in ("", ".>")]
 
 
 def exporter_permissions(layout: Layout) -> Permissions:
-    """fleet.exporter: one durable pull consumer on the events stream, acknowledged after the receiver's 2xx."""
+    """fleet.exporter: a durable pull consumer on the events stream per export format (CloudEvents, OTLP),
+    acknowledged after the receiver's 2xx."""
     n = layout.names
-    d = n.export_durable
-    publish = [
-        f"{JS_API}.STREAM.NAMES",
-        f"{JS_API}.STREAM.INFO.{n.stream}",  # ensure_stream: verified, never created
-        f"{JS_API}.CONSUMER.DURABLE.CREATE.{n.stream}.{d}",
-        f"{JS_API}.CONSUMER.CREATE.{n.stream}.{d}",
-        f"{JS_API}.CONSUMER.CREATE.{n.stream}.{d}.>",
-        f"{JS_API}.CONSUMER.INFO.{n.stream}.{d}",
-        f"{JS_API}.CONSUMER.MSG.NEXT.{n.stream}.{d}",
-        f"$JS.ACK.{n.stream}.{d}.>",  # ack/term/progress of its own durable's deliveries only
-    ]
+    publish = [f"{JS_API}.STREAM.NAMES", f"{JS_API}.STREAM.INFO.{n.stream}"]  # ensure_stream: verified, never created
+    for d in (n.export_durable, n.otlp_durable):
+        publish += [
+            f"{JS_API}.CONSUMER.DURABLE.CREATE.{n.stream}.{d}",
+            f"{JS_API}.CONSUMER.CREATE.{n.stream}.{d}",
+            f"{JS_API}.CONSUMER.CREATE.{n.stream}.{d}.>",
+            f"{JS_API}.CONSUMER.INFO.{n.stream}.{d}",
+            f"{JS_API}.CONSUMER.MSG.NEXT.{n.stream}.{d}",
+            f"$JS.ACK.{n.stream}.{d}.>",  # ack/term/progress of its own durables' deliveries only
+        ]
     return Permissions(publish=publish, subscribe=[inbox("exporter")])
 
 
@@ -365,7 +366,7 @@ def render_accounts(layout: Layout) -> str:
     for keys, comment, perms in ((layout.roles.cordoner, "cordoner", cordoner),
                                  (layout.roles.correlators, "correlator (incidents)", correlator_permissions(layout)),
                                  (layout.roles.readers, "reader (dashboard, top, events)", reader),
-                                 (layout.roles.exporters, "exporter (CloudEvents)", exporter_permissions(layout)),
+                                 (layout.roles.exporters, "exporter (CloudEvents, OTLP)", exporter_permissions(layout)),
                                  (layout.roles.admins, "admin (streams, buckets, budget reset)", None)):
         users += [line for k in keys for line in _user(k, comment, perms, ind)]
     return "\n".join([

@@ -39,6 +39,7 @@ from fleet.cloudevents import (
     to_cloudevent,
 )
 from fleet.exporter import CloudEventsExporter, ExportSettings, Outcome, classify, redacted
+from fleet.otlp_logs import logs_request
 from gna_types.subjects import event_subject
 
 CORE = ("specversion", "id", "source", "type", "datacontenttype", "dataschema", "subject", "time", "data",
@@ -61,6 +62,18 @@ def _spec_valid(ce: dict[str, Any]) -> None:
     for ext in ("severitynumber",):
         assert isinstance(ce[ext], int) and ce[ext] >= 0
     json.dumps(ce)
+
+
+def _otlp_valid(body: dict[str, Any]) -> Any:
+    """Parsed by the compiled classes of opentelemetry-proto (unknown fields refused): the JSON mapping holds."""
+    from google.protobuf import json_format
+    from opentelemetry.proto.collector.logs.v1 import logs_service_pb2
+
+    return json_format.ParseDict(body, logs_service_pb2.ExportLogsServiceRequest())
+
+
+def _attrs(holder: dict[str, Any]) -> dict[str, Any]:
+    return {a["key"]: next(iter(a["value"].values()), None) for a in holder.get("attributes", [])}
 
 
 def _msg(node: str = "gpu-001", **kw: Any) -> dict[str, Any]:
@@ -96,6 +109,69 @@ def test_a_type_prefix_that_is_no_reverse_dns_name_is_refused(prefix: str) -> No
     with pytest.raises(ValueError):
         check_type_prefix(prefix)
     assert check_type_prefix("com.example.gpu-fleet") == "com.example.gpu-fleet"
+
+
+def test_messages_are_otlp_logs_one_resource_per_node() -> None:
+    msgs = [_msg(node="gpu-001"), _msg(node="gpu-002", kind="event", status=None, severity="warning",
+                                          details={"xid": 13, "pids": [1, 2], "nested": {"a": None, "b": 1.5}}),
+            _msg(node="gpu-001", entity="ib:mlx5_1/1")]
+    req = _otlp_valid(logs_request(msgs, type_prefix="com.example.gpu"))
+    assert [r.resource.attributes[0].value.string_value for r in req.resource_logs] == ["gpu-001", "gpu-002"]
+    first = req.resource_logs[0].scope_logs[0].log_records
+    assert len(first) == 2 and first[0].severity_number == 17 and first[0].severity_text == "ERROR"
+    assert first[0].event_name == "com.example.gpu.infiniband.IBPortDown"
+    assert first[0].body.string_value == msgs[0]["message"]
+    assert {a.key: a.value.string_value for a in first[0].attributes}["gna.id"] == msgs[0]["id"]
+    t = dt.datetime.fromisoformat(msgs[0]["time"].replace("Z", "+00:00"))
+    assert first[0].time_unix_nano == int(t.timestamp() * 1000) * 1_000_000
+    ev = req.resource_logs[1].scope_logs[0].log_records[0]
+    details = {a.key: a.value for a in ev.attributes}["gna.details"].kvlist_value
+    got = {kv.key: kv.value for kv in details.values}
+    assert got["xid"].int_value == 13 and [v.int_value for v in got["pids"].array_value.values] == [1, 2]
+    assert ev.severity_number == 13
+
+
+json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+                           lambda children: st.lists(children, max_size=4)
+                           | st.dictionaries(st.text(max_size=8), children, max_size=4), max_leaves=30)
+
+
+@given(details=st.dictionaries(st.text(max_size=10), json_values, max_size=6), message=st.text(max_size=200),
+       time=st.text(max_size=30))
+def test_any_details_and_any_time_make_a_request_protobuf_accepts(details: dict[str, Any], message: str,
+                                                                   time: str) -> None:
+    m = {**_msg(), "details": details, "message": message, "time": time}
+    req = _otlp_valid(logs_request([m]))
+    rec = req.resource_logs[0].scope_logs[0].log_records[0]
+    assert rec.body.string_value == message
+
+
+@pytest.mark.parametrize(("status", "outcome"), [
+    (200, Outcome.OK), (None, Outcome.RETRY), (429, Outcome.RETRY), (502, Outcome.RETRY), (503, Outcome.RETRY),
+    (504, Outcome.RETRY), (500, Outcome.REFUSED), (400, Outcome.REFUSED), (408, Outcome.REFUSED)])
+def test_otlp_answers_are_classified_as_its_specification_says(status: int | None, outcome: str) -> None:
+    assert classify(status, "otlp") == outcome
+
+
+async def test_otlp_export_through_a_failing_receiver_and_a_refused_record(nats_server: NatsServerProcess,
+                                                                           receiver: Receiver) -> None:
+    nc, js = await _stream(nats_server.url)
+    msgs = [_msg(node=f"gpu-{i % 3:03d}", entity=f"ib:mlx5_{i}/1") for i in range(12)]
+    receiver.refuse = {msgs[4]["id"]}
+    receiver.fail = 3
+    await _publish(js, msgs)
+    exp = CloudEventsExporter([nats_server.url], ExportSettings(url=receiver.url, format="otlp", mode="batch",
+                                                               batch=6, durable="gna-export-otlp"))
+    await exp.start()
+    try:
+        await _until(lambda: exp.exported + sum(exp.refused.values()) == len(msgs))
+        assert exp.refused == {400: 1} and exp.refused_ids == [msgs[4]["id"]] and exp.retries >= 3
+        assert sorted(e["id"] for e in receiver.accepted) == sorted(m["id"] for m in msgs if m is not msgs[4])
+        assert {e["host"] for e in receiver.accepted} == {"gpu-000", "gpu-001", "gpu-002"}
+        assert await _pending(js, "gna-export-otlp") == (0, 0)
+    finally:
+        await exp.stop()
+        await nc.close()
 
 
 @pytest.mark.parametrize(("status", "outcome"), [
@@ -136,11 +212,16 @@ class Receiver:
             return web.Response(status=503)
         self.content_types.add(request.content_type)
         body = json.loads(await request.read())
-        events = body if request.content_type == BATCH_CONTENT_TYPE else [body]
+        if request.content_type == "application/json":  # OTLP/HTTP JSON: records, each with its gna.id
+            _otlp_valid(body)
+            events = [{"id": _attrs(r)["gna.id"], "record": r, "host": _attrs(rl["resource"])["host.name"]}
+                      for rl in body["resourceLogs"] for sl in rl["scopeLogs"] for r in sl["logRecords"]]
+        else:
+            events = body if request.content_type == BATCH_CONTENT_TYPE else [body]
+            for e in events:
+                _spec_valid(e)
         if any(e["id"] in self.refuse for e in events):
             return web.Response(status=400, text="refused")
-        for e in events:
-            _spec_valid(e)
         self.accepted.extend(events)
         return web.Response(status=202)
 
