@@ -14,6 +14,7 @@ from typing import Any
 import msgspec
 import msgspec.inspect as mi
 
+from gna_types.conditions import CATEGORIES, CATEGORY_BY_TYPE
 from gna_types.details import DETAILS_BY_TYPE, ProcessSummary
 from gna_types.policy import TABLES
 
@@ -132,12 +133,29 @@ def doc(current: str) -> str:
     return _between(current, DOC, BEGIN, END, table())
 
 
+EXPORTS = ROOT / "docs" / "exports.md"
+CONDITIONS_MARKERS = (
+    "<!-- node-conditions: generated from gna_types/conditions.py by python -m gna_types.generate -->",
+    "<!-- node-conditions: end -->")
+
+
+def conditions_table() -> str:
+    rows = ["| NodeCondition | status False while one of these cordoned the node |", "| --- | --- |"]
+    for cat in CATEGORIES:
+        types = sorted(t for t, c in CATEGORY_BY_TYPE.items() if c == cat)
+        rows.append(f"| `{cat}` | {', '.join(f'`{t}`' for t in types)} |")
+    return "\n".join(rows)
+
+
 def pages() -> dict[Path, str]:
-    """Every generated page as it should read: the typed-details table and each policy table in place."""
+    """Every generated page as it should read: the typed-details table, each policy table and the node
+    conditions' table in place."""
     want = {DOC: doc(DOC.read_text())}
+    want[EXPORTS] = _between(EXPORTS.read_text(), EXPORTS, *CONDITIONS_MARKERS, conditions_table())
     for name, (page, _rows) in TABLES.items():
         path = ROOT / page
         want[path] = _between(want.get(path) or path.read_text(), path, *markers(name), policy_table(name))
+
     return want
 
 

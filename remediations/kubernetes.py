@@ -1,4 +1,9 @@
-"""Cordon, taint, annotate, set a NodeCondition and record an Event on the Kubernetes Node (lightkube).
+"""Cordon, taint, annotate, set NodeConditions and record an Event on the Kubernetes Node (lightkube).
+
+Two conditions a cordon: one named for the trigger (``GPUFellOffBus=True``) and, unless
+``category_conditions = false``, its category's as EKS's node monitoring agent names them
+(``AcceleratedHardwareReady=False``, reason the trigger; gna_types/conditions.py), set back to ``True``
+when the node is uncordoned. Turn the category off where EKS's own agent writes those conditions.
 
 Uncordon only a node this agent cordoned (annotation marker) — never one an operator cordoned.
 Writes carry the resourceVersion they were computed from; a 409 re-reads and retries.
@@ -15,6 +20,7 @@ import structlog
 
 from gna_sdk import Result
 from gna_sdk.hostroot import HostRoot
+from gna_types.conditions import category
 
 log = structlog.get_logger(__name__)
 
@@ -23,6 +29,7 @@ MARK_VALUE = "gpu-node-agent"
 A_REASONS = "gpu-node-agent/conditions"
 A_MESSAGE_ID = "gpu-node-agent/message-id"
 A_SINCE = "gpu-node-agent/cordoned-at"
+A_CATEGORIES = "gpu-node-agent/node-conditions"  # the category conditions this agent set False
 
 
 class KubernetesConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -31,6 +38,7 @@ class KubernetesConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     taint_key: str = "gpu-node-agent/degraded"
     event_namespace: str = "default"
     retries: int = 3
+    category_conditions: bool = True  # also AcceleratedHardwareReady, NetworkingReady, ... (gna_types/conditions.py)
 
 
 def _now() -> str:
@@ -77,6 +85,7 @@ class KubernetesRemediation:
         from lightkube.types import PatchType
 
         name, type_ = self._node(msg), str(msg.get("type", ""))
+        cat = category(type_, str(msg.get("entity", ""))) if self.config.category_conditions else None
         for attempt in range(self.config.retries):
             try:
                 node = await self._get(name)
@@ -92,9 +101,10 @@ class KubernetesRemediation:
             taints = [t.to_dict() if hasattr(t, "to_dict") else t for t in (node.spec.taints or [])]
             taints = [t for t in taints if t.get("key") != self.config.taint_key]
             taints.append({"key": self.config.taint_key, "value": reasons[0], "effect": "NoSchedule"})
+            cats = sorted({c for c in ann.get(A_CATEGORIES, "").split(",") if c} | ({cat} if cat else set()))
             patch = {"metadata": {"resourceVersion": node.metadata.resourceVersion, "annotations": {
                         MARKER: MARK_VALUE, A_REASONS: ",".join(reasons), A_MESSAGE_ID: str(msg.get("id", "")),
-                        A_SINCE: ann.get(A_SINCE) or _now()}},
+                        A_SINCE: ann.get(A_SINCE) or _now(), A_CATEGORIES: ",".join(cats) or None}},
                      "spec": {"unschedulable": True, "taints": taints}}
             try:
                 await self.client().patch(Node, name, patch, patch_type=PatchType.MERGE)
@@ -104,6 +114,8 @@ class KubernetesRemediation:
                     continue  # someone else wrote the Node: read it again
                 return Result("failed", f"PATCH node {name}: {exc.status.code} {exc.status.message}")
         await self._condition(name, type_, True, str(msg.get("reason", "")), str(msg.get("message", "")))
+        if cat:
+            await self._condition(name, cat, False, type_, str(msg.get("message", "")))
         await self._event(name, "Cordoned", f"gpu-node-agent cordoned the node: {msg.get('message', type_)}")
         return Result("executed", f"cordoned {name} for {type_}", {"reasons": reasons})
 
@@ -147,9 +159,11 @@ class KubernetesRemediation:
             if ann.get(MARKER) != MARK_VALUE:
                 return Result("already_done", "not cordoned by this agent: left alone")
             reasons = [r for r in ann.get(A_REASONS, "").split(",") if r]
+            cats = [c for c in ann.get(A_CATEGORIES, "").split(",") if c]
             taints = [t.to_dict() if hasattr(t, "to_dict") else t for t in (node.spec.taints or [])]
             patch = {"metadata": {"resourceVersion": node.metadata.resourceVersion,
-                                  "annotations": {MARKER: None, A_REASONS: None, A_MESSAGE_ID: None, A_SINCE: None}},
+                                  "annotations": {MARKER: None, A_REASONS: None, A_MESSAGE_ID: None, A_SINCE: None,
+                                                  A_CATEGORIES: None}},
                      "spec": {"unschedulable": False,
                               "taints": [t for t in taints if t.get("key") != self.config.taint_key] or None}}
             try:
@@ -161,5 +175,7 @@ class KubernetesRemediation:
                 return Result("failed", f"PATCH node {name}: {exc.status.code} {exc.status.message}")
         for r in reasons:
             await self._condition(name, r, False, "Resolved", "gpu-node-agent: the condition resolved")
+        for c in cats:
+            await self._condition(name, c, True, "Resolved", "gpu-node-agent: every trigger of this category resolved")
         await self._event(name, "Uncordoned", "gpu-node-agent uncordoned the node: every trigger resolved")
         return Result("executed", f"uncordoned {name}", {"reasons": reasons})

@@ -278,7 +278,10 @@ async def test_kubernetes_cordon_taint_condition_event_then_uncordon(kube: FakeK
     assert node["spec"]["taints"] == [{"key": "gpu-node-agent/degraded", "value": "GPUFellOffBus", "effect": "NoSchedule"}]
     assert node["metadata"]["annotations"]["gpu-node-agent/cordoned-by"] == "gpu-node-agent"
     conds = {c["type"]: c["status"] for c in node["status"]["conditions"]}
-    assert conds == {"Ready": "True", "GPUFellOffBus": "True"}, "strategic merge keeps the kubelet's conditions"
+    assert conds == {"Ready": "True", "GPUFellOffBus": "True", "AcceleratedHardwareReady": "False"}, \
+        "strategic merge keeps the kubelet's conditions"
+    category = next(c for c in node["status"]["conditions"] if c["type"] == "AcceleratedHardwareReady")
+    assert category["reason"] == "GPUFellOffBus"  # the category's condition names its trigger
     assert kube.events[0]["involvedObject"]["name"] == "gpu-01" and kube.events[0]["reason"] == "Cordoned"
     assert kube.conflicts == 1 and [r for r in kube.requests if r[0] == "GET"] == [("GET", "/api/v1/nodes/gpu-01", "")] * 2
     assert ("PATCH", "/api/v1/nodes/gpu-01", "application/merge-patch+json") in kube.requests
@@ -292,7 +295,9 @@ async def test_kubernetes_cordon_taint_condition_event_then_uncordon(kube: FakeK
     node = kube.nodes["gpu-01"]
     assert node["spec"].get("unschedulable") is False and "taints" not in node["spec"]
     assert "gpu-node-agent/cordoned-by" not in node["metadata"]["annotations"]
-    assert {c["type"]: c["status"] for c in node["status"]["conditions"]}["GPUFellOffBus"] == "False"
+    conds = {c["type"]: c["status"] for c in node["status"]["conditions"]}
+    assert conds["GPUFellOffBus"] == "False" and conds["AcceleratedHardwareReady"] == "True"
+    assert "gpu-node-agent/node-conditions" not in node["metadata"]["annotations"]
     assert audits.records[-1]["action"] == "uncordon" and audits.records[-1]["decision"] == "executed"
 
 

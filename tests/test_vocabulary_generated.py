@@ -48,6 +48,30 @@ def test_every_policy_row_is_in_its_generated_table_and_a_hand_edit_is_caught() 
         generate._between("no markers here", generate.DOC, *generate.markers("graded"), "")
 
 
+JOB_OR_AGENT = {"nccl_logs", "nccl_env", "nccl_inspector", "agent"}
+
+
+def test_every_node_finding_has_its_node_condition_and_a_job_s_has_none() -> None:
+    """docs/messages.md's type table (collector per type): each node-level type belongs to a category; a job's
+    finding or the agent's health to none; and the generated table in docs/exports.md says the same."""
+    import re
+
+    from gna_types.conditions import CATEGORIES, CATEGORY_BY_TYPE, MEASUREMENTS, NETWORKING, category
+
+    rows = re.findall(r"^\| `([A-Z][A-Za-z0-9]+)` \| (?:condition|event) \| ([a-z_, ]+) \|", generate.DOC.read_text(), re.M)
+    assert len(rows) > 40
+    for type_, collectors in rows:
+        node_level = set(c.strip() for c in collectors.split(",")) - JOB_OR_AGENT
+        if type_ in MEASUREMENTS:
+            continue
+        assert (type_ in CATEGORY_BY_TYPE) == bool(node_level), (type_, collectors)
+    assert set(CATEGORY_BY_TYPE.values()) <= set(CATEGORIES)
+    assert category("KernelModuleNotLoaded", "module:nvidia_peermem") == NETWORKING
+    assert category("NCCLSocketFallback", "nccl:h:1") is None
+    text = generate.EXPORTS.read_text()
+    assert generate.conditions_table() in text
+
+
 def _msg(type_: str, details: dict[str, Any], node: str = "gpu-001") -> dict[str, Any]:
     return to_dict(make_message(node=node, collector="nccl_logs", kind="event", type=type_, severity="warning",
                                 entity=f"nccl:{node}:7", reason="R", message="m", details=details))
