@@ -1,12 +1,16 @@
-"""The daemon: wires spool, bus, NATS, collectors, metrics and systemd together; handles signals."""
+"""The daemon's composition root: builds the spool, the bus, the NATS link and forwarder, the collectors,
+metrics and the sd_notify protocol, starts and stops them in order.
+
+Each other concern has its own home: signals (agent/signals.py), the configuration reload
+(agent/reload.py), the embedded nats-server (agent/embedded_nats.py), the remediation engine's wiring
+(agent/remediation/wiring.py), the NVSentinel export (agent/nvsentinel_sink.py). docs/architecture.md
+shows the layout."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
-import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -16,25 +20,30 @@ import structlog
 from agent import __version__
 from agent import config as configmod
 from agent.bus import LocalBus
+from agent.embedded_nats import start_embedded_nats
 from agent.emitter import DEFAULT_MAX_CONDITIONS, CollectorEmitter, ConditionTracker
 from agent.facts import FactStore
 from agent.forwarder import Forwarder
 from agent.framework import CollectorRunner
-from agent.message import Message, make_message, to_dict
+from agent.message import Message, make_message
 from agent.metrics import AgentMetrics, MetricsServer
 from agent.nats_link import NatsLink
-from agent.nats_server import NatsServerProcess, free_port
+from agent.nats_server import NatsServerProcess
 from agent.natsclient import redact
 from agent.nodestate import NodeStatePublisher
+from agent.nvsentinel_sink import start_nvsentinel
 from agent.registry import collector_classes
+from agent.reload import reload_config
 from agent.remediation.incidents import IncidentView
+from agent.remediation.wiring import RemediationWiring
 from agent.sdnotify import Notifier
 from agent.shutdown import EX_SOFTWARE, ShutdownGuard
+from agent.signals import install_signal_handlers
 from agent.spool import SEVERITY_NAMES, Spool
 from gna_sdk import ExportsMetrics, plural
 from gna_sdk.aio import cancel_and_wait, within
 from gna_sdk.hostroot import HostRoot
-from gna_types.subjects import action_subject, encode_token
+from gna_types.subjects import encode_token
 
 log = structlog.get_logger(__name__)
 
@@ -59,8 +68,7 @@ class Agent:
         self.tracker: ConditionTracker | None = None
         self.embedded: NatsServerProcess | None = None
         self.link: NatsLink | None = None
-        self.incident_view = IncidentView()
-        self.watching_incidents = False
+        self.remediation = RemediationWiring()  # agent/remediation/wiring.py
         self.forwarder: Forwarder | None = None
         self.runners: dict[str, CollectorRunner] = {}
         self._collector_tasks: dict[str, asyncio.Task[None]] = {}
@@ -72,11 +80,23 @@ class Agent:
         self.started = time.monotonic()
         self.metrics_server: MetricsServer | None = None
         self.facts = FactStore()
-        self.engine: Any = None
         # Set by the CLI daemon only: it owns the process (signal.signal, os._exit); tests running an
         # Agent in-process keep asyncio's signal handling and are never exited under them.
         self.guard = guard
         self.abandoned: list[str] = []  # what ignored its cancellation at shutdown (exit EX_SOFTWARE)
+
+    # the remediation wiring's state, where the tests and the CLI's status look for it
+    @property
+    def engine(self) -> Any:
+        return self.remediation.engine
+
+    @property
+    def incident_view(self) -> IncidentView:
+        return self.remediation.incident_view
+
+    @property
+    def watching_incidents(self) -> bool:
+        return self.remediation.watching_incidents
 
     # -- sinks -----------------------------------------------------------------------
     async def _sink(self, msg: Message) -> bool:
@@ -124,32 +144,11 @@ class Agent:
     def _nats_servers(self) -> list[str]:
         if self.cfg.nats.servers:
             return list(self.cfg.nats.servers)
-        emb = self.cfg.embedded_nats
-        url_file = self.state_dir / "nats.url"
-        port = emb.port
-        if not port and url_file.exists():
-            with contextlib.suppress(ValueError):
-                port = int(url_file.read_text().strip().rsplit(":", 1)[1])
-        self.embedded = NatsServerProcess(self.state_dir / "nats", host=emb.host, port=port or free_port(emb.host),
-                                          die_with_parent=True)
-        try:
-            self._start_embedded()
-        except (OSError, RuntimeError, TimeoutError):
-            if emb.port:
-                raise
-            log.warning("embedded_nats_port_busy", port=self.embedded.port)
-            self.embedded.port = free_port(emb.host)
-            self._start_embedded()
-        url_file.write_text(self.embedded.url + "\n")
-        log.info("embedded_nats_started", url=self.embedded.url, store=str(self.embedded.store_dir))
+        self.embedded = start_embedded_nats(self.cfg.embedded_nats, self.state_dir)
         return [self.embedded.url]
 
-    def _start_embedded(self) -> None:
-        assert self.embedded is not None
-        self.embedded.start()
-
     # -- collectors ------------------------------------------------------------------
-    def _start_collectors(self) -> None:
+    def start_collectors(self) -> None:
         classes = collector_classes()
         agent_emitter = self.emitter_for(AGENT_COLLECTOR)
         for name, cls in sorted(classes.items()):
@@ -171,7 +170,7 @@ class Agent:
             self._collector_tasks[name] = asyncio.get_running_loop().create_task(runner.run(), name=f"collector:{name}")
         log.info("collectors_started", collectors=sorted(self.runners))
 
-    async def _stop_collectors(self, timeout: float = 2.0) -> None:
+    async def stop_collectors(self, timeout: float = 2.0) -> None:
         stuck = await cancel_and_wait(list(self._collector_tasks.values()), timeout)
         self._abandon(stuck)
         self._collector_tasks.clear()
@@ -220,27 +219,6 @@ class Agent:
     def request_stop(self) -> None:
         self._stop.set()
 
-    def _install_signal_handlers(self, loop: asyncio.AbstractEventLoop) -> None:
-        if self.guard is None:
-            for sig, handler in ((signal.SIGTERM, self.request_stop), (signal.SIGINT, self.request_stop),
-                                 (signal.SIGHUP, self.request_reload)):
-                with contextlib.suppress(NotImplementedError, RuntimeError):
-                    loop.add_signal_handler(sig, handler)
-            return
-        guard = self.guard
-
-        # A Python-level handler runs in the main thread even when the loop is blocked in
-        # synchronous code, so the hard deadline is armed no matter what the loop is doing.
-        def on_signal(signum: int, _frame: object) -> None:
-            if signum == signal.SIGHUP:
-                loop.call_soon_threadsafe(self.request_reload)
-                return
-            guard.arm()
-            loop.call_soon_threadsafe(self.request_stop)
-
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(sig, on_signal)
-
     def _abandon(self, tasks: list[asyncio.Task[Any]] | list[str]) -> None:
         names = [t if isinstance(t, str) else t.get_name() for t in tasks]
         if names:
@@ -251,85 +229,9 @@ class Agent:
     def request_reload(self) -> None:
         self._reload.set()
 
-    # What SIGHUP can change in place, and why the rest needs a restart (said, never silently kept).
-    RESTART_ONLY = {
-        "node": "the node's identity: its subjects, KV key and spool are bound to it",
-        "state_dir": "the spool, checkpoints and condition state live there",
-        "nats": "the NATS connection and its credentials are set up once",
-        "embedded_nats": "the embedded nats-server is started once",
-        "spool": "the spool is open with its limits and policy",
-        "bus": "the local bus and its subscribers are built once",
-        "metrics": "the /metrics listener is bound once",
-    }
-
-    async def _reload_config(self) -> None:
-        self.notifier.reloading()
-        try:
-            new = configmod.load(self.config_path)
-        except configmod.ConfigError as exc:
-            log.error("config_reload_rejected", error=str(exc))
-            self.notifier.ready("reload rejected; running the previous config")
-            return
-        for key, value in self.overrides.items():
-            setattr(new.agent, key, value)
-        old = self.cfg
-        kept = {k: why for k, why in self.RESTART_ONLY.items() if getattr(new.agent, k) != getattr(old, k)}
-        for k in kept:  # the running value stays, visibly (log, sd_notify status, /healthz)
-            setattr(new.agent, k, getattr(old, k))
-        applied = [k for k in ("host_root", "shutdown_timeout", "log", "remediations") if getattr(new.agent, k)
-                   != getattr(old, k)]
-        await self._stop_collectors()
-        self.cfg = new.agent
-        self.config = configmod.Config(agent=new.agent, collectors=new.collectors, source=new.source)
-        self.host = HostRoot(new.agent.host_root)
-        if new.agent.log != old.log:
-            from agent.logsetup import configure
-
-            configure(new.agent.log.level, new.agent.log.format)
-        if new.agent.remediations != old.remediations:
-            self._restart_remediation()
-        self._start_collectors()
-        self.restart_needed = kept
-        if kept:
-            log.warning("config_reload_needs_restart", sections=sorted(kept), reasons=kept, applied=applied,
-                        hint="these keep their running values until gpu-node-agent restarts")
-            self.notifier.ready(f"reloaded; restart needed for {', '.join(sorted(kept))}")
-        else:
-            self.notifier.ready("reloaded")
-        log.info("config_reloaded", source=new.source, applied=[*applied, "collectors"])
-
-    def _restart_remediation(self) -> None:
-        """New rules and plugins; the cooldowns, attempts and cordons already made carry over, so a
-        reload never lets an action repeat early or forget a cordon it must undo."""
-        old = self.engine
-        self._start_remediation()
-        if old is not None and self.engine is not None:
-            self.engine.attempts = old.attempts
-            self.engine.triggers = old.triggers
-
-    def _start_nvsentinel(self, loop: asyncio.AbstractEventLoop) -> None:
-        """[exports.nvsentinel]: a bus subscriber feeding NVSentinel's platform connector (docs/exports.md).
-        Without its extra the agent runs on and says why once; nothing else depends on it."""
-        nv = self.cfg.exports.nvsentinel
-        if not nv.enabled:
-            return
-        import importlib.util
-
-        if importlib.util.find_spec("grpc") is None:
-            log.error("nvsentinel_export_unavailable", reason="module 'grpc' is not installed: "
-                      "pip install 'gpu-node-agent[nvsentinel]'")
-            return
-        from agent.nvsentinel_sink import NVSentinelSink
-
-        assert self.bus is not None and self.tracker is not None
-        self.nvsentinel = NVSentinelSink(nv, self.node)
-        self.nvsentinel.seed(list(self.tracker.active.values()))
-        self.bus.subscribe("nvsentinel", self.nvsentinel.on_message)
-        self._tasks.append(loop.create_task(self.nvsentinel.run(), name="exports:nvsentinel"))
-
     async def run(self, duration: float | None = None) -> int:
         loop = asyncio.get_running_loop()
-        self._install_signal_handlers(loop)
+        install_signal_handlers(loop, stop=self.request_stop, reload=self.request_reload, guard=self.guard)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         sp = self.cfg.spool
         self.spool = Spool(self.state_dir / "spool", max_bytes=sp.max_bytes, segment_bytes=sp.segment_bytes,
@@ -339,7 +241,7 @@ class Agent:
         self.tracker = ConditionTracker(self.state_dir / "conditions.json")
         self.bus = LocalBus(self.spool, subscriber_queue=self.cfg.bus.subscriber_queue)
         self.bus.subscribe("log", self._log_message)
-        self._start_remediation()
+        self.remediation.start(self)
         self.bus.start()
         if self.spool.corruption["segments"]:
             await self._announce_corruption()
@@ -353,19 +255,21 @@ class Agent:
         self._tasks = [loop.create_task(self.link.connect(), name="nats:connect"),
                        loop.create_task(self.forwarder.run(), name="nats:forwarder"),
                        loop.create_task(nodestate.run(), name="nats:nodestate")]
-        if self.engine is not None and any(p.needs_budget and not self.engine.dry_run(name)
-                                           for name, p in self.engine.plugins.items()):
-            # this node really cordons itself (per-node mode, enforced): it follows the correlator's incidents
-            # so it never cordons as a victim; in dry-run nothing is cordoned and no bucket access is needed
-            self.watching_incidents = True
-            self._tasks.append(loop.create_task(self._watch_incidents(self.link), name="remediation:incidents"))
-        self._start_nvsentinel(loop)
+        if self.remediation.cordons_itself():
+            self.remediation.watching_incidents = True
+            self._tasks.append(loop.create_task(self.remediation.watch_incidents(self.link),
+                                                name="remediation:incidents"))
+        assert self.bus is not None
+        if (started := start_nvsentinel(self.cfg.exports.nvsentinel, self.node, self.bus,
+                                        list(self.tracker.active.values()), loop)) is not None:
+            self.nvsentinel, task = started
+            self._tasks.append(task)
         if self.cfg.metrics.listen:
             self.metrics_server = MetricsServer(self.metrics, self.cfg.metrics.listen, self.health,
                                                 self.refresh_metrics)
             await self.metrics_server.start()
             (self.state_dir / "metrics.addr").write_text(f"{self.metrics_server.host}:{self.metrics_server.port}\n")
-        self._start_collectors()
+        self.start_collectors()
         if (wd := self.notifier.watchdog_interval()) is not None:
             self._tasks.append(loop.create_task(self._watchdog(wd), name="watchdog"))
         self.notifier.ready(f"node {self.node}: {plural(len(self.runners), 'collector')}")
@@ -383,7 +287,7 @@ class Agent:
             stop_wait.cancel()
             if self._reload.is_set() and not self._stop.is_set():
                 self._reload.clear()
-                await self._reload_config()
+                await reload_config(self)
         await self._shutdown()
         return EX_SOFTWARE if self.abandoned else 0
 
@@ -402,7 +306,7 @@ class Agent:
             return rest if cap is None else min(cap, rest)
 
         after_drain = min(2.0, 0.4 * budget)  # what the steps after the spool drain may take together
-        await self._stop_collectors(timeout=left(after_drain, cap=budget / 4))
+        await self.stop_collectors(timeout=left(after_drain, cap=budget / 4))
         if self.tracker:
             with contextlib.suppress(OSError):
                 self.tracker.flush()  # folded conditions saved at most once a second while running
@@ -437,55 +341,6 @@ class Agent:
                  seconds=round(time.monotonic() - t0, 3), abandoned=self.abandoned)
 
     # -- remediation --------------------------------------------------------------------
-    async def _watch_incidents(self, link: NatsLink) -> None:
-        await link.connected.wait()
-        assert link.js is not None
-        await self.incident_view.watch(link.js)
-
-    def _start_remediation(self) -> None:
-        from agent.remediation.budget import FleetBudget
-        from agent.remediation.engine import Engine
-        from agent.remediation.loader import load_plugins
-
-        rcfg = self.cfg.remediations
-        loaded = load_plugins(rcfg, self.host)
-        plugins = loaded.available
-        budget_obj: list[FleetBudget] = []
-
-        def budget() -> FleetBudget | None:
-            if self.link is None or self.link.js is None or not self.link.connected.is_set():
-                return None  # no NATS: no slot, no cordon (fail safe)
-            if not budget_obj:
-                budget_obj.append(FleetBudget.for_agent(self.link.js, self.cfg))
-            return budget_obj[0]
-
-        async def audit(record: dict[str, Any]) -> None:
-            assert self.bus is not None
-            sev = "warning" if record["decision"] in ("executed", "failed") else "info"
-            await self.bus.publish_record(action_subject(self.node, record["remediation"]), record["id"],
-                                          json.dumps(record, separators=(",", ":")).encode(), sev)
-
-        async def alert(type_: str, message: str, details: dict[str, Any]) -> None:
-            await self.emitter_for(AGENT_COLLECTOR).event(type_, severity="critical", entity="fleet:budget",
-                                                          reason="BudgetExhausted", message=message, details=details)
-
-        self.engine = Engine(rcfg, plugins, audit=audit, alert=alert, budget=budget, unavailable=loaded.unavailable,
-                             spare=self.incident_view.spare)
-
-        async def on_message(msg: Message) -> None:
-            assert self.engine is not None
-            d = to_dict(msg)
-            # per-node mode: a job's first NCCL symptom that would cordon waits for the correlator's verdict,
-            # and a victim of an open incident is spared (agent/remediation/incidents.py)
-            await self.incident_view.await_verdict(d, self.watching_incidents and self.engine.would_take_budget(d))
-            await self.engine.handle(d)
-
-        assert self.bus is not None
-        if not any(sub.name == "remediation" for sub in self.bus.subscriptions):  # a reload swaps the engine only
-            self.bus.subscribe("remediation", on_message)
-        log.info("remediation_ready", plugins=sorted(plugins), unavailable=loaded.unavailable, enforce=rcfg.enforce,
-                 rules=[r.name for r in self.engine.rules])
-
     async def _log_message(self, msg: Message) -> None:
         # Info-level events can come in bursts: keep them out of the journal unless debugging.
         level = log.debug if msg.kind == "event" and msg.severity == "info" else log.info

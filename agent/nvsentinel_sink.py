@@ -171,3 +171,21 @@ class NVSentinelSink:
 
     async def close(self) -> None:
         await self._reset()
+
+
+def start_nvsentinel(cfg: NVSentinelConfig, node: str, bus: Any, active: list[ActiveCondition],
+                     loop: asyncio.AbstractEventLoop) -> tuple[NVSentinelSink, asyncio.Task[None]] | None:
+    """[exports.nvsentinel] wired into the agent: a bus subscriber and its sending task, or None when the
+    export is off or its extra is missing (the agent runs on and says why once; nothing depends on it)."""
+    if not cfg.enabled:
+        return None
+    import importlib.util
+
+    if importlib.util.find_spec("grpc") is None:
+        log.error("nvsentinel_export_unavailable", reason="module 'grpc' is not installed: "
+                  "pip install 'gpu-node-agent[nvsentinel]'")
+        return None
+    sink = NVSentinelSink(cfg, node)
+    sink.seed(active)
+    bus.subscribe("nvsentinel", sink.on_message)
+    return sink, loop.create_task(sink.run(), name="exports:nvsentinel")

@@ -1,0 +1,111 @@
+"""The remediation engine wired into the node agent: its plugins, the fleet budget over NATS, audits on
+the bus, budget alerts as the agent's own events, and (per-node mode, enforced) the correlator's incidents
+so that a victim of an open incident is never cordoned.
+
+A reload (agent/reload.py) builds a new engine from the new rules and plugins; the cooldowns, attempts
+and cordons already made carry over, so a reload never lets an action repeat early or forget a cordon it
+must undo. The bus subscription is made once; a reload swaps the engine behind it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Protocol
+
+import structlog
+
+from agent import config as configmod
+from agent.bus import LocalBus
+from agent.message import Message, to_dict
+from agent.nats_link import NatsLink
+from agent.remediation.incidents import IncidentView
+from gna_sdk import Emitter
+from gna_sdk.hostroot import HostRoot
+from gna_types.subjects import action_subject
+
+log = structlog.get_logger(__name__)
+
+AGENT_COLLECTOR = "agent"
+
+
+class RemediationHost(Protocol):
+    """What the wiring takes from the daemon (agent/daemon.py ``Agent``)."""
+
+    cfg: configmod.AgentConfig
+    host: HostRoot
+    node: str
+    bus: LocalBus | None
+    link: NatsLink | None
+
+    def emitter_for(self, collector: str, max_conditions: int = ...) -> Emitter: ...
+
+
+class RemediationWiring:
+    def __init__(self) -> None:
+        self.engine: Any = None  # agent.remediation.engine.Engine once started
+        self.incident_view = IncidentView()
+        self.watching_incidents = False
+
+    def cordons_itself(self) -> bool:
+        """This node really cordons itself (per-node mode, enforced): it must follow the correlator's
+        incidents so it never cordons as a victim; in dry-run nothing is cordoned and no bucket access is
+        needed."""
+        return self.engine is not None and any(p.needs_budget and not self.engine.dry_run(name)
+                                               for name, p in self.engine.plugins.items())
+
+    async def watch_incidents(self, link: NatsLink) -> None:
+        """Run as a task; the caller sets ``watching_incidents`` when it creates it (before any message)."""
+        await link.connected.wait()
+        assert link.js is not None
+        await self.incident_view.watch(link.js)
+
+    def restart(self, agent: RemediationHost) -> None:
+        old = self.engine
+        self.start(agent)
+        if old is not None and self.engine is not None:
+            self.engine.attempts = old.attempts
+            self.engine.triggers = old.triggers
+
+    def start(self, agent: RemediationHost) -> None:
+        from agent.remediation.budget import FleetBudget
+        from agent.remediation.engine import Engine
+        from agent.remediation.loader import load_plugins
+
+        rcfg = agent.cfg.remediations
+        loaded = load_plugins(rcfg, agent.host)
+        plugins = loaded.available
+        budget_obj: list[FleetBudget] = []
+
+        def budget() -> FleetBudget | None:
+            if agent.link is None or agent.link.js is None or not agent.link.connected.is_set():
+                return None  # no NATS: no slot, no cordon (fail safe)
+            if not budget_obj:
+                budget_obj.append(FleetBudget.for_agent(agent.link.js, agent.cfg))
+            return budget_obj[0]
+
+        async def audit(record: dict[str, Any]) -> None:
+            assert agent.bus is not None
+            sev = "warning" if record["decision"] in ("executed", "failed") else "info"
+            await agent.bus.publish_record(action_subject(agent.node, record["remediation"]), record["id"],
+                                           json.dumps(record, separators=(",", ":")).encode(), sev)
+
+        async def alert(type_: str, message: str, details: dict[str, Any]) -> None:
+            await agent.emitter_for(AGENT_COLLECTOR).event(type_, severity="critical", entity="fleet:budget",
+                                                           reason="BudgetExhausted", message=message, details=details)
+
+        self.engine = Engine(rcfg, plugins, audit=audit, alert=alert, budget=budget, unavailable=loaded.unavailable,
+                             spare=self.incident_view.spare)
+
+        async def on_message(msg: Message) -> None:
+            assert self.engine is not None
+            d = to_dict(msg)
+            # per-node mode: a job's first NCCL symptom that would cordon waits for the correlator's verdict,
+            # and a victim of an open incident is spared (agent/remediation/incidents.py)
+            await self.incident_view.await_verdict(d, self.watching_incidents and self.engine.would_take_budget(d))
+            await self.engine.handle(d)
+
+        assert agent.bus is not None
+        if not any(sub.name == "remediation" for sub in agent.bus.subscriptions):  # a reload swaps the engine only
+            agent.bus.subscribe("remediation", on_message)
+        log.info("remediation_ready", plugins=sorted(plugins), unavailable=loaded.unavailable, enforce=rcfg.enforce,
+                 rules=[r.name for r in self.engine.rules])
