@@ -28,10 +28,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-# The same needles as collectors/nccl_parse.PREFILTER, in ERE (no look-ahead: `$` instead).
-GREP_PATTERN = (r"Using network |NET/IB : |NET/IB: |NET/IB/GIN|NET/Socket : Using|GPU Direct RDMA|via SHM/"
-                r"|via direct shared memory|via NET/|Init COMPLETE|NCCL_IB_HCA set|set by environment to"
-                r"|Failed to open libibverbs|NCCL WARN|Watchdog caught|ast enqueued |NCCL INFO NCCL version ")
+from collectors.nccl_parse import grep_pattern
+
+# The prefilter's needles, as each rule declares them (collectors/nccl_parse.py Rule.needles), in ERE.
+GREP_PATTERN = grep_pattern()
 
 # What a training job mostly writes: its own progress, not NCCL's (--nccl-fraction of lines are NCCL's).
 TRAINER = [

@@ -45,6 +45,10 @@ class Rule:
     # searched first (linear): without it the rule cannot match, and with it the rule's first start that
     # gets past its head succeeds -- a lazy ".*?" tried from every repeat of the head is quadratic
     guard: re.Pattern[str] | None = None
+    # byte strings one of which every line the rule matches contains: the prefilter (a line with none is
+    # never decoded) and bench/nccl_ingest.py's grep pattern are built from them, so a rule brings its own
+    # (tests/test_nccl_formats.py: every golden line a rule matches holds one of its needles)
+    needles: tuple[bytes, ...] = ()
 
 
 def _r(p: str) -> re.Pattern[str]:
@@ -72,59 +76,66 @@ def _seq(name: str) -> str:
 
 
 RULES: tuple[Rule, ...] = (
-    Rule("network", _r(r"\bUsing network (?P<net>\S[^\n]*?)\s*$"), "NCCLSocketFallback", "critical", ("net",)),
-    Rule("ib_no_device", _r(r"NET/IB : No device found"), "NCCLSocketFallback", "critical", ()),
+    Rule("network", _r(r"\bUsing network (?P<net>\S[^\n]*?)\s*$"), "NCCLSocketFallback", "critical", ("net",),
+         needles=(b"Using network ",)),
+    Rule("ib_no_device", _r(r"NET/IB : No device found"), "NCCLSocketFallback", "critical", (),
+         needles=(b"NET/IB : ",)),
     # src/misc/ibvwrap.cc: "Failed to open libibverbs.so[.1]" (a WARN in 2.4, INFO in 2.20): no verbs in the
     # job's container, so no IB device either (NVIDIA/nccl#367, #1817)
-    Rule("ib_no_verbs", _r(r"Failed to open libibverbs"), "NCCLSocketFallback", "critical", ()),
+    Rule("ib_no_verbs", _r(r"Failed to open libibverbs"), "NCCLSocketFallback", "critical", (),
+         needles=(b"Failed to open libibverbs",)),
     Rule("ib_using", _r(r"NET/IB : Using (?P<devs>.*?)\s*(?P<ro>\[RO\])?\s*; OOB (?P<oob>\S+)"), "NCCLHCASelection",
-         "warning", ("devs", "oob"), guard=_r(r"; OOB \S")),
-    Rule("socket_using", _r(r"NET/Socket : Using (?P<ifs>.+?)\s*$"), "NCCLSocketFallback", "critical", ("ifs",)),
+         "warning", ("devs", "oob"), guard=_r(r"; OOB \S"), needles=(b"NET/IB : ",)),
+    Rule("socket_using", _r(r"NET/Socket : Using (?P<ifs>.+?)\s*$"), "NCCLSocketFallback", "critical", ("ifs",),
+         needles=(b"NET/Socket : Using",)),
     # 2.4: "... Disabled for GPU %d[%d] / HCA %d '%s' (no module or not supported by GPU)"; 2.7-2.12:
     # "NET/IB : GPU Direct RDMA Disabled for HCA %d '%s' (no module)"; 2.13+: "NET/%s : GPU Direct RDMA %s
     # for HCA %d '%s'"; the Mellanox plugin: "GPU Direct RDMA (nvidia-peermem) enabled for HCA %d '%s".
     Rule("gdr", _r(r"NET/\w+ : GPU Direct RDMA (?:\((?P<how>[\w-]+)\) )?(?P<state>[Ee]nabled|[Dd]isabled) for "
                    r"(?:GPU \S+ / )?HCA (?P<hca>[0-9a-f]+)(?: '(?P<name>[^'\s]+)'?)?"),
-         "NCCLNoGDRDMA", "warning", ("state", "hca", "name")),
+         "NCCLNoGDRDMA", "warning", ("state", "hca", "name"), needles=(b"GPU Direct RDMA",)),
     # "(proxyRank)" after the device: a PXN send, out through another GPU's NIC (net.cc sendSetup, 2.12+)
     Rule("channel_net", _r(_CHAN + r"\[(?P<dir>send|receive)\] via NET/(?P<net>\w+)/(?P<dev>\d+)"
                                    r"(?:\((?P<proxy>\d+)\))?(?P<flags>\S*)"),
-         "NCCLNoGDRDMA", "warning", ("ch", "src", "dst", "dir", "net", "dev", "proxy", "flags")),
+         "NCCLNoGDRDMA", "warning", ("ch", "src", "dst", "dir", "net", "dev", "proxy", "flags"),
+         needles=(b"via NET/",)),
     # "via direct shared memory" (2.4-2.12), "via SHM/%s/%s" (2.13-2.30.4), "via SHM/direct" (2.30.7)
     Rule("channel_shm", _r(_CHAN + r"via (?:SHM/(?P<mode>\S+)|direct shared memory)"), "NCCLP2PViaHost", "warning",
-         ("ch", "src", "dst", "mode")),
+         ("ch", "src", "dst", "mode"), needles=(b"via SHM/", b"via direct shared memory")),
     # init.cc showVersion (2.4 init.cu): INFO(NCCL_ALL, "%s", VERSION_STRING), "NCCL version 2.21.5+cuda12.4"
     Rule("version", _r(r"^NCCL version (?P<version>[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}(?![0-9])[^\s]{0,40})"), "",
-         "info", ("version",), nccl_only=True),
+         "info", ("version",), nccl_only=True, needles=(b"NCCL INFO NCCL version ",)),
     Rule("init", _r(r"comm (?P<comm>0x[0-9a-f]+) rank (?P<rank>\d+) nranks (?P<nranks>\d+) cudaDev (?P<cuda>\d+)"
                     r"(?: nvmlDev (?P<nvml>\d+))?(?: busId (?P<bus>[0-9a-f]+))?(?: commId (?P<commid>0x[0-9a-f]+))?"
                     r".*Init COMPLETE"), "NCCLJobMember", "info", ("comm", "rank", "nranks", "bus", "commid"),
-         guard=_r(r"Init COMPLETE")),
+         guard=_r(r"Init COMPLETE"), needles=(b"Init COMPLETE",)),
     # net_ib.cc, 2.7.3+: INFO(NCCL_NET|NCCL_ENV, "NCCL_IB_HCA set to %s") — shown by default from 2.17
-    Rule("env_hca", _r(r"\bNCCL_IB_HCA set to (?P<value>\S+)"), "NCCLHCASelection", "warning", ("value",)),
+    Rule("env_hca", _r(r"\bNCCL_IB_HCA set to (?P<value>\S+)"), "NCCLHCASelection", "warning", ("value",),
+         needles=(b"NCCL_IB_HCA set",)),
     # param.h/param.cc: "%s set by environment to %lu." (integer NCCL_PARAMs such as NCCL_IB_DISABLE);
     # net.cc/plugin: "NCCL_NET_PLUGIN set by environment to %s"
     Rule("env_param", _r(r"\b(?P<name>NCCL_[A-Z0-9_]+) set by environment to (?P<value>[^\s]+?)\.?\s*$"), "",
-         "info", ("name", "value")),
+         "info", ("name", "value"), needles=(b"set by environment to",)),
     # net_ib.cc: "NET/IB : Got completion with error %d, opcode %d, ..." (<= 2.9), "... from peer %s with error
     # %d" (2.10-2.19), "with status=%d" (2.20+), "status=%s(%d)" (2.28.7+); "NET/IB:" from 2.22
     Rule("ib_completion", _r(r"NET/IB(?:/GIN)? ?: Got completion (?:from peer (?P<peer>\S+) )?with "
                              r"(?:status=(?:(?P<sname>[A-Z_]+)\()?(?P<status>\d+)\)?|error (?P<err>\d+))"),
-         "NCCLIBCompletionError", "critical", ("peer", "status", "sname", "vendor_err", "hca")),
+         "NCCLIBCompletionError", "critical", ("peer", "status", "sname", "vendor_err", "hca"),
+         needles=(b"NET/IB : ", b"NET/IB: ", b"NET/IB/GIN")),
     # net_ib.cc (docs/formats.md, "IB async events"): "NET/IB : Got async event : %s" (2.4-2.18), "NET/IB :
     # %s:%d Got async event : %s" (2.21), "NET/IB : %s:%d async fatal event[ on CQ/QP/SRQ (...)]: %s" (2.24+),
     # "NET/IB : %s:%d Got non-fatal async event: %s(%d)" (2.28); the port that failed under a rank's feet
     Rule("ib_async", _r(r"NET/IB ?: (?:(?P<hca>[\w.-]+):(?P<port>\d+) )?(?P<kind>Got async event|Got non-fatal async "
                         r"event|async fatal event)[^:]*?: ?(?P<what>.*?)\s*$"),
-         "NCCLIBAsyncEvent", "critical", ("hca", "port", "kind", "what")),
+         "NCCLIBAsyncEvent", "critical", ("hca", "port", "kind", "what"), needles=(b"NET/IB : ", b"NET/IB: ")),
     Rule("socket_error", _r(r"(?P<what>Connection closed by remote peer|Connection reset by peer|Call to recv from "
                             r"\S+ failed|Connect to \S+ failed|connect to \S+ failed|exceeded retries)"),
-         "NCCLSocketError", "warning", ("what",), warn_only=True),
+         "NCCLSocketError", "warning", ("what",), warn_only=True, needles=(b"NCCL WARN",)),
     Rule("watchdog", _r(_PG + r"Watchdog caught collective operation timeout: "
                         r"WorkNCCL\(SeqNum=(?P<seq>\d+), "
                         r"OpType=(?P<op>\w+)(?:.*?Timeout\(ms\)=(?P<timeout>\d+))?.*?\) ran for (?P<ran>\d+) "
                         r"milliseconds"), "NCCLCollectiveTimeout", "critical", ("rank", "seq", "op", "timeout", "ran"),
-         guard=_r(r"\) ran for \d+ milliseconds")),
+         guard=_r(r"\) ran for \d+ milliseconds"), needles=(b"Watchdog caught",)),
     # The process group's progress when its watchdog gives up (docs/formats.md, "PyTorch PG status"):
     # "Timeout at NCCL work: %d, last enqueued NCCL work: %d, last completed NCCL work: %d." (2.2-2.5),
     # "Exception (either an error or timeout) detected by watchdog at work: %d, last enqueued ..." (2.4-2.5),
@@ -134,7 +145,7 @@ RULES: tuple[Rule, ...] = (
                            r"detected by watchdog at work|failure detected by watchdog at work sequence id): "
                            + _seq("at") + r",? (?:PG status: )?last enqueued (?:NCCL )?work: " + _seq("enq")
                            + r", last completed (?:NCCL )?work: " + _seq("done")),
-         "NCCLWatchdogProgress", "warning", ("pg", "rank", "at", "enq", "done")),
+         "NCCLWatchdogProgress", "warning", ("pg", "rank", "at", "enq", "done"), needles=(b"ast enqueued ",)),
     # A rank hears of another rank's timeout (HeartbeatMonitor, 2.4+): "Received a dump signal due to a
     # collective timeout from {this local rank| rank N} and we will try our best to dump the debug info. Last
     # enqueued NCCL work: %d, last completed NCCL work: %d." A rank that never entered the collective the
@@ -142,22 +153,25 @@ RULES: tuple[Rule, ...] = (
     Rule("pg_dump_signal", _r(_PG + r"Received a dump signal due to a collective timeout from\s+(?:rank "
                               r"(?P<src>\d+)|(?P<local>this local rank))?.{0,200}?Last enqueued NCCL work: "
                               + _seq("enq") + r", last completed NCCL work: " + _seq("done")),
-         "NCCLWatchdogProgress", "warning", ("pg", "rank", "src", "enq", "done")),
+         "NCCLWatchdogProgress", "warning", ("pg", "rank", "src", "enq", "done"), needles=(b"ast enqueued ",)),
     # glog INFO every 30 s (kWorkStatusUpdatePeriodMs): progress for the process summary, never an event
     Rule("pg_periodic", _r(_PG + r"NCCL Work update periodically: last enqueued NCCL work: " + _seq("enq")
                            + r", last completed NCCL work: " + _seq("done")),
-         "", "info", ("pg", "rank", "enq", "done")),
+         "", "info", ("pg", "rank", "enq", "done"), needles=(b"ast enqueued ",)),
 )
 RULES_BY_NAME = {r.name: r for r in RULES}
 
 # Byte needles: only lines containing one of these are decoded. Channel lines over P2P/SHM-free
 # paths (the numerous intra-node ones) never pass; every NET channel line does: which NIC each
 # channel uses (NET/IB/<n>) is the rank's real NIC, GDRDMA or not (a few hundred lines per job start).
-_NEEDLES = (b"Using network ", b"NET/IB : ", b"NET/IB: ", b"NET/IB/GIN", b"NET/Socket : Using", b"GPU Direct RDMA",
-            b"via SHM/", b"via direct shared memory", b"via NET/", b"Init COMPLETE", b"NCCL_IB_HCA set",
-            b"set by environment to", b"Failed to open libibverbs", b"NCCL WARN", b"Watchdog caught",
-            b"ast enqueued ", b"NCCL INFO NCCL version ")
+WARN_NEEDLE = b"NCCL WARN"  # any WARN line is an NCCLWarning (WARNING_RULE), whatever rule it also matches
+_NEEDLES = tuple(dict.fromkeys([n for r in RULES for n in r.needles] + [WARN_NEEDLE]))
 PREFILTER = re.compile(b"|".join(re.escape(n) for n in _NEEDLES))
+
+
+def grep_pattern() -> str:
+    """The prefilter's needles as one POSIX extended regular expression (bench/nccl_ingest.py's ``grep -cE``)."""
+    return "|".join(re.sub(r"([.^$*+?()\[\]{}|\\])", r"\\\1", n.decode()) for n in _NEEDLES)
 
 
 def _hyperscan() -> Any:
@@ -394,7 +408,7 @@ def match_line(line: Line) -> Match | None:
     return m if isinstance(m, Match) else None
 
 
-WARNING_RULE = Rule("warn", _r(r"."), "NCCLWarning", "warning", ())
+WARNING_RULE = Rule("warn", _r(r"."), "NCCLWarning", "warning", (), needles=(WARN_NEEDLE,))
 _MIN_LIMIT = {r.name: _min_limit(r) for r in RULES}
 SEQ_MAX = 1 << 53  # a sequence number past this is uninitialised memory (seen in public logs), not progress
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -142,3 +143,25 @@ def test_every_rule_has_a_golden_line() -> None:
             if m:
                 seen.add(m.rule.name)
     assert {r.name for r in RULES} - seen == set(), {r.name for r in RULES} - seen
+
+
+def test_every_line_a_rule_matches_holds_one_of_that_rule_s_needles() -> None:
+    """Issue 23 (2): a rule brings its own prefilter needles (Rule.needles; the prefilter and the bench's grep
+    pattern are built from them). Every line of the golden logs and the real corpus that the matcher accepts
+    when shown it directly, bypassing the prefilter, holds one of its rule's needles: a rule whose needles miss
+    its lines would never fire in the collector, silently."""
+    from collectors.nccl_parse import _NEEDLES, WARNING_RULE, Match, grep_pattern, match_or_reject
+
+    real = Path(__file__).parent / "corpus" / "nccl"
+    matched = 0
+    for f in [*GOLDEN.glob("*.log"), *real.glob("*/input.log")]:
+        for raw in f.read_bytes().splitlines():
+            m = match_or_reject(parse_line(0, raw))
+            if isinstance(m, Match):
+                matched += 1
+                needles = m.rule.needles or WARNING_RULE.needles
+                assert any(n in raw for n in needles), (f.name, m.rule.name, raw[:200])
+    assert matched > 100
+    assert len(_NEEDLES) == len(set(_NEEDLES)) and all(r.needles for r in RULES)
+    for n in _NEEDLES:  # the ERE a bench greps with finds each needle literally
+        assert re.search(grep_pattern().encode(), b"x " + n + b" y")
