@@ -17,6 +17,7 @@ from typing import Any, Literal
 import msgspec
 
 from agent.remediation.policy import RemediationsConfig
+from gna_types.subjects import EVENTS_STREAM, JOBS_STREAM, NODES_BUCKET, SIGNALS_STREAM
 
 DEFAULT_CONFIG_PATH = Path("/etc/gpu-node-agent/config.toml")
 
@@ -46,18 +47,18 @@ class NatsConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # can let each user read only its own (docs/nats-security.md)
     inbox_prefix: str = ""
     connect_timeout: float = 5.0
-    stream: str = "GNA_EVENTS"
+    stream: str = EVENTS_STREAM
     stream_replicas: int = 1
     stream_max_age: float = 7 * 86400.0
     stream_max_bytes: int = -1
     duplicate_window: float = 600.0
-    jobs_stream: str = "GNA_JOBS"  # gna.jobs.>: jobs' membership and evidence (docs/subjects.md)
+    jobs_stream: str = JOBS_STREAM  # gna.jobs.>: jobs' membership and evidence (docs/subjects.md)
     jobs_stream_max_age: float = 2 * 86400.0
     jobs_max_per_subject: int = 1024  # per gna.jobs.<job>.<node>.<kind>: a job's facts stay bounded
-    signals_stream: str = "GNA_SIGNALS"  # gna.signals.>: straggler vectors, the latest few per node and collector
+    signals_stream: str = SIGNALS_STREAM  # gna.signals.>: straggler vectors, the latest few per node and collector
     signals_max_per_subject: int = 12
     signals_stream_max_age: float = 86400.0
-    kv_bucket: str = "gna-nodes"
+    kv_bucket: str = NODES_BUCKET
     heartbeat_interval: float = 10.0
     publish_window: int = 1024
     publish_timeout: float = 5.0

@@ -71,7 +71,7 @@ from fleet.wire import Rejected, Rejections, decode_event
 from gna_sdk import plural
 from gna_sdk.aio import within
 from gna_sdk.hostroot import HostRoot
-from gna_types.subjects import EVENTS_PREFIX, action_subject, event_subject
+from gna_types.subjects import CORDONER_DURABLE, EVENTS_PREFIX, action_subject, event_subject
 
 log = structlog.get_logger(__name__)
 
@@ -91,8 +91,8 @@ NO_ROOM = ("no verdict for job {job} yet and no room to wait for it ({why}): a j
 
 
 class Cordoner:
-    def __init__(self, cfg: configmod.AgentConfig, servers: list[str], *, durable: str = "gna-cordoner",
-                 queue: str = "gna-cordoner", name: str = "cordoner", watch: ConnectionWatch | None = None,
+    def __init__(self, cfg: configmod.AgentConfig, servers: list[str], *, durable: str = CORDONER_DURABLE,
+                 queue: str = CORDONER_DURABLE, name: str = "cordoner", watch: ConnectionWatch | None = None,
                  max_waiting: int = MAX_WAITING, max_waiting_per_node: int = MAX_WAITING_PER_NODE) -> None:
         self.cfg = cfg
         self.servers = servers

@@ -50,11 +50,11 @@ from fleet.otlp_logs import CONTENT_TYPE as OTLP_CONTENT_TYPE
 from fleet.otlp_logs import RETRY_STATUSES as OTLP_RETRY
 from fleet.otlp_logs import logs_request
 from fleet.wire import Rejected, decode_event
-from gna_types.subjects import EVENTS_PREFIX
+from gna_types.subjects import EVENTS_PREFIX, EXPORT_DURABLE
 
 log = structlog.get_logger(__name__)
 
-DURABLE = "gna-export-cloudevents"  # fleet/nats_permissions.py Names.export_durable
+DURABLE = EXPORT_DURABLE  # fleet/nats_permissions.py Names.export_durable
 BACKOFF_MIN_S, BACKOFF_MAX_S = 0.5, 30.0
 ACK_WAIT_S = 60.0  # the server redelivers an unacknowledged message after this (kept in progress while retrying)
 RETRY_STATUSES = frozenset({408, 429})  # and every 5xx

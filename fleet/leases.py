@@ -34,9 +34,11 @@ from typing import Any
 
 import structlog
 
+from gna_types import subjects
+
 log = structlog.get_logger(__name__)
 
-LEASES_BUCKET = "gna-correlator-leases"
+LEASES_BUCKET = subjects.LEASES_BUCKET
 DEFAULT_TTL = 3.0  # `gpu-node-agent correlator --lease-ttl` and `nats setup --lease-ttl`: one default
 ABSENT_TICKS = 2  # ticks in a row a seen-alive replica's key must be missing before its partition moves
 STARTUP_GRACE_S = 20.0  # s a partition never seen alive is left to its own replica to claim

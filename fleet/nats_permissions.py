@@ -25,11 +25,22 @@ import msgspec
 
 from gna_types.subjects import (
     ACTIONS_PREFIX,
+    BUDGET_BUCKET,
+    CORDONER_DURABLE,
     EVENTS_PREFIX,
+    EVENTS_STREAM,
+    EXPORT_DURABLE,
     HEARTBEAT_PREFIX,
+    INCIDENTS_BUCKET,
     INCIDENTS_PREFIX,
     JOBS_PREFIX,
+    JOBS_STREAM,
+    LEASES_BUCKET,
+    NODES_BUCKET,
+    OTLP_DURABLE,
     SIGNALS_PREFIX,
+    SIGNALS_STREAM,
+    STRAGGLERS_BUCKET,
     STRAGGLERS_PREFIX,
     encode_token,
 )
@@ -63,17 +74,17 @@ class Names(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Must match the agents' ``[nats] stream``/``kv_bucket`` and ``[remediations.budget] bucket``."""
 
     account: str = "GNA"
-    stream: str = "GNA_EVENTS"
-    jobs_stream: str = "GNA_JOBS"  # gna.jobs.<job>.<node>.member|evidence
-    signals_stream: str = "GNA_SIGNALS"  # gna.signals.<node>.<collector>: straggler vectors
-    nodes_bucket: str = "gna-nodes"
-    budget_bucket: str = "gna-budget"
-    cordoner_durable: str = "gna-cordoner"
-    incidents_bucket: str = "gna-incidents"  # fleet.incidents: the correlator's current incident per job
-    leases_bucket: str = "gna-correlator-leases"  # fleet.leases: which correlator replica judges which jobs
-    stragglers_bucket: str = "gna-stragglers"  # fleet.stragglers: the current straggler records
-    export_durable: str = "gna-export-cloudevents"  # fleet.exporter: the CloudEvents exporter's durable consumer
-    otlp_durable: str = "gna-export-otlp"  # fleet.exporter: the OTLP logs exporter's durable consumer
+    stream: str = EVENTS_STREAM
+    jobs_stream: str = JOBS_STREAM  # gna.jobs.<job>.<node>.member|evidence
+    signals_stream: str = SIGNALS_STREAM  # gna.signals.<node>.<collector>: straggler vectors
+    nodes_bucket: str = NODES_BUCKET
+    budget_bucket: str = BUDGET_BUCKET
+    cordoner_durable: str = CORDONER_DURABLE
+    incidents_bucket: str = INCIDENTS_BUCKET  # fleet.incidents: the correlator's current incident per job
+    leases_bucket: str = LEASES_BUCKET  # fleet.leases: which correlator replica judges which jobs
+    stragglers_bucket: str = STRAGGLERS_BUCKET  # fleet.stragglers: the current straggler records
+    export_durable: str = EXPORT_DURABLE  # fleet.exporter: the CloudEvents exporter's durable consumer
+    otlp_durable: str = OTLP_DURABLE  # fleet.exporter: the OTLP logs exporter's durable consumer
 
 
 class Roles(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

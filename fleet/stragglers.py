@@ -46,7 +46,7 @@ from collections.abc import Generator, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gna_types import entities
+from gna_types import entities, subjects
 
 MIN_PEERS = 8  # below this many devices (with any one node set aside) a job's group borrows the class's peers
 MAX_SHARE = 1 / 8  # standing out on more nodes than this share of the group is a fleet condition
@@ -472,7 +472,7 @@ def _rank_records(summaries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-STRAGGLERS_BUCKET = "gna-stragglers"  # key: <node token>.<entity token>; value: the current record
+STRAGGLERS_BUCKET = subjects.STRAGGLERS_BUCKET  # key: <node token>.<entity token>; value: the current record
 
 GroupKey = tuple[str, str, str]  # (job, kind, class)
 DevId = tuple[str, str]  # (node, entity)

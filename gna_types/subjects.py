@@ -45,6 +45,20 @@ SIGNALS_PREFIX = "gna.signals"  # gna.signals.<node token>.<collector>: straggle
 SIGNAL_TYPES = frozenset({"StragglerSignals", "NCCLInspectorSummary"})
 STRAGGLERS_PREFIX = "gna.stragglers"  # fleet/stragglers.py: gna.stragglers.<node token>, the correlator's records
 
+# The streams, KV buckets and durable consumers the halves share, by their default names (each is a setting:
+# [nats] stream/jobs_stream/signals_stream/kv_bucket, [remediations.budget] bucket, the NATS layout's [names]).
+EVENTS_STREAM = "GNA_EVENTS"  # gna.events.> and gna.actions.>
+JOBS_STREAM = "GNA_JOBS"  # gna.jobs.>: jobs' membership and evidence
+SIGNALS_STREAM = "GNA_SIGNALS"  # gna.signals.>: straggler vectors, the latest few per node and collector
+NODES_BUCKET = "gna-nodes"  # each node's state document (agent/nodestate.py)
+BUDGET_BUCKET = "gna-budget"  # the fleet-wide cordon budget (agent/remediation/budget.py)
+INCIDENTS_BUCKET = "gna-incidents"  # the correlator's current incident per job (fleet/incidents.py)
+LEASES_BUCKET = "gna-correlator-leases"  # which correlator replica judges which jobs (fleet/leases.py)
+STRAGGLERS_BUCKET = "gna-stragglers"  # the current straggler records (fleet/stragglers.py)
+CORDONER_DURABLE = "gna-cordoner"  # the central cordoner's durable queue consumer
+EXPORT_DURABLE = "gna-export-cloudevents"  # fleet/exporter.py, CloudEvents
+OTLP_DURABLE = "gna-export-otlp"  # fleet/exporter.py, OTLP logs
+
 
 def encode_token(name: str) -> str:
     if not name:

@@ -20,6 +20,7 @@ from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 
 from agent.nats_link import StreamMissing, StreamRefused, open_kv
 from gna_sdk.retry import Backoff
+from gna_types.subjects import BUDGET_BUCKET, NODES_BUCKET
 
 if TYPE_CHECKING:
     from agent.config import AgentConfig
@@ -46,7 +47,7 @@ def _cas_conflict(exc: Exception) -> bool:
 
 
 class FleetBudget:
-    def __init__(self, js: Any, *, bucket: str = "gna-budget", nodes_bucket: str = "gna-nodes", max_nodes: int = 5,
+    def __init__(self, js: Any, *, bucket: str = BUDGET_BUCKET, nodes_bucket: str = NODES_BUCKET, max_nodes: int = 5,
                  max_percent: float = 0.0, window: float = 3600.0, stale_after: float = 60.0,
                  replicas: int = 1) -> None:
         self.js = js

@@ -43,9 +43,11 @@ from typing import Any
 
 import structlog
 
+from gna_types import subjects
+
 log = structlog.get_logger(__name__)
 
-INCIDENTS_BUCKET = "gna-incidents"  # key: the job's token, value: its current incident record
+INCIDENTS_BUCKET = subjects.INCIDENTS_BUCKET  # key: the job's token, value: its current incident record
 GRACE = 3.0  # s: a job's first NCCL message that would cordon waits this long for the correlator's verdict
 MAX_JOBS = 100_000
 CULPRIT_MIN_CONFIDENCE = 0.85  # a verdict below this is shown, never acted on

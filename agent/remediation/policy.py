@@ -7,6 +7,8 @@ from typing import Any
 
 import msgspec
 
+from gna_types.subjects import BUDGET_BUCKET
+
 # Critical hardware conditions that justify taking a node out of scheduling. Application-class
 # Xids never appear here: GPUXidError is an event, and GPUFatalXid only fires for reset/reboot Xids.
 CORDON_TYPES = ["GPUFellOffBus", "GPUFatalXid", "GPUDevicesMissing", "GPULost", "NvidiaControlDeviceMissing",
@@ -43,7 +45,7 @@ class Rule(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 class BudgetConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    bucket: str = "gna-budget"
+    bucket: str = BUDGET_BUCKET
     max_nodes: int = 5
     max_percent: float = 10.0  # of nodes heartbeating in gna-nodes; the smaller limit wins
     window: float = 3600.0
