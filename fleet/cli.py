@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import json
 import sys
+import time
 from typing import Any
 
 from agent import config as configmod
@@ -287,13 +288,29 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     return 2 if incidents or critical else 0
 
 
-def cmd_correlator(args: argparse.Namespace) -> int:
-    import time
-
-    from agent.logsetup import configure
+def _serve(make: Any, ncfg: Any, duration: float | None) -> int:
+    """A central service (``make()``: an object with async ``start`` and ``stop``) until SIGTERM/SIGINT,
+    ``duration`` seconds, or its NATS connection closing for good (exit 75)."""
     from agent.natsclient import run_until_closed_or_stopped, watching
-    from fleet.incident_service import IncidentService
     from gna_sdk.aio import within
+
+    start = time.monotonic()
+
+    async def go() -> int:
+        watch = watching()  # the service's natsclient.connect() registers with it: closed for good -> exit 75
+        svc = make()
+        await within(svc.start(), ncfg.connect_timeout + 1)
+        rc = await run_until_closed_or_stopped(
+            watch, None if duration is None else max(0.0, start + duration - time.monotonic()))
+        await svc.stop()
+        return rc
+
+    return int(asyncio.run(go()))
+
+
+def cmd_correlator(args: argparse.Namespace) -> int:
+    from agent.logsetup import configure
+    from fleet.incident_service import IncidentService
     from gna_types.subjects import JOB_BUCKETS
 
     cfg = configmod.load(args.config).agent
@@ -306,30 +323,16 @@ def cmd_correlator(args: argparse.Namespace) -> int:
         print(f"gpu-node-agent: --partitions must be at most {JOB_BUCKETS} (the jobs stream's buckets)",
               file=sys.stderr)
         return EX_USAGE
-    start = time.monotonic()
-
-    async def go() -> int:
-        watch = watching()  # the service's natsclient.connect() registers with it: closed for good -> exit 75
-        svc = IncidentService(nats_servers(args), nats_cfg=ncfg, partitions=args.partitions,
-                              partition=args.partition, history_s=args.history_hours * 3600,
-                              resolve_after=args.resolve_after, lease_ttl=max(0.0, args.lease_ttl),
-                              straggler_interval=args.straggler_interval)
-        await within(svc.start(), ncfg.connect_timeout + 1)
-        rc = await run_until_closed_or_stopped(
-            watch, None if args.duration is None else max(0.0, start + args.duration - time.monotonic()))
-        await svc.stop()
-        return rc
-
-    return asyncio.run(go())
+    return _serve(lambda: IncidentService(nats_servers(args), nats_cfg=ncfg, partitions=args.partitions,
+                                          partition=args.partition, history_s=args.history_hours * 3600,
+                                          resolve_after=args.resolve_after, lease_ttl=max(0.0, args.lease_ttl),
+                                          straggler_interval=args.straggler_interval), ncfg, args.duration)
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    import time
     from pathlib import Path
 
     from agent.logsetup import configure
-    from agent.natsclient import run_until_closed_or_stopped, watching
-    from gna_sdk.aio import within
 
     try:
         import aiohttp  # noqa: F401  (the sink's HTTP client)
@@ -370,18 +373,7 @@ def cmd_export(args: argparse.Namespace) -> int:
                               source_prefix="" if otlp else args.source_prefix.rstrip("/"),
                               format=args.export_format)
     ncfg = nats_config(args)
-    start = time.monotonic()
-
-    async def go() -> int:
-        watch = watching()
-        exporter = CloudEventsExporter(nats_servers(args), settings, nats_cfg=ncfg)
-        await within(exporter.start(), ncfg.connect_timeout + 1)
-        rc = await run_until_closed_or_stopped(
-            watch, None if args.duration is None else max(0.0, start + args.duration - time.monotonic()))
-        await exporter.stop()
-        return rc
-
-    return asyncio.run(go())
+    return _serve(lambda: CloudEventsExporter(nats_servers(args), settings, nats_cfg=ncfg), ncfg, args.duration)
 
 
 def cmd_budget(args: argparse.Namespace) -> int:
