@@ -48,7 +48,7 @@ job's messages.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -209,6 +209,7 @@ class _Verdict:
     tenant: bool = True  # decided by evidence the tenant controls
     membership_only: bool = False  # rests on who the job's members are (a contested job weakens it)
     culprits: list[dict[str, str]] = field(default_factory=list)
+    rule: str = ""  # the VerdictRule that reached it
 
 
 def _standing(v: _Verdict, contested: bool) -> tuple[float, bool, str]:
@@ -281,11 +282,9 @@ def incident(f: JobFacts, v: _Verdict) -> Incident:
     return inc
 
 
-def fast_verdict(f: JobFacts, hardware: Hardware) -> _Verdict | None:
-    """The verdicts published at once: a critical finding on a GPU or NIC port one of the job's ranks
-    used (the node's word about its own), or one node on sockets while the job's others use IB."""
+def _hardware(f: JobFacts, hardware: Hardware) -> _Verdict | None:
+    """A critical finding on a GPU or NIC port one of the job's ranks used (the node's word about its own)."""
     ms = f.ms
-    # 1. a critical finding on a GPU or NIC port one of the job's ranks used
     used: list[tuple[dict[str, Any], Member, str]] = []
     nodes = ([n for n in hardware if n in ms.by_node] if len(hardware) <= len(ms.by_node)
              else [n for n in ms.by_node if n in hardware])
@@ -299,9 +298,12 @@ def fast_verdict(f: JobFacts, hardware: Hardware) -> _Verdict | None:
                 elif entity.startswith("ib:") and (entity[3:] in mem.hcas or (
                         entity.count("/") == 0 and any(h.startswith(entity[3:] + "/") for h in mem.hcas))):
                     used.append((fi, mem, "hca_port"))
-    if used:
-        return _hardware_verdict(f, used)
-    # 2. one node on sockets while the job's other nodes use IB (each node's word about its own ranks)
+    return _hardware_verdict(f, used) if used else None
+
+
+def _socket_node(f: JobFacts, _hardware: Hardware) -> _Verdict | None:
+    """One node on sockets while the job's other nodes use IB (each node's word about its own ranks)."""
+    ms = f.ms
     socket_nodes = sorted(ms.socket_only)
     if socket_nodes and ms.non_socket and len(socket_nodes) <= len(ms.non_socket):  # the fabric is IB
         if len(socket_nodes) == 1:
@@ -313,39 +315,110 @@ def fast_verdict(f: JobFacts, hardware: Hardware) -> _Verdict | None:
     return None
 
 
-def slow_verdict(f: JobFacts) -> _Verdict:
-    """The verdicts from symptoms (the tracker waits for them to settle): RAS, a rank behind by
-    PyTorch's numbers, a hung rank, the IB peer every completion error names; else no culprit."""
+def _hung_rank(f: JobFacts, _hardware: Hardware) -> _Verdict | None:
+    """Every other rank of the job timed out, this one said nothing (all ranks must be known)."""
     ms = f.ms
-    # 3. the process NCCL's RAS says died, stopped answering, sent no data or failed
-    if (v := _ras(f)) is not None:
-        return v
-    # 4. a rank that never entered the collective the others wait in, by PyTorch's own numbers
-    if (v := _behind(f)) is not None:
-        return v
-    # 5. a hung rank: every other rank of the job timed out, this one said nothing
-    if f.counts.get("NCCLCollectiveTimeout"):
-        size = ms.size
-        if size and len(ms.ranks) == size:
-            timed_out = f.timed_out_ranks  # bound ranks only
-            if 0 < size - len(timed_out) <= max(1, size // 8):
-                silent = sorted(ms.ranks.keys() - timed_out)
-                silent_nodes = {ms.ranks[r].node for r in silent}
-                if len(silent_nodes) == 1:
-                    mem = ms.ranks[silent[0]]
-                    entity = entities.ranks(silent)
-                    reporters = {ms.ranks[r].node for r in timed_out}
-                    return _Verdict({"node": mem.node, "entity": entity, "kind": "rank", "rank": str(silent[0])},
-                                    0.85, [], ("NCCLCollectiveTimeout",),
-                                    f"{len(timed_out)} of {size} ranks timed out; "
-                                    f"{'rank' if len(silent) == 1 else 'ranks'} {silent} on {mem.node} did not: "
-                                    "stuck before the collective", reporters=reporters,
-                                    membership_only=True)
-        elif size and len(ms.ranks) < size:
-            return _Verdict(None, 0.0, [], SYMPTOMS,
-                            f"only {len(ms.ranks)} of {size} ranks are known (a node's agent is missing): no verdict")
-    # 6. the IB completion errors point at one peer
-    return _link(f) or _Verdict(None, 0.0, [], SYMPTOMS, "symptoms, but no resource of the job stands out")
+    if not f.counts.get("NCCLCollectiveTimeout"):
+        return None
+    size = ms.size
+    if size and len(ms.ranks) == size:
+        timed_out = f.timed_out_ranks  # bound ranks only
+        if 0 < size - len(timed_out) <= max(1, size // 8):
+            silent = sorted(ms.ranks.keys() - timed_out)
+            silent_nodes = {ms.ranks[r].node for r in silent}
+            if len(silent_nodes) == 1:
+                mem = ms.ranks[silent[0]]
+                entity = entities.ranks(silent)
+                reporters = {ms.ranks[r].node for r in timed_out}
+                return _Verdict({"node": mem.node, "entity": entity, "kind": "rank", "rank": str(silent[0])},
+                                0.85, [], ("NCCLCollectiveTimeout",),
+                                f"{len(timed_out)} of {size} ranks timed out; "
+                                f"{'rank' if len(silent) == 1 else 'ranks'} {silent} on {mem.node} did not: "
+                                "stuck before the collective", reporters=reporters,
+                                membership_only=True)
+    elif size and len(ms.ranks) < size:
+        return _Verdict(None, 0.0, [], SYMPTOMS,
+                        f"only {len(ms.ranks)} of {size} ranks are known (a node's agent is missing): no verdict")
+    return None
+
+
+@dataclass(frozen=True)
+class VerdictRule:
+    """One verdict the correlator can reach: what it reads, whose word it rests on, whether it waits for
+    the job's symptoms to settle, and its priority (the first rule, in that order, that says anything
+    decides). docs/correlator.md's table of verdicts is this registry (a test keeps the two equal)."""
+
+    name: str
+    priority: int
+    settles: bool  # False: published at once; True: only once the job's symptoms stopped arriving
+    reads: tuple[str, ...]  # the message types it is decided by
+    rests_on: str  # whose word it takes
+    says: str
+    judge: Callable[[JobFacts, Hardware], _Verdict | None]
+
+
+VERDICT_RULES: tuple[VerdictRule, ...] = tuple(sorted((
+    VerdictRule("hardware", 1, False, ("GPUFellOffBus", "GPUFatalXid", "IBPortDown", "the nodes' other critical "
+                                       "gpu:/ib: findings", "NCCLIBAsyncEvent"),
+                "the hardware's own node (a job's log line naming a port only when nothing else does)",
+                "a critical finding on a GPU or NIC port one of the job's ranks used; faults on more than "
+                f"{MAX_CULPRIT_NODES} of the job's nodes are the fabric's, nobody named", _hardware),
+    VerdictRule("socket_node", 2, False, ("NCCLSocketFallback", "NCCLJobMember"), "each node about its own ranks",
+                "one node's NCCL on sockets while the job's other nodes use IB", _socket_node),
+    VerdictRule("ras", 3, True, ("NCCLRASReport",), "NCCL RAS on the reporting nodes, bound to the processes' "
+                "own nodes", "the process RAS says died, stopped answering, sent no data or failed",
+                lambda f, _h: _ras(f)),
+    VerdictRule("behind_rank", 4, True, ("NCCLWatchdogProgress", "TorchFlightRecord"),
+                "PyTorch's own numbers from each rank's node", "a rank that never entered the collective the "
+                "others wait in", lambda f, _h: _behind(f)),
+    VerdictRule("hung_rank", 5, True, ("NCCLCollectiveTimeout", "NCCLJobMember"),
+                "the job's membership and every other rank's timeout (independent nodes)",
+                "every other rank of the job timed out, this one said nothing", _hung_rank),
+    VerdictRule("link", 6, True, ("NCCLIBCompletionError",), "the ranks whose completions failed",
+                "the IB peer every completion error names", lambda f, _h: _link(f)),
+), key=lambda r: r.priority))
+
+
+def fast_verdict(f: JobFacts, hardware: Hardware) -> _Verdict | None:
+    """The verdicts published at once (VERDICT_RULES that do not settle), by priority."""
+    for rule in VERDICT_RULES:
+        if not rule.settles and (v := rule.judge(f, hardware)) is not None:
+            v.rule = rule.name
+            return v
+    return None
+
+
+def slow_verdict(f: JobFacts, hardware: Hardware | None = None) -> _Verdict:
+    """The verdicts from symptoms, once they settled (VERDICT_RULES that settle), by priority; else no
+    culprit."""
+    for rule in VERDICT_RULES:
+        if rule.settles and (v := rule.judge(f, hardware or {})) is not None:
+            v.rule = rule.name
+            return v
+    return _Verdict(None, 0.0, [], SYMPTOMS, "symptoms, but no resource of the job stands out")
+
+
+RULES_BY_NAME = {r.name: r for r in VERDICT_RULES}
+
+
+def verdict_rules_table() -> str:
+    """docs/correlator.md's table of the registry (tests/test_verdict_rules.py keeps the two equal)."""
+    rows = ["| priority | rule | when | reads | rests on | publishes |", "| --- | --- | --- | --- | --- | --- |"]
+    for r in VERDICT_RULES:
+        reads = ", ".join(f"`{t}`" if t[:1].isupper() else t for t in r.reads)
+        when = "once the symptoms settled" if r.settles else "at once"
+        rows.append(f"| {r.priority} | `{r.name}` | {r.says} | {reads} | {r.rests_on} | {when} |")
+    return "\n".join(rows)
+
+
+def waits_to_settle(v: _Verdict | None, symptomatic: bool) -> bool:
+    """Whether a job's verdict waits for its symptoms to settle before it is published: no verdict yet on
+    a job with symptoms (a slow rule may still reach one), a verdict that names nobody (more evidence may
+    name someone), or one from a rule that settles (other ranks' timeouts may follow; a hardware finding
+    on the events stream may trail the evidence on the jobs stream)."""
+    if v is None:
+        return symptomatic
+    return v.culprit is None or (v.rule in RULES_BY_NAME and RULES_BY_NAME[v.rule].settles)
 
 
 def _hardware_verdict(f: JobFacts, used: list[tuple[dict[str, Any], Member, str]]) -> _Verdict:

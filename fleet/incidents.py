@@ -18,7 +18,15 @@ from typing import Any
 import structlog
 
 from agent.remediation.incidents import INCIDENTS_BUCKET as INCIDENTS_BUCKET  # re-exported: the correlator writes it
-from fleet.correlator import _details, fast_verdict, hardware_key, incident, is_incident, slow_verdict
+from fleet.correlator import (
+    _details,
+    fast_verdict,
+    hardware_key,
+    incident,
+    is_incident,
+    slow_verdict,
+    waits_to_settle,
+)
 from fleet.job_facts import SYMPTOMS, JobFacts
 from gna_types.subjects import JOB_BUCKETS, encode_token, job_bucket
 
@@ -271,10 +279,8 @@ class IncidentTracker:
             return record
         f = j.facts
         v = fast_verdict(f, self._hardware_of(j))
-        # verdicts from symptoms alone wait for the symptoms to settle: other ranks' timeouts may follow,
-        # and a hardware finding (on the events stream) may trail the evidence (on the jobs stream)
-        unsettled = (v is None and f.symptomatic) or (
-            v is not None and (v.culprit is None or v.culprit["kind"] in ("rank", "link")))
+        # the registry says which verdicts wait for the symptoms to settle (fleet/correlator.py VERDICT_RULES)
+        unsettled = waits_to_settle(v, f.symptomatic)
         if unsettled and now - j.last_symptom < self.settle:
             since = j.unsettled_since if j.unsettled_since is not None else j.last_symptom
             if now - since < self.settle_max:
