@@ -33,7 +33,9 @@ async def _drained(agent: Any, timeout: float = 60) -> None:
     assert agent.spool.depth == 0, f"{agent.spool.depth} still spooled"
 
 
-async def test_nats_restarted_20_times_during_a_steady_stream(tmp_path: Path, nats_server: NatsServerProcess) -> None:
+@pytest.mark.parametrize("restarts", [8, pytest.param(20, marks=pytest.mark.slow)])
+async def test_nats_restarted_many_times_during_a_steady_stream(tmp_path: Path, nats_server: NatsServerProcess,
+                                                                restarts: int) -> None:
     cfg = agent_config(tmp_path, servers=[nats_server.url])
     async with running_agent(cfg) as agent:
         await asyncio.wait_for(agent.link.connected.wait(), 10)
@@ -48,7 +50,7 @@ async def test_nats_restarted_20_times_during_a_steady_stream(tmp_path: Path, na
                 await asyncio.sleep(0.004)
 
         task = asyncio.create_task(stream())
-        for _ in range(20):
+        for _ in range(restarts):
             await asyncio.sleep(0.3)
             await asyncio.to_thread(nats_server.stop, kill=True)  # an abrupt restart, not a drain
             await asyncio.sleep(0.15)
@@ -60,7 +62,7 @@ async def test_nats_restarted_20_times_during_a_steady_stream(tmp_path: Path, na
     ns = [m["details"]["n"] for m in msgs]
     assert len(ns) == sent and sorted(ns) == list(range(sent)), "0 lost, 0 duplicated"
     assert ns == sorted(ns), "in order"
-    assert sent > 1000
+    assert sent > 50 * restarts
 
 
 def _cluster(tmp: Path, n: int = 3) -> list[NatsServerProcess]:
