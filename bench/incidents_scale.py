@@ -719,6 +719,8 @@ def held(last: dict[str, Any], hwm: float, hwm0: float, ranks: int, stall_total:
             "stall_max_ms": stall_total, "stall_window_ms": stall_window,
             # of the longest stall, at most this much was the correlator's own CPU (the rest: waiting for a core)
             "stall_cpu_max_ms": last.get("loop_stall_cpu_max_ms"),
+            # CPython's longest cyclic collection in the correlator, and how many full ones (gc.callbacks)
+            "gc_max_ms": last.get("gc_max_ms"), "gc_full": last.get("gc_full"),
             "published": last.get("published"), "publish_same": last.get("publish_same"),
             "publish_retries": last.get("publish_retries"), "rejected": last.get("rejected"),
             "refused": last.get("refused"), "dropped_jobs": last.get("dropped_jobs")}
@@ -935,7 +937,8 @@ def run_many_jobs(args: argparse.Namespace, work: Path) -> dict[str, Any]:
           f", peak RSS "
           f"{secs(f['hwm_mib'])} MiB ({secs(f['kib_per_rank'])} KiB a rank over {f['ranks_held']} ranks held), "
           f"max loop stall {secs(f['stall_max_ms'])} ms (measured phases: {secs(f['stall_window_ms'])} ms; "
-          f"the correlator's own CPU in a stall at most {secs(f['stall_cpu_max_ms'])} ms); "
+          f"the correlator's own CPU in a stall at most {secs(f['stall_cpu_max_ms'])} ms; its longest garbage "
+          f"collection {secs(f['gc_max_ms'])} ms, {f['gc_full']} full ones); "
           f"healthy jobs blamed: {f['healthy_blamed']}"
           + (f"; logged: {f['correlator_problems']}" if f["correlator_problems"] else ""))
     for m in metas:

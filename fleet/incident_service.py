@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import os
 import socket
@@ -119,8 +120,23 @@ class IncidentService:
         # of it, at most this much was the process's own work (its thread's CPU time over the late interval):
         # the rest was the thread waiting for a core (on a machine shared with publishers and a server)
         self.loop_stall_cpu_max_ms = 0.0
+        # CPython's cyclic collections, timed (gc.callbacks): the longest pause and how many full (gen 2) ones;
+        # a full collection walks every tracked object of the state and holds the loop all that time
+        self.gc_max_ms = 0.0
+        self.gc_full = 0
+        self._gc_t0 = 0.0
+
+    def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._gc_t0 = time.perf_counter()
+            return
+        self.gc_max_ms = max(self.gc_max_ms, (time.perf_counter() - self._gc_t0) * 1000.0)
+        if info.get("generation") == 2:
+            self.gc_full += 1
 
     async def start(self) -> None:
+        if self._on_gc not in gc.callbacks:
+            gc.callbacks.append(self._on_gc)
         self.nc = await natsclient.connect(self.servers, cfg=self.nats_cfg, name="gpu-node-agent-correlator",
                                            inbox="correlator")
         js = self.nc.jetstream()
@@ -251,6 +267,8 @@ class IncidentService:
             self._wake.set()
 
     async def stop(self) -> None:
+        with contextlib.suppress(ValueError):
+            gc.callbacks.remove(self._on_gc)
         if self.leases is not None and self.nc is not None:
             with contextlib.suppress(Exception):  # hand the partitions over at once, not after the TTL
                 await within(self.leases.release_all(), 3.0)
@@ -579,7 +597,8 @@ class IncidentService:
                             "reclaimed": self.leases.reclaimed, "errors": self.leases.errors}
                            if self.leases is not None else None),
                 "loop_stall_max_ms": round(self.loop_stall_max_ms, 1),
-                "loop_stall_cpu_max_ms": round(self.loop_stall_cpu_max_ms, 1), **self.tracker.stats()}
+                "loop_stall_cpu_max_ms": round(self.loop_stall_cpu_max_ms, 1),
+                "gc_max_ms": round(self.gc_max_ms, 1), "gc_full": self.gc_full, **self.tracker.stats()}
 
     async def _stats_loop(self) -> None:
         """The loop-stall probe (how late a short sleep wakes: what held the loop that long held every
