@@ -41,6 +41,19 @@ def rfc3339(ts: float | None = None) -> str:
     return now.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+def epoch(rfc3339_time: str) -> tuple[int, int] | None:
+    """A message's RFC 3339 time as (seconds, nanoseconds) since the epoch (no zone: UTC); None when it
+    does not parse. What the exports write (OTLP's timeUnixNano, NVSentinel's Timestamp)."""
+    try:
+        t = _dt.datetime.fromisoformat(rfc3339_time.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=_dt.UTC)
+    delta = t - _dt.datetime(1970, 1, 1, tzinfo=_dt.UTC)
+    return delta.days * 86400 + delta.seconds, delta.microseconds * 1000
+
+
 def make_message(
     *,
     node: str,

@@ -31,11 +31,11 @@ How a message maps (docs/exports.md, "NVSentinel"):
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from agent.message import epoch
 from gna_types.entities import kind_of, parse_ib
 
 AGENT = "gpu-node-agent"
@@ -168,15 +168,10 @@ def _bool(number: int, b: bool) -> bytes:
 
 
 def _timestamp(rfc3339: str) -> bytes:
-    try:
-        t = dt.datetime.fromisoformat(rfc3339.replace("Z", "+00:00"))
-    except ValueError:
+    parts = epoch(rfc3339)
+    if parts is None or parts[0] <= 0:
         return b""
-    if t.tzinfo is None:
-        t = t.replace(tzinfo=dt.UTC)
-    delta = t - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
-    seconds = delta.days * 86400 + delta.seconds
-    return _uint(1, seconds) + _uint(2, delta.microseconds * 1000) if seconds > 0 else b""
+    return _uint(1, parts[0]) + _uint(2, parts[1])
 
 
 def encode_event(e: HealthEvent) -> bytes:

@@ -22,11 +22,11 @@ and ``gna.details`` (the details as a key/value list).
 
 from __future__ import annotations
 
-import datetime as dt
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from agent.message import epoch
 from fleet.cloudevents import DEFAULT_TYPE_PREFIX, SEVERITY, event_type
 
 SCOPE = "gpu-node-agent"
@@ -36,14 +36,8 @@ MAX_DEPTH = 8  # nesting of details turned into AnyValue (deeper: a string)
 
 
 def _ns(rfc3339: str) -> str:
-    try:
-        t = dt.datetime.fromisoformat(rfc3339.replace("Z", "+00:00"))
-    except ValueError:
-        return "0"  # "unknown" in OTLP
-    if t.tzinfo is None:
-        t = t.replace(tzinfo=dt.UTC)
-    delta = t - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
-    return str(max(0, (delta.days * 86400 + delta.seconds) * 1_000_000_000 + delta.microseconds * 1000))
+    parts = epoch(rfc3339)
+    return "0" if parts is None else str(max(0, parts[0] * 1_000_000_000 + parts[1]))  # 0: "unknown" in OTLP
 
 
 def any_value(v: Any, depth: int = 0) -> dict[str, Any]:
