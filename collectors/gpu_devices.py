@@ -13,9 +13,10 @@ from __future__ import annotations
 import asyncio
 import re
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import structlog
+from msgspec import structs
 
 from collectors.gpu_inventory import scan
 from collectors.nvml_lib import load_nvml
@@ -26,6 +27,8 @@ from gna_sdk.udev import Uevent
 from gna_sdk.watch import Watches
 from gna_types import entities
 from gna_types.entities import normal_pci
+from gna_types.gpu_details import GPUDevicesMissing, GPUInventory, GPUPCIeError
+from gna_types.node_details import wire
 
 log = structlog.get_logger(__name__)
 
@@ -85,7 +88,7 @@ class GPUDevicesCollector:
         self.config = config
         self.host = host
         self.emit = emit
-        self.aer: dict[str, tuple[str, dict[str, Any]]] = {}  # bus -> (severity, details)
+        self.aer: dict[str, tuple[str, GPUPCIeError]] = {}  # bus -> (severity, details)
         self.udev_status = "off"
         # a GPU that fell off the bus while the agent was down is still expected
         self.seen = BootScopedSet(emit.state_dir / "seen_pci.json" if emit.state_dir else None, boot_id(host))
@@ -104,8 +107,8 @@ class GPUDevicesCollector:
                 self.aer.pop(sig.bus_id, None)
             else:
                 severity = "critical" if sig.error_event == "FAILED_RECOVERY" or sig.device_online == "0" else "warning"
-                self.aer[sig.bus_id] = (severity, {"error_event": sig.error_event or None,
-                                                   "device_online": sig.device_online or None})
+                self.aer[sig.bus_id] = (severity, GPUPCIeError(error_event=sig.error_event or None,
+                                                               device_online=sig.device_online or None))
         self._wake()
 
     def _on_dev_events(self, events: list[InotifyEvent]) -> None:
@@ -151,9 +154,10 @@ class GPUDevicesCollector:
         elif not on_pci and not expected:
             self.emit.not_seen("GPUs", "no NVIDIA GPU on the PCI bus (set expected_count or --expected-gpus "
                                "where there must be some)")
-        base = {"expected": expected, "on_pci": on_pci, "device_nodes": len(inv.dev_minors),
-                "nvml": len(nvml_ids) if nvml_ids is not None else None,
-                "configured_expected": self.config.expected_count or None}
+        base = GPUInventory(expected=expected, on_pci=on_pci, device_nodes=len(inv.dev_minors),
+                            nvml=len(nvml_ids) if nvml_ids is not None else None,
+                            configured_expected=self.config.expected_count or None)
+        inventory = structs.asdict(base)
         # Which GPU lacks its node: by the driver's bus->minor map when it exists, else by index.
         wanted: dict[int, str] = {}
         for i, (bus, minor) in enumerate(sorted(inv.pci.items())):
@@ -161,7 +165,7 @@ class GPUDevicesCollector:
         for bus in gone:
             await self._missing(entities.gpu(bus), "RemovedFromPCIBus",
                                 f"GPU {bus} was on the PCI bus and is gone (fell off the bus or was removed).",
-                                {**base, "pci_address": bus})
+                                GPUDevicesMissing(**inventory, pci_address=bus))
         spare = (i for i in range(64) if i not in wanted)
         while len(wanted) + len(gone) < expected:
             wanted[next(spare)] = ""
@@ -170,16 +174,18 @@ class GPUDevicesCollector:
                 if bus and nvml_ids is not None and bus not in nvml_ids:
                     await self._missing(entities.gpu(bus), "NotVisibleToNVML",
                                         f"GPU {bus} has /dev/nvidia{minor} but NVML does not see it.",
-                                        {**base, "pci_address": bus, "device_node": f"/dev/nvidia{minor}"})
+                                        GPUDevicesMissing(**inventory, pci_address=bus,
+                                                          device_node=f"/dev/nvidia{minor}"))
                 continue
             if bus:
                 await self._missing(entities.gpu(bus), "DeviceNodeMissing",
                                     f"GPU {bus} has no /dev/nvidia{minor}: workloads cannot use it.",
-                                    {**base, "pci_address": bus, "device_node": f"/dev/nvidia{minor}"})
+                                    GPUDevicesMissing(**inventory, pci_address=bus, device_node=f"/dev/nvidia{minor}"))
             else:
                 await self._missing(f"gpu:nvidia{minor}", "GPUNotOnPCIBus",
                                     f"Expected GPU {minor} is neither on the PCI bus nor in /dev.",
-                                    {**base, "pci_address": None, "device_node": f"/dev/nvidia{minor}"})
+                                    GPUDevicesMissing(**inventory, pci_address=None,
+                                                      device_node=f"/dev/nvidia{minor}"))
         if on_pci:
             for node, present in inv.control.items():
                 if present or (node == "nvidia-uvm" and not self.config.require_uvm):
@@ -188,17 +194,17 @@ class GPUDevicesCollector:
                     "NvidiaControlDeviceMissing", firing=True, severity="critical", entity=f"dev:{node}",
                     reason="DeviceNodeMissing",
                     message=f"/dev/{node} is missing while {on_pci} NVIDIA GPUs are on the PCI bus.",
-                    details=base, suggested_action="cordon")
+                    details=wire(base), suggested_action="cordon")
         for bus, (severity, details) in sorted(self.aer.items()):
             await self.emit.condition(
                 "GPUPCIeError", firing=True, severity=severity, entity=entities.gpu(bus),  # type: ignore[arg-type]
                 reason="AERRecoveryFailed" if severity == "critical" else "AERRecovery",
-                message=f"PCIe AER on GPU {bus}: {details.get('error_event') or 'device offline'}.",
-                details=details, suggested_action="inspect_hardware" if severity == "critical" else "none")
+                message=f"PCIe AER on GPU {bus}: {details.error_event or 'device offline'}.",
+                details=wire(details), suggested_action="inspect_hardware" if severity == "critical" else "none")
         self.emit.facts.set("gpu.inventory", {"on_pci": sorted(inv.pci), "device_minors": sorted(inv.dev_minors),
                                               "nvml": sorted(nvml_ids) if nvml_ids is not None else None,
                                               "udev": self.udev_status})
 
-    async def _missing(self, entity: str, reason: str, message: str, details: dict[str, Any]) -> None:
+    async def _missing(self, entity: str, reason: str, message: str, details: GPUDevicesMissing) -> None:
         await self.emit.condition("GPUDevicesMissing", firing=True, severity="critical", entity=entity,
-                                  reason=reason, message=message, details=details, suggested_action="cordon")
+                                  reason=reason, message=message, details=wire(details), suggested_action="cordon")

@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 
 import msgspec
 import structlog
+from msgspec import structs
 
 from collectors.counter_window import CounterWindow, WindowStats
 from collectors.ib_sysfs import (
@@ -38,6 +39,18 @@ from gna_sdk.persist import BootScopedSet, boot_id
 from gna_sdk.udev import Uevent
 from gna_sdk.watch import Watches
 from gna_types import entities
+from gna_types.network_details import (
+    IBCounterFinding,
+    IBCounterSaturated,
+    IBDeviceMissing,
+    IBErrorCountersIncreasing,
+    IBPortDegraded,
+    IBPortFlapping,
+    IBPortState,
+    IBStragglerSignals,
+    RoCECongestion,
+)
+from gna_types.node_details import wire
 
 log = structlog.get_logger(__name__)
 
@@ -123,7 +136,7 @@ class PortState:
     flaps: deque[float] = field(default_factory=deque)
     last_flap: float = 0.0
     windows: dict[str, CounterWindow] = field(default_factory=dict)  # counter key -> reset-aware sliding window
-    offending: dict[str, tuple[float, dict[str, Any]]] = field(default_factory=dict)  # counter -> (last t, info)
+    offending: dict[str, tuple[float, IBCounterFinding]] = field(default_factory=dict)  # counter -> (last t, info)
     rates: dict[str, float] = field(default_factory=dict)
 
 
@@ -211,7 +224,7 @@ class InfinibandCollector:
                 "IBDeviceMissing", firing=True, severity="critical", entity=entities.ib(hca),
                 reason="RemovedOrNotFound" if hca in self.seen.items else "ExpectedNotFound",
                 message=f"RDMA device {hca} is missing from /sys/class/infiniband.",
-                details={"expected": sorted(self.config.expected_hcas), "present": sorted(hcas)},
+                details=wire(IBDeviceMissing(expected=sorted(self.config.expected_hcas), present=sorted(hcas))),
                 suggested_action="cordon")
         present = set()
         for snap in snaps:
@@ -235,9 +248,9 @@ class InfinibandCollector:
 
     async def _port_state(self, snap: PortSnapshot, st: PortState, now: float) -> None:
         active = snap.active
-        details = {"state": snap.state[1] if snap.state else None,
-                   "phys_state": snap.phys_state[1] if snap.phys_state else None,
-                   "rate": f"{snap.rate.gbps:g} Gb/sec" if snap.rate else None, "link_layer": snap.link_layer}
+        port = IBPortState(state=snap.state[1] if snap.state else None,
+                           phys_state=snap.phys_state[1] if snap.phys_state else None,
+                           rate=f"{snap.rate.gbps:g} Gb/sec" if snap.rate else None, link_layer=snap.link_layer)
         # A flap is a down->up; link_downed increments catch the ones shorter than the interval.
         downs = 0
         if st.last is not None and "link_downed" in snap.counters and "link_downed" in st.last.counters:
@@ -255,8 +268,8 @@ class InfinibandCollector:
             await self.emit.condition(
                 "IBPortDown", firing=True, severity="critical", entity=snap.entity,
                 reason="PhysicalLinkDown" if snap.phys_state and snap.phys_state[0] != 5 else "StateNotActive",
-                message=f"Port {snap.hca}/{snap.port} is {details['state']} ({details['phys_state']}).",
-                details=details, suggested_action="cordon")
+                message=f"Port {snap.hca}/{snap.port} is {port.state} ({port.phys_state}).",
+                details=wire(port), suggested_action="cordon")
         flapping = len(st.flaps) >= self.config.flap_count
         if flapping or (st.last_flap and now - st.last_flap < self.config.flap_hold_down
                         and self._is_firing("IBPortFlapping", snap.entity)):
@@ -264,15 +277,17 @@ class InfinibandCollector:
                 "IBPortFlapping", firing=True, severity="critical", entity=snap.entity, reason="LinkFlaps",
                 message=f"Port {snap.hca}/{snap.port} went down and came back {plural(len(st.flaps), 'time')} in "
                         f"{self.config.flap_window:g} s.",
-                details={**details, "flaps_in_window": len(st.flaps), "window_s": self.config.flap_window,
-                         "hold_down_s": self.config.flap_hold_down}, suggested_action="cordon")
+                details=wire(IBPortFlapping(**structs.asdict(port), flaps_in_window=len(st.flaps),
+                                            window_s=self.config.flap_window, hold_down_s=self.config.flap_hold_down)),
+                suggested_action="cordon")
         want = self.config.expected_rate_gbps_per_hca.get(snap.hca, self.config.expected_rate_gbps)
         if want and active and snap.rate and snap.rate.gbps < want:
             await self.emit.condition(
                 "IBPortDegraded", firing=True, severity="warning", entity=snap.entity, reason="RateBelowExpected",
                 message=f"Port {snap.hca}/{snap.port} runs at {snap.rate.gbps:g} Gb/s "
                         f"({snap.rate.width}X {snap.rate.speed}), expected {want:g} Gb/s.",
-                details={**details, "expected_gbps": want, "width": snap.rate.width, "speed": snap.rate.speed},
+                details=wire(IBPortDegraded(**structs.asdict(port), expected_gbps=want, width=snap.rate.width,
+                                            speed=snap.rate.speed)),
                 suggested_action="inspect_hardware")
 
     def _is_firing(self, type_: str, entity: str) -> bool:
@@ -310,20 +325,20 @@ class InfinibandCollector:
         offending = {c: info for c, (t, info) in st.offending.items() if now - t < self.config.counter_hold_down}
         st.offending = {c: v for c, v in st.offending.items() if c in offending}
         if offending:
-            worst: Severity = "critical" if any(i["severity"] == "critical" for i in offending.values()) else "warning"
+            worst: Severity = "critical" if any(i.severity == "critical" for i in offending.values()) else "warning"
             names = ", ".join(sorted(offending))
             await self.emit.condition(
                 "IBErrorCountersIncreasing", firing=True, severity=worst, entity=snap.entity,
                 reason="CountersAboveThreshold",
                 message=f"Error counters rising on {snap.hca}/{snap.port}: {names}.",
-                details={"counters": [offending[c] for c in sorted(offending)]},
+                details=wire(IBErrorCountersIncreasing(counters=[offending[c] for c in sorted(offending)])),
                 suggested_action="cordon" if worst == "critical" else "inspect_hardware")
         if sat:
             await self.emit.condition(
                 "IBCounterSaturated", firing=True, severity="warning", entity=snap.entity, reason="CounterAtMaximum",
                 message=f"Counters on {snap.hca}/{snap.port} are stuck at their maximum ({', '.join(sat)}): "
                         f"rates cannot be computed until they are reset (perfquery -x -R).",
-                details={"counters": sat, "bits": {c: COUNTER_BITS[c] for c in sat}})
+                details=wire(IBCounterSaturated(counters=sat, bits={c: COUNTER_BITS[c] for c in sat})))
         await self._congestion(snap, st)
 
     def _evaluate(self, name: str, delta: int, win: CounterWindow, st: PortState, now: float) -> None:
@@ -332,31 +347,31 @@ class InfinibandCollector:
             return
         last = win.stats(0.0)
         per_s = last.per(1.0) if last else float(delta)
-        info: dict[str, Any] | None = None
+        info: IBCounterFinding | None = None
         used: WindowStats | None = last
         hour = win.stats(3600.0) if th.critical_per_hour else None
         minute = win.stats(60.0) if th.warning_per_min else None
         if th.any_increase:
-            info = {"counter": name, "delta": delta, "severity": "critical", "rule": "any increase"}
+            info = IBCounterFinding(counter=name, delta=delta, severity="critical", rule="any increase")
         elif hour is not None and hour.over(th.critical_per_hour, 3600.0):
-            info = {"counter": name, "delta": delta, "last_hour": hour.count,
-                    "rate_per_hour": round(hour.per(3600.0), 3), "full_window": hour.full, "severity": "critical",
-                    "rule": f"> {th.critical_per_hour:g}/hour"}
+            info = IBCounterFinding(counter=name, delta=delta, last_hour=hour.count,
+                                    rate_per_hour=round(hour.per(3600.0), 3), full_window=hour.full,
+                                    severity="critical", rule=f"> {th.critical_per_hour:g}/hour")
             used = hour
         elif th.warning_per_s and per_s > th.warning_per_s:
-            info = {"counter": name, "delta": delta, "rate_per_s": round(per_s, 3), "severity": "warning",
-                    "rule": f"> {th.warning_per_s:g}/s"}
+            info = IBCounterFinding(counter=name, delta=delta, rate_per_s=round(per_s, 3), severity="warning",
+                                    rule=f"> {th.warning_per_s:g}/s")
         elif minute is not None and minute.over(th.warning_per_min, 60.0):
-            info = {"counter": name, "delta": delta, "last_minute": minute.count,
-                    "rate_per_min": round(minute.per(60.0), 3), "full_window": minute.full, "severity": "warning",
-                    "rule": f"> {th.warning_per_min:g}/min"}
+            info = IBCounterFinding(counter=name, delta=delta, last_minute=minute.count,
+                                    rate_per_min=round(minute.per(60.0), 3), full_window=minute.full,
+                                    severity="warning", rule=f"> {th.warning_per_min:g}/min")
             used = minute
         if info is not None:
-            info["window_s"] = round(used.span, 3) if used else 0.0
+            info.window_s = round(used.span, 3) if used else 0.0
             configured = name in self.config.thresholds
-            info["threshold_from"] = "config" if configured else "default"
+            info.threshold_from = "config" if configured else "default"
             if not configured:  # for developers; the dashboard does not show a citation (fleet/dashboard.py)
-                info["citation"] = THRESHOLD_SOURCE
+                info.citation = THRESHOLD_SOURCE
             st.offending[name] = (now, info)
 
     async def _congestion(self, snap: PortSnapshot, st: PortState) -> None:
@@ -375,8 +390,8 @@ class InfinibandCollector:
                 "RoCECongestion", firing=True, severity="warning", entity=snap.entity, reason="CongestionSignals",
                 message=f"Congestion on {snap.hca}/{snap.port} without loss ({', '.join(sorted(over))} high): "
                         f"check PFC/ECN settings; AllReduce stalls while nothing fails.",
-                details={"rates_per_s": {k: round(v, 1) for k, (v, _l) in rates.items()}, "over": over,
-                         "drop_rate_per_s": round(drops, 3)}, suggested_action="inspect_hardware")
+                details=wire(RoCECongestion(rates_per_s={k: round(v, 1) for k, (v, _l) in rates.items()}, over=over,
+                                            drop_rate_per_s=round(drops, 3))), suggested_action="inspect_hardware")
 
     # -- straggler signals (docs/straggler-signals.md) ------------------------------------
     def _port_signals(self, snap: PortSnapshot, st: PortState) -> dict[str, Any]:
@@ -409,15 +424,14 @@ class InfinibandCollector:
         interval = self.config.signals_interval
         if not measured or interval <= 0 or (self._signals_at is not None and now - self._signals_at < interval):
             return
-        details = {
-            "schema": 1, "ports": self.signals, "truncated": max(0, len(snaps) - MAX_SIGNAL_PORTS),
-            "windows_s": {name: window for window, _u, name in SIGNAL_WINDOWS.values()},
-            "thresholds": {c: msgspec.to_builtins(self.thresholds[c]) for c in SIGNAL_WINDOWS if c in self.thresholds},
-            "citation": THRESHOLD_SOURCE, "interval_s": interval,
-        }
+        details = IBStragglerSignals(
+            schema=1, ports=self.signals, truncated=max(0, len(snaps) - MAX_SIGNAL_PORTS),
+            windows_s={name: window for window, _u, name in SIGNAL_WINDOWS.values()},
+            thresholds={c: msgspec.to_builtins(self.thresholds[c]) for c in SIGNAL_WINDOWS if c in self.thresholds},
+            citation=THRESHOLD_SOURCE, interval_s=interval)
         if await self.emit.event(
                 "StragglerSignals", severity="info", entity="signals:ib", reason="Periodic",
-                message=f"Straggler signals of {len(self.signals)} InfiniBand/RoCE ports.", details=details):
+                message=f"Straggler signals of {len(self.signals)} InfiniBand/RoCE ports.", details=wire(details)):
             self._signals_at = now
 
     # -- Prometheus (node_exporter names where they overlap) ---------------------------

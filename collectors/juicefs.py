@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 import msgspec
+from msgspec import structs
 
 from collectors.juicefs_parse import (
     GIB,
@@ -29,6 +30,18 @@ from collectors.juicefs_parse import (
     summarize_settings,
 )
 from gna_sdk import CollectorSettings, Emitter, HostPaths, Severity
+from gna_types.detail_fields import UNSET, UnsetType
+from gna_types.node_details import wire
+from gna_types.storage_details import (
+    JuiceFSCacheCold,
+    JuiceFSCacheDir,
+    JuiceFSCacheEphemeral,
+    JuiceFSCacheHitRatioLow,
+    JuiceFSCacheLowSpace,
+    JuiceFSCacheSizeSuspicious,
+    JuiceFSMount,
+    JuiceFSReadAmplification,
+)
 
 EPHEMERAL_FS = {"tmpfs", "ramfs", "overlay", "overlayfs", "aufs"}
 EMPTYDIR = "/var/lib/kubelet/pods/*/volumes/kubernetes.io~empty-dir/*"
@@ -143,11 +156,12 @@ class JuiceFSCollector:
     async def _check_mount(self, mp: str, s: MountSettings, conf: MountConfig | None, entries: list[MountEntry],
                            *, mounted: bool) -> dict[str, Any]:
         entity = f"juicefs:{mp}"
-        base = {"mountpoint": mp, "mounted": mounted, **summarize_settings(s)}
+        base = JuiceFSMount(mountpoint=mp, mounted=mounted, **summarize_settings(s))
+        mount = structs.asdict(base)
         cold = False
         for cache_dir in s.cache_dirs:
             if cache_dir == "memory":
-                await self._ephemeral(entity, cache_dir, "memory", base)
+                await self._ephemeral(entity, cache_dir, "memory", mount)
                 cold = True
                 continue
             path = self.host.path(cache_dir)
@@ -158,7 +172,8 @@ class JuiceFSCollector:
                     "JuiceFSCacheDirMissing", firing=True, severity="critical", entity=f"{entity}:{cache_dir}",
                     reason="Missing" if not exists else "NotWritable",
                     message=f"JuiceFS cache dir {cache_dir} of {mp} is {'missing' if not exists else 'not writable'}:"
-                            f" every read goes to the object store.", details={**base, "cache_dir": cache_dir},
+                            f" every read goes to the object store.",
+                    details=wire(JuiceFSCacheDir(**mount, cache_dir=cache_dir)),
                     suggested_action="fix_config")
                 cold = True
                 continue
@@ -166,9 +181,9 @@ class JuiceFSCollector:
             why = ("emptyDir" if fnmatch.fnmatch(cache_dir, EMPTYDIR) or "/kubernetes.io~empty-dir/" in cache_dir
                    else fs.fstype if fs and fs.fstype in EPHEMERAL_FS else "")
             if why:
-                await self._ephemeral(entity, cache_dir, why, {**base, "filesystem": fs.fstype if fs else None,
-                                                              "fs_mountpoint": fs.mountpoint if fs else None})
-            await self._space(entity, cache_dir, s, base)
+                await self._ephemeral(entity, cache_dir, why, mount, filesystem=fs.fstype if fs else None,
+                                      fs_mountpoint=fs.mountpoint if fs else None)
+            await self._space(entity, cache_dir, s, mount)
             used = self._cache_usage(cache_dir, s)
             if used.get("blocks", 1) == 0 and mounted:
                 cold = True
@@ -177,7 +192,8 @@ class JuiceFSCollector:
                     "JuiceFSCacheCold", firing=True, severity="info", entity=f"{entity}:{cache_dir}",
                     reason="EmptyCache", message=f"JuiceFS cache dir {cache_dir} of {mp} holds no blocks: "
                                                  f"every first read goes to the object store.",
-                    details={**base, "cache_dir": cache_dir, "dataset_paths": conf.dataset_paths if conf else []},
+                    details=wire(JuiceFSCacheCold(**mount, cache_dir=cache_dir,
+                                                  dataset_paths=conf.dataset_paths if conf else [])),
                     suggested_action="warmup")
         size = s.cache_size
         if size is not None and s.cache_dirs != ["memory"]:
@@ -190,23 +206,28 @@ class JuiceFSCollector:
                     message=f"JuiceFS cache of {mp} is {size / (1 << 20):.0f} MiB"
                             + (" (cache-size is in MiB: 100 means 100 MiB, not GiB)" if small else
                                f", far below the {want / GIB:.0f} GiB dataset") + ".",
-                    details={**base, "cache_size_bytes": size, "dataset_bytes": want or None},
+                    details=wire(JuiceFSCacheSizeSuspicious(**(mount | {"cache_size_bytes": size}),
+                                                            dataset_bytes=want or None)),
                     suggested_action="fix_config")
-        await self._stats(entity, mp, s, base, mounted=mounted)
+        await self._stats(entity, mp, s, mount, mounted=mounted)
         return {"mountpoint": mp, "cache_dirs": s.cache_dirs, "dataset_paths": conf.dataset_paths if conf else [],
                 "cold": cold, "cold_paths": (conf.dataset_paths if conf and cold else [])}
 
-    async def _ephemeral(self, entity: str, cache_dir: str, why: str, details: dict[str, Any]) -> None:
+    async def _ephemeral(self, entity: str, cache_dir: str, why: str, mount: dict[str, Any], *,
+                         filesystem: str | UnsetType | None = UNSET,
+                         fs_mountpoint: str | UnsetType | None = UNSET) -> None:
         sev: Severity = self.config.ephemeral_severity
         where = {"memory": "in memory", "emptyDir": "on a kubelet emptyDir",
                  "overlay": "on the container's overlay layer"}.get(why, f"on {why}")
         await self.emit.condition(
             "JuiceFSCacheEphemeral", firing=True, severity=sev, entity=f"{entity}:{cache_dir}", reason=why,
             message=f"JuiceFS cache dir {cache_dir} lives {where}: it dies with the Pod or process, so the hit "
-                    f"rate stays near zero.", details={**details, "cache_dir": cache_dir, "why": why},
+                    f"rate stays near zero.",
+            details=wire(JuiceFSCacheEphemeral(**mount, filesystem=filesystem, fs_mountpoint=fs_mountpoint,
+                                               cache_dir=cache_dir, why=why)),
             suggested_action="fix_config")
 
-    async def _space(self, entity: str, cache_dir: str, s: MountSettings, base: dict[str, Any]) -> None:
+    async def _space(self, entity: str, cache_dir: str, s: MountSettings, mount: dict[str, Any]) -> None:
         try:
             st = os.statvfs(self.host.path(cache_dir))
         except OSError:
@@ -223,8 +244,9 @@ class JuiceFSCollector:
                 message=f"The filesystem of JuiceFS cache dir {cache_dir} has {free / GIB:.1f} GiB free "
                         f"({ratio:.0%})" + (f"; the cache cannot grow to {s.cache_size / GIB:.0f} GiB"
                                             if cannot_grow and s.cache_size else "") + ".",
-                details={**base, "cache_dir": cache_dir, "free_bytes": free, "total_bytes": total,
-                         "free_ratio": round(ratio, 4), "free_space_ratio": want_ratio}, suggested_action="fix_config")
+                details=wire(JuiceFSCacheLowSpace(**(mount | {"free_space_ratio": want_ratio}), cache_dir=cache_dir,
+                                                  free_bytes=free, total_bytes=total, free_ratio=round(ratio, 4))),
+                suggested_action="fix_config")
 
     def _cache_usage(self, cache_dir: str, s: MountSettings) -> dict[str, float]:
         """From .stats block counters when the mount exposes them (no walk); else nothing is assumed."""
@@ -240,7 +262,7 @@ class JuiceFSCollector:
         st = self.state.get(mp)
         return st.samples[-1][1] if st and st.samples else None
 
-    async def _stats(self, entity: str, mp: str, s: MountSettings, base: dict[str, Any], *, mounted: bool) -> None:
+    async def _stats(self, entity: str, mp: str, s: MountSettings, mount: dict[str, Any], *, mounted: bool) -> None:
         if not mounted:
             return
         text = self.host.read_text(f"{mp}/.stats", limit=4 << 20) or self.host.read_text(f"{mp}/.jfs.stats",
@@ -270,9 +292,10 @@ class JuiceFSCollector:
                     "JuiceFSCacheHitRatioLow", firing=True, severity="warning", entity=entity, reason="LowHitRatio",
                     message=f"JuiceFS block cache hit ratio of {mp} is {ratio:.0%} over {t1 - t0:.0f} s "
                             f"({int(hits + miss)} block reads).",
-                    details={**base, "hit_ratio": round(ratio, 4), "hits": hits, "misses": miss,
-                             "hit_bytes": d("juicefs_blockcache_hit_bytes"),
-                             "miss_bytes": d("juicefs_blockcache_miss_bytes"), "window_s": round(t1 - t0, 1)},
+                    details=wire(JuiceFSCacheHitRatioLow(
+                        **mount, hit_ratio=round(ratio, 4), hits=hits, misses=miss,
+                        hit_bytes=d("juicefs_blockcache_hit_bytes"), miss_bytes=d("juicefs_blockcache_miss_bytes"),
+                        window_s=round(t1 - t0, 1))),
                     suggested_action="warmup")
         fetched, served = d(self.config.object_bytes_metric), d(self.config.read_bytes_metric)
         if served > 0 and fetched / served > self.config.read_amplification_max and (s.prefetch or 0) > 0:
@@ -281,8 +304,9 @@ class JuiceFSCollector:
                 message=f"{mp} fetched {fetched / served:.1f}x more from the object store than readers got "
                         f"({fetched / (t1 - t0) / (1 << 20):.0f} MiB/s vs {served / (t1 - t0) / (1 << 20):.0f} MiB/s) "
                         f"with prefetch on: random reads want --prefetch=0.",
-                details={**base, "object_bytes": fetched, "read_bytes": served,
-                         "amplification": round(fetched / served, 2)}, suggested_action="fix_config")
+                details=wire(JuiceFSReadAmplification(**mount, object_bytes=fetched, read_bytes=served,
+                                                      amplification=round(fetched / served, 2))),
+                suggested_action="fix_config")
 
     def prometheus_families(self) -> list[Any]:
         from prometheus_client.core import GaugeMetricFamily

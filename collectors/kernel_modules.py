@@ -11,10 +11,14 @@ from __future__ import annotations
 import asyncio
 from typing import Any, ClassVar, Literal
 
+from msgspec import structs
+
 from collectors.gpu_inventory import scan
 from gna_sdk import CollectorSettings, Emitter, HostPaths, plural
 from gna_sdk.udev import Uevent
 from gna_sdk.watch import Watches
+from gna_types.host_details import KernelModuleNotLoaded
+from gna_types.node_details import wire
 
 GDR_FILES = ("/sys/kernel/mm/memory_peers/nv_mem/version", "/sys/kernel/mm/memory_peers/nv_mem_nc/version",
              "/sys/module/nvidia_peermem/version")
@@ -99,7 +103,7 @@ class KernelModulesCollector:
         self.emit.facts.set("kernel.modules", {
             "states": states, "gpus_on_pci": gpus, "hcas": hcas, "gdr_files": gdr_files,
             "gpudirect_available": bool(gdr_files) or loaded["nvidia_peermem"] or self.config.gpudirect == "dmabuf"})
-        base = {"states": states, "gpus_on_pci": gpus, "hcas": hcas, "proc_modules": proc is not None}
+        base = KernelModuleNotLoaded(states=states, gpus_on_pci=gpus, hcas=hcas, proc_modules=proc is not None)
         if gpus and not loaded["nvidia"]:
             ev = self._evidence("nvidia")
             await self.emit.condition(
@@ -108,13 +112,13 @@ class KernelModulesCollector:
                 message=f"The nvidia kernel module is not loaded ({states['nvidia']}) while "
                         f"{plural(gpus, 'NVIDIA GPU')} {'is' if gpus == 1 else 'are'} on the PCI bus: no GPU is "
                         f"usable (driver not built for this kernel?).",
-                details={**base, **ev}, suggested_action="cordon")
+                details=wire(structs.replace(base, **ev)), suggested_action="cordon")
         if gpus and loaded["nvidia"] and not loaded["nvidia_uvm"]:
             await self.emit.condition(
                 "KernelModuleNotLoaded", firing=True, severity="warning", entity="module:nvidia_uvm",
                 reason="NotLoaded",
                 message="nvidia_uvm is not loaded: CUDA programs will fail until nvidia-modprobe loads it.",
-                details=base, suggested_action="reload_module")
+                details=wire(base), suggested_action="reload_module")
         need_peermem = gpus and hcas and loaded["nvidia"] and (
             self.config.gpudirect == "peermem" or (self.config.gpudirect == "auto" and not gdr_files))
         if need_peermem and not loaded["nvidia_peermem"]:
@@ -126,5 +130,5 @@ class KernelModulesCollector:
                 message=f"nvidia_peermem is not loaded on a node with {plural(gpus, 'GPU')} and "
                         f"{plural(len(hcas), 'RDMA HCA')}: "
                         f"GPUDirect RDMA is off and NCCL stages every transfer through host memory.",
-                details={**base, "gdr_files": gdr_files, "gpudirect": self.config.gpudirect, **ev},
+                details=wire(structs.replace(base, gdr_files=gdr_files, gpudirect=self.config.gpudirect, **ev)),
                 suggested_action="reload_module")

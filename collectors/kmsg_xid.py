@@ -40,6 +40,10 @@ from gna_sdk.inotify import IN_MODIFY, Inotify
 from gna_sdk.persist import boot_id
 from gna_sdk.statefile import is_int, read_state, write_state
 from gna_types import entities
+from gna_types.detail_fields import UNSET
+from gna_types.gpu_details import GPUFatalXid, GPUFellOffBus, WindowSummary, XidEvidence
+from gna_types.host_details import KernelLogUnparsable, KernelModuleLoadError, NvidiaPeermemError
+from gna_types.node_details import wire
 from gna_types.policy import verdict
 
 log = structlog.get_logger(__name__)
@@ -188,12 +192,14 @@ class KmsgXidCollector:
                     suggested_action=v.action,
                     reason=_PEERMEM_REASON[finding.kind],
                     message=f"nvidia-peermem ({finding.function}): {_PEERMEM_MEANING[finding.kind]}",
-                    details={"function": finding.function, "kind": finding.kind, "text": finding.text, "count": 1,
-                             "harmless": harmless, **({"fixed_in": "R560"} if harmless else {}), **self._logged_at})
+                    details=wire(NvidiaPeermemError(
+                        function=finding.function, kind=finding.kind, text=finding.text, count=1, harmless=harmless,
+                        fixed_in="R560" if harmless else UNSET, logged_at=self._logged_at.get("logged_at", UNSET))))
         elif isinstance(finding, SXid):
             if self.agg.add(("sxid", finding.bus_id, finding.code, finding.fatal), now, rec.usec):
                 ok = await emit_sxid(self.emit, finding.bus_id, finding.code, fatal=finding.fatal,
-                                     switch=finding.switch, text=finding.text, details=self._logged_at)
+                                     switch=finding.switch, text=finding.text,
+                                     logged_at=self._logged_at.get("logged_at", UNSET))
         elif isinstance(finding, ModuleError):
             errs = self.module_errors.setdefault(finding.module, [])
             errs.append({"kind": finding.kind, "symbol": finding.symbol, "text": finding.text, "seq": rec.seq})
@@ -204,8 +210,9 @@ class KmsgXidCollector:
                     "KernelModuleLoadError", severity="warning", entity=f"module:{finding.module}",
                     reason=finding.kind.title().replace("_", ""),
                     message=f"Kernel module {finding.module} failed to load: {finding.text[:200]}",
-                    details={"module": finding.module, "kind": finding.kind, "symbol": finding.symbol,
-                             "text": finding.text, "count": 1, **self._logged_at})
+                    details=wire(KernelModuleLoadError(
+                        module=finding.module, kind=finding.kind, symbol=finding.symbol, text=finding.text, count=1,
+                        logged_at=self._logged_at.get("logged_at", UNSET))))
         return ok
 
     async def _xid(self, x: Xid, now: float, usec: int = 0) -> bool:
@@ -213,8 +220,8 @@ class KmsgXidCollector:
         ok = True
         if self.agg.add(("xid", x.bus_id, info), now, usec):
             ok = await emit_xid(self.emit, info, x.bus_id, source="kmsg", process=x.process, pid=x.pid,
-                                details={"pid": x.pid, "process": x.process or None, "mig": x.mig or None,
-                                         "text": x.text, **self._logged_at})
+                                evidence=XidEvidence(pid=x.pid, process=x.process or None, mig=x.mig or None,
+                                                     text=x.text, logged_at=self._logged_at.get("logged_at", UNSET)))
         if info.fatal:
             entry = self.fatal.setdefault(x.bus_id, {"codes": [], "last": now})
             entry["last"] = now
@@ -224,7 +231,8 @@ class KmsgXidCollector:
                 "GPUFatalXid", firing=True, severity="critical", entity=entities.gpu(x.bus_id), reason=f"Xid{x.code}",
                 message=f"GPU {x.bus_id} hit Xid {x.code} ({info.name}): it needs "
                         f"{'a node reboot' if info.action == 'reboot' else 'a reset'} before it can be trusted.",
-                details={"xids": entry["codes"], "nvidia_action": info.nvidia_action, **self._logged_at},
+                details=wire(GPUFatalXid(xids=entry["codes"], nvidia_action=info.nvidia_action,
+                                         logged_at=self._logged_at.get("logged_at", UNSET))),
                 suggested_action=info.action) and ok
         if x.code == 79:
             ok = await self._fell_off(x.bus_id, x.text) and ok
@@ -234,32 +242,39 @@ class KmsgXidCollector:
         return await self.emit.condition(
             "GPUFellOffBus", firing=True, severity="critical", entity=entities.gpu(bus), reason="FallenOffTheBus",
             message=f"GPU {bus} has fallen off the bus and is not responding; the node needs a reboot.",
-            details={"text": text[:500], **self._logged_at}, suggested_action="reboot")
+            details=wire(GPUFellOffBus(text=text[:500], logged_at=self._logged_at.get("logged_at", UNSET))),
+            suggested_action="reboot")
 
     async def flush(self, now: float, *, flush_all: bool = False) -> None:
         for key, w in self.agg.due(now, flush_all=flush_all):
             kind = key[0]
-            extra = {"count": w.count, "window_s": self.config.aggregation_window, "aggregated": True,
-                     "first_seen": w.first, "span_s": round((w.last_usec - w.first_usec) / 1e6, 3)}
+            extra = WindowSummary(count=w.count, window_s=self.config.aggregation_window, aggregated=True,
+                                  first_seen=w.first, span_s=round((w.last_usec - w.first_usec) / 1e6, 3))
             if kind == "xid":
                 _, bus, info = key
-                await emit_xid(self.emit, info, bus, source="kmsg", count=w.count, span=w.span(), details=extra)
+                await emit_xid(self.emit, info, bus, source="kmsg", count=w.count, span=w.span(), window=extra)
             elif kind == "sxid":
                 _, bus, code, fatal = key
-                await emit_sxid(self.emit, bus, code, fatal=fatal, count=w.count, span=w.span(), details=extra)
+                await emit_sxid(self.emit, bus, code, fatal=fatal, count=w.count, span=w.span(), window=extra)
             elif kind == "peermem":
                 _, what, _ = key
                 await self.emit.event("NvidiaPeermemError",
                                       severity=verdict("NvidiaPeermemError", _PEERMEM_REASON[what]).severity,
                                       entity="module:nvidia_peermem", reason=_PEERMEM_REASON[what],
                                       message=f"nvidia-peermem error ({what}) repeated {w.count} times {w.span()}.",
-                                      details={"kind": what, **extra})
+                                      details=wire(NvidiaPeermemError(
+                                          kind=what, count=extra.count, window_s=extra.window_s,
+                                          aggregated=extra.aggregated, first_seen=extra.first_seen,
+                                          span_s=extra.span_s)))
             elif kind == "module":
                 _, module, what = key
                 await self.emit.event("KernelModuleLoadError", severity="warning", entity=f"module:{module}",
                                       reason=what.title().replace("_", ""),
                                       message=f"Kernel module {module} load error repeated {w.count} times {w.span()}.",
-                                      details={"module": module, "kind": what, **extra})
+                                      details=wire(KernelModuleLoadError(
+                                          module=module, kind=what, count=extra.count, window_s=extra.window_s,
+                                          aggregated=extra.aggregated, first_seen=extra.first_seen,
+                                          span_s=extra.span_s)))
         if self.config.fatal_xid_clear_after > 0:
             for bus, entry in list(self.fatal.items()):
                 if now - entry["last"] >= self.config.fatal_xid_clear_after:
@@ -303,7 +318,8 @@ class KmsgXidCollector:
                 reason="NotKmsgFormat",
                 message=f"{self.config.path}: {self.malformed} lines, none a kernel log record or a known dmesg/"
                         f"syslog rendering; Xid and other kernel findings cannot be seen.",
-                details={"malformed": self.malformed, "records": self.records}, suggested_action=v.action)
+                details=wire(KernelLogUnparsable(malformed=self.malformed, records=self.records)),
+                suggested_action=v.action)
 
     def _read_device(self, fd: int) -> list[KmsgRecord]:
         out: list[KmsgRecord] = []

@@ -42,6 +42,20 @@ from collectors.xid_catalog import classify, emit_xid
 from gna_sdk import Aggregator, CollectorSettings, Emitter, HostPaths, Severity, plural, severity_rank
 from gna_types import entities
 from gna_types.entities import normal_pci
+from gna_types.gpu_details import (
+    GPUEccUncorrectable,
+    GPUMIGModePending,
+    GPUNVLinkErrors,
+    GPUPCIeReplayRate,
+    GPURowRemap,
+    GPUStragglerSignals,
+    GPUThermalMarginLow,
+    GPUThrottled,
+    NVLinkCounter,
+    ThermalFinding,
+)
+from gna_types.gpu_details import GPULost as GPULostDetails
+from gna_types.node_details import wire
 
 log = structlog.get_logger(__name__)
 
@@ -294,7 +308,7 @@ class NVMLCollector:
                 self._pending.append((emit_cond, ("GPULost",), dict(
                     firing=True, severity="critical", entity=entity, reason="GPUIsLost",
                     message=f"NVML reports GPU {entity[4:]} as lost ({lost}): it fell off the bus or hung.",
-                    details={"index": i, "call": str(lost)}, suggested_action="reboot")))
+                    details=wire(GPULostDetails(index=i, call=str(lost))), suggested_action="reboot")))
         for gone in set(self.gpus) - seen:
             self._forget(gone)
         # a copy: a published message must not change under its readers when the next pass updates the state
@@ -328,20 +342,20 @@ class NVMLCollector:
         if dbe:
             self._cond("GPUEccUncorrectable", entity, "critical", "VolatileDoubleBitECC",
                        f"GPU {bus} has {dbe} uncorrectable (double-bit) ECC errors since the driver loaded.",
-                       {"volatile_uncorrected": dbe}, "cordon")
+                       wire(GPUEccUncorrectable(volatile_uncorrected=dbe)), "cordon")
         rows = self._call("nvmlDeviceGetRemappedRows", h)
         if rows is not None:
             corr, unc, pending, failure = rows
-            dev["remapped_rows"] = {"correctable": corr, "uncorrectable": unc, "pending": bool(pending),
-                                    "failure": bool(failure)}
+            remap = GPURowRemap(correctable=corr, uncorrectable=unc, pending=bool(pending), failure=bool(failure))
+            dev["remapped_rows"] = wire(remap)
             if failure:
                 self._cond("GPURowRemapFailure", entity, "critical", "RowRemapFailed",
                            f"GPU {bus} could not remap a failing memory row: replace it.",
-                           dev["remapped_rows"], "inspect_hardware")
+                           wire(remap), "inspect_hardware")
             elif pending:
                 self._cond("GPURowRemapPending", entity, "warning", "ResetRequired",
                            f"GPU {bus} has a memory row remap pending: it applies at the next GPU reset.",
-                           dev["remapped_rows"], "cordon")
+                           wire(remap), "cordon")
         links_down, links = [], 0
         for link in range(NVLINK_MAX_LINKS):
             # NVML answers INVALID_ARGUMENT for a link index past this GPU's last link
@@ -369,7 +383,8 @@ class NVMLCollector:
             dev["mig"] = {"current": cur, "pending": pend}
             if cur != pend:
                 self._cond("GPUMIGModePending", entity, "warning", "ResetRequired",
-                           f"GPU {bus} MIG mode change ({cur} -> {pend}) waits for a GPU reset.", dev["mig"])
+                           f"GPU {bus} MIG mode change ({cur} -> {pend}) waits for a GPU reset.",
+                           wire(GPUMIGModePending(current=cur, pending=pend)))
         self._straggler_signals(h, entity, st, dev, now)
 
     # -- straggler signals (docs/straggler-signals.md) ------------------------------------
@@ -395,10 +410,11 @@ class NVMLCollector:
             self._cond("GPUThrottled", entity, "warning", "ClockSlowdown",
                        f"GPU {entity[4:]} clocks have been held down by {', '.join(firing)} for "
                        f"{min(held[r] for r in firing):.0f} s or more.",
-                       {"reasons": firing, "held_s": {r: round(held[r], 1) for r in firing}, "mask": reasons,
-                        "active": active, "persist_s": self.config.clock_event_persist,
-                        "field": "DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
-                        "citation": f"persistence: {DCGM_HEALTH} one-minute look-back (MonitorThermal, MonitorPower)"},
+                       wire(GPUThrottled(
+                           reasons=list[str](firing), held_s={r: round(held[r], 1) for r in firing}, mask=reasons,
+                           active=active,
+                           persist_s=self.config.clock_event_persist, field="DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
+                           citation=f"persistence: {DCGM_HEALTH} one-minute look-back (MonitorThermal, MonitorPower)")),
                        "inspect_hardware")
         return active
 
@@ -464,11 +480,13 @@ class NVMLCollector:
                        f"GPU {entity[4:]} PCIe link replays {rate:.1f}/min at Gen{pcie.get('gen')} "
                        f"x{pcie.get('width')}, above DCGM's {limit}/min (a 1e-12 bit error rate): its transfers "
                        f"are retransmitted and every rank waits for them.",
-                       {"replays": stats.count, "window_s": round(stats.span, 3), "full_window": stats.full,
-                        "rate_per_min": round(rate, 3), "limit_per_min": limit, "gen": pcie.get("gen"),
-                        "width": pcie.get("width"), "rule": "replays/min > ceil(1e-12 x lane Gb/s x 1e9 x 60 x lanes)",
-                        "field": "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
-                        "citation": f"{DCGM_HEALTH} GetExpectedPcieReplayRate, MonitorPcie (WARN)"})
+                       wire(GPUPCIeReplayRate(
+                           replays=stats.count, window_s=round(stats.span, 3), full_window=stats.full,
+                           rate_per_min=round(rate, 3), limit_per_min=limit, gen=pcie.get("gen"),
+                           width=pcie.get("width"),
+                           rule="replays/min > ceil(1e-12 x lane Gb/s x 1e9 x 60 x lanes)",
+                           field="DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+                           citation=f"{DCGM_HEALTH} GetExpectedPcieReplayRate, MonitorPcie (WARN)")))
 
     def _nvlink_errors(self, h: Any, entity: str, st: GPUState, links: int, now: float,
                        partial: dict[str, int]) -> None:
@@ -490,7 +508,7 @@ class NVMLCollector:
             del st.nvlink[key]  # a link this GPU no longer reports
         st.metrics["nvlink_total"] = raw_total
         st.metrics["nvlink_link"] = per_link
-        offending: list[dict[str, Any]] = []
+        offending: list[NVLinkCounter] = []
         for counter, (name, dcgm_field) in NVLINK_ERRORS.items():
             stats = {link: s for (link, c), w in st.nvlink.items() if c == counter
                      if (s := w.stats(HEALTH_WINDOW)) is not None}
@@ -510,17 +528,18 @@ class NVMLCollector:
                 severity, rule = "critical", f">= {DCGM_LIMIT_MAX_NVLINK_ERROR} per minute (DCGM FAIL)"
             elif total.per(1.0) >= DCGM_LIMIT_MAX_NVLINK_CRC_ERROR:
                 severity, rule = "critical", f">= {DCGM_LIMIT_MAX_NVLINK_CRC_ERROR:g}/s (DCGM FAIL)"
-            offending.append({"counter": name, "field": dcgm_field, "count": total.count,
-                              "window_s": round(total.span, 3), "full_window": total.full,
-                              "rate_per_min": round(total.per(60.0), 3), "severity": severity, "rule": rule,
-                              "links": {str(link): s.count for link, s in sorted(stats.items()) if s.count}})
+            offending.append(NVLinkCounter(
+                counter=name, field=dcgm_field, count=total.count, window_s=round(total.span, 3),
+                full_window=total.full, rate_per_min=round(total.per(60.0), 3), severity=severity, rule=rule,
+                links={str(link): s.count for link, s in sorted(stats.items()) if s.count}))
         if offending:
-            worst: Severity = "critical" if any(o["severity"] == "critical" for o in offending) else "warning"
-            names = ", ".join(o["counter"] for o in offending)
+            worst: Severity = "critical" if any(o.severity == "critical" for o in offending) else "warning"
+            names = ", ".join(o.counter for o in offending)
             self._hold(st, "GPUNVLinkErrors", now, worst, "NVLinkErrorRate",
                        f"GPU {entity[4:]} NVLink {names} errors in the last minute: the links retry and this GPU's "
                        f"collectives run slower than its peers'.",
-                       {"counters": offending, "citation": f"{DCGM_HEALTH} MonitorNVLink4Fields; {DCGM_LIMITS}"})
+                       wire(GPUNVLinkErrors(counters=offending,
+                                            citation=f"{DCGM_HEALTH} MonitorNVLink4Fields; {DCGM_LIMITS}")))
 
     def _field_values(self, h: Any, entity: str, ids: tuple[int, ...]) -> dict[int, int | float | None]:
         values = self._call("nvmlDeviceGetFieldValues", h, list(ids), entity=entity)
@@ -569,36 +588,38 @@ class NVMLCollector:
             tmargin, source = thr["slowdown"] - gpu_temp, "slowdown_threshold"  # no T.Limit (A100 and older)
         st.vector.update(thermal_margin_c=tmargin, thermal_margin_source=source, gpu_temp_c=gpu_temp,
                          memory_temp_c=mem_temp)
-        found: list[dict[str, Any]] = []
+        found: list[ThermalFinding] = []
         if margin is not None and tlimit is not None and margin < tlimit:
-            found.append({"severity": "critical", "reason": "PastHWSlowdownTLimit", "margin_c": margin,
-                          "limit_c": tlimit, "rule": "T.Limit margin < slowdown T.Limit offset (NVML field 194)",
-                          "citation": TLIMIT_SOURCE})
+            found.append(ThermalFinding(
+                severity="critical", reason="PastHWSlowdownTLimit", margin_c=margin, limit_c=tlimit,
+                rule="T.Limit margin < slowdown T.Limit offset (NVML field 194)", citation=TLIMIT_SOURCE))
         elif margin is not None and margin <= self.config.thermal_margin_warning_c:
-            found.append({"severity": "warning", "reason": "TLimitMarginExhausted", "margin_c": margin,
-                          "limit_c": self.config.thermal_margin_warning_c,
-                          "rule": "T.Limit margin <= 0: at or past max operating temperature, clocks may be reduced",
-                          "citation": f"nvidia-smi T.Limit, as tabulated in {TLIMIT_SOURCE}"})
+            found.append(ThermalFinding(
+                severity="warning", reason="TLimitMarginExhausted", margin_c=margin,
+                limit_c=self.config.thermal_margin_warning_c,
+                rule="T.Limit margin <= 0: at or past max operating temperature, clocks may be reduced",
+                citation=f"nvidia-smi T.Limit, as tabulated in {TLIMIT_SOURCE}"))
         elif margin is None and gpu_temp is not None and thr["slowdown"] is not None and gpu_temp >= thr["slowdown"]:
-            found.append({"severity": "critical", "reason": "AtHWSlowdownTemp", "temp_c": gpu_temp,
-                          "limit_c": thr["slowdown"], "rule": "GPU temp >= NVML_TEMPERATURE_THRESHOLD_SLOWDOWN",
-                          "citation": NVML_THRESHOLDS})
+            found.append(ThermalFinding(
+                severity="critical", reason="AtHWSlowdownTemp", temp_c=gpu_temp, limit_c=thr["slowdown"],
+                rule="GPU temp >= NVML_TEMPERATURE_THRESHOLD_SLOWDOWN", citation=NVML_THRESHOLDS))
         elif margin is None and gpu_temp is not None and thr["gpu_max"] is not None and gpu_temp >= thr["gpu_max"]:
-            found.append({"severity": "warning", "reason": "AtMaxOperatingTemp", "temp_c": gpu_temp,
-                          "limit_c": thr["gpu_max"], "rule": "GPU temp >= NVML_TEMPERATURE_THRESHOLD_GPU_MAX",
-                          "citation": NVML_THRESHOLDS})
+            found.append(ThermalFinding(
+                severity="warning", reason="AtMaxOperatingTemp", temp_c=gpu_temp, limit_c=thr["gpu_max"],
+                rule="GPU temp >= NVML_TEMPERATURE_THRESHOLD_GPU_MAX", citation=NVML_THRESHOLDS))
         if mem_temp is not None and thr["memory_max"] is not None and mem_temp >= thr["memory_max"]:
-            found.append({"severity": "warning", "reason": "MemoryAtSWSlowdownTemp", "temp_c": mem_temp,
-                          "limit_c": thr["memory_max"], "rule": "memory temp >= NVML_TEMPERATURE_THRESHOLD_MEM_MAX",
-                          "citation": NVML_THRESHOLDS})
+            found.append(ThermalFinding(
+                severity="warning", reason="MemoryAtSWSlowdownTemp", temp_c=mem_temp, limit_c=thr["memory_max"],
+                rule="memory temp >= NVML_TEMPERATURE_THRESHOLD_MEM_MAX", citation=NVML_THRESHOLDS))
         if found:
-            worst = max(found, key=lambda f: severity_rank(f["severity"]))
-            self._cond("GPUThermalMarginLow", entity, worst["severity"], worst["reason"],
-                       f"GPU {bus} runs at its thermal limit ({', '.join(f['reason'] for f in found)}): its clocks "
+            worst = max(found, key=lambda f: severity_rank(f.severity))
+            self._cond("GPUThermalMarginLow", entity, worst.severity, worst.reason,
+                       f"GPU {bus} runs at its thermal limit ({', '.join(f.reason for f in found)}): its clocks "
                        f"are reduced and it falls behind its peers.",
-                       {"findings": found, "thermal_margin_c": tmargin, "gpu_temp_c": gpu_temp,
-                        "memory_temp_c": mem_temp, "thresholds_c": thr, "slowdown_tlimit_c": tlimit,
-                        "field": "DCGM_FI_DEV_GPU_TEMP_LIMIT"}, "inspect_hardware")
+                       wire(GPUThermalMarginLow(
+                           findings=found, thermal_margin_c=tmargin, gpu_temp_c=gpu_temp, memory_temp_c=mem_temp,
+                           thresholds_c=thr, slowdown_tlimit_c=tlimit, field="DCGM_FI_DEV_GPU_TEMP_LIMIT")),
+                       "inspect_hardware")
 
     def _free_gpm_sample(self, sample: Any) -> None:
         free = getattr(self.lib(), "nvmlGpmSampleFree", None)
@@ -668,27 +689,28 @@ class NVMLCollector:
         if not self.signals or self._passes < 2 or interval <= 0 or (
                 self._signals_at is not None and self._now - self._signals_at < interval):
             return
-        details = {
-            "schema": 1, "gpus": self.signals, "truncated": max(0, len(self.gpus) - MAX_SIGNAL_GPUS),
-            "interval_s": interval,
-            "windows_s": {"pcie_replay_per_min": HEALTH_WINDOW, "nvlink_*_per_min": HEALTH_WINDOW,
-                          "clock_slowdown_held_s": self.config.clock_event_persist, "gpm": self.config.interval},
-            "thresholds": {"pcie_replay_per_min": "> pcie_replay_limit_per_min",
-                           "nvlink_crc_flit_per_min": f">= {DCGM_LIMIT_MAX_NVLINK_ERROR} per minute (warning), "
-                                                      f">= {DCGM_LIMIT_MAX_NVLINK_CRC_ERROR:g}/s (critical)",
-                           "nvlink_crc_data_per_min": f">= {DCGM_LIMIT_MAX_NVLINK_ERROR} per minute (warning), "
-                                                      f">= {DCGM_LIMIT_MAX_NVLINK_CRC_ERROR:g}/s (critical)",
-                           "nvlink_replay_per_min": f">= {DCGM_LIMIT_MAX_NVLINK_ERROR} per minute (critical)",
-                           "nvlink_recovery_per_min": f">= {DCGM_LIMIT_MAX_NVLINK_ERROR} per minute (critical)",
-                           "clock_slowdown_held_s": f">= {self.config.clock_event_persist:g} s for "
-                                                    f"{', '.join(self.config.clock_event_findings)}",
-                           "thermal_margin_c": f"< slowdown T.Limit (critical), <= "
-                                               f"{self.config.thermal_margin_warning_c:g} (warning)"},
-            "citation": {"pcie": DCGM_HEALTH, "nvlink": f"{DCGM_HEALTH}; {DCGM_LIMITS}", "thermal": TLIMIT_SOURCE,
-                        "gpm": DCGM_GPM},
-        }
+        details = GPUStragglerSignals(
+            schema=1, gpus=self.signals, truncated=max(0, len(self.gpus) - MAX_SIGNAL_GPUS),
+            interval_s=interval,
+            windows_s={"pcie_replay_per_min": HEALTH_WINDOW, "nvlink_*_per_min": HEALTH_WINDOW,
+                       "clock_slowdown_held_s": self.config.clock_event_persist, "gpm": self.config.interval},
+            thresholds={"pcie_replay_per_min": "> pcie_replay_limit_per_min",
+                        "nvlink_crc_flit_per_min": f">= {DCGM_LIMIT_MAX_NVLINK_ERROR} per minute (warning), "
+                                                   f">= {DCGM_LIMIT_MAX_NVLINK_CRC_ERROR:g}/s (critical)",
+                        "nvlink_crc_data_per_min": f">= {DCGM_LIMIT_MAX_NVLINK_ERROR} per minute (warning), "
+                                                   f">= {DCGM_LIMIT_MAX_NVLINK_CRC_ERROR:g}/s (critical)",
+                        "nvlink_replay_per_min": f">= {DCGM_LIMIT_MAX_NVLINK_ERROR} per minute (critical)",
+                        "nvlink_recovery_per_min": f">= {DCGM_LIMIT_MAX_NVLINK_ERROR} per minute (critical)",
+                        "clock_slowdown_held_s": f">= {self.config.clock_event_persist:g} s for "
+                                                 f"{', '.join(self.config.clock_event_findings)}",
+                        "thermal_margin_c": f"< slowdown T.Limit (critical), <= "
+                                            f"{self.config.thermal_margin_warning_c:g} (warning)"},
+            citation={"pcie": DCGM_HEALTH, "nvlink": f"{DCGM_HEALTH}; {DCGM_LIMITS}", "thermal": TLIMIT_SOURCE,
+                      "gpm": DCGM_GPM},
+        )
         if await self.emit.event("StragglerSignals", severity="info", entity="signals:gpu", reason="Periodic",
-                                 message=f"Straggler signals of {plural(len(self.signals), 'GPU')}.", details=details):
+                                 message=f"Straggler signals of {plural(len(self.signals), 'GPU')}.",
+                                 details=wire(details)):
             self._signals_at = self._now
 
     # -- Prometheus: DCGM's field names where DCGM has the quantity ------------------------

@@ -7,12 +7,13 @@ many nodes at once — so they are warnings and never a reason to cordon on thei
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from gna_sdk import Emitter, Severity, SuggestedAction
 from gna_types import entities
+from gna_types.detail_fields import UNSET, UnsetType
+from gna_types.gpu_details import GPUXidError, NVSwitchSXidError, WindowSummary, XidEvidence
+from gna_types.node_details import wire
 from gna_types.policy import verdict
 
 
@@ -81,28 +82,40 @@ def classify(code: int, text: str = "") -> XidInfo:
 
 
 async def emit_xid(emit: Emitter, info: XidInfo, bus: str, *, source: str, count: int = 1, span: str = "",
-                   details: Mapping[str, Any] | None = None, process: str = "", pid: int | None = None) -> bool:
-    """The one GPUXidError: the first occurrence (count 1) and its summaries (count > 1, ``span`` the
-    records' own span) carry the same severity and action, from whichever source saw it."""
+                   evidence: XidEvidence | None = None, window: WindowSummary | None = None, process: str = "",
+                   pid: int | None = None) -> bool:
+    """The one GPUXidError: the first occurrence (count 1, with its record's ``evidence``) and its summaries
+    (count > 1, ``span`` the records' own span, ``window`` what the aggregator adds) carry the same severity
+    and action, from whichever source saw it."""
     who = f", process {process} (pid {pid})" if process and pid else ""
     times = f" repeated {count} times {span}".rstrip() if count > 1 else ""
+    e, w = evidence, window
+    details = GPUXidError(
+        xid=info.code, name=info.name, nvidia_action=info.nvidia_action, application_error=info.application,
+        count=w.count if w else count, source=source,
+        pid=e.pid if e else UNSET, process=e.process if e else UNSET, mig=e.mig if e else UNSET,
+        text=e.text if e else UNSET, logged_at=e.logged_at if e else UNSET,
+        window_s=w.window_s if w else UNSET, aggregated=w.aggregated if w else UNSET,
+        first_seen=w.first_seen if w else UNSET, span_s=w.span_s if w else UNSET)
     return await emit.event(
         "GPUXidError", severity=info.severity, entity=entities.gpu(bus), reason=f"Xid{info.code}",
         message=f"Xid {info.code} ({info.name}) on GPU {bus}{who}{times}" + (" (NVML event)" if source == "nvml"
                                                                             else "") + ".",
-        details={"xid": info.code, "name": info.name, "nvidia_action": info.nvidia_action,
-                 "application_error": info.application, "count": count, "source": source, **(details or {})},
-        suggested_action=info.action)
+        details=wire(details), suggested_action=info.action)
 
 
 async def emit_sxid(emit: Emitter, bus: str, code: int, *, fatal: bool, count: int = 1, span: str = "",
-                    switch: str = "", text: str = "", details: Mapping[str, Any] | None = None) -> bool:
+                    switch: str = "", text: str = "", logged_at: str | UnsetType = UNSET,
+                    window: WindowSummary | None = None) -> bool:
     """The one NVSwitchSXidError: a fatal SXid is critical with inspect_hardware, its summary too."""
     severity: Severity = "critical" if fatal else "warning"
     what = f"{switch} reported SXid {code}: {text[:200]}" if count == 1 else \
         f"SXid {code}{' (fatal)' if fatal else ''} on NVSwitch {bus} repeated {count} times {span}".rstrip() + "."
+    w = window
+    details = NVSwitchSXidError(
+        sxid=code, fatal=fatal, switch=switch or None, text=text or None, count=w.count if w else count,
+        logged_at=logged_at, window_s=w.window_s if w else UNSET, aggregated=w.aggregated if w else UNSET,
+        first_seen=w.first_seen if w else UNSET, span_s=w.span_s if w else UNSET)
     return await emit.event(
         "NVSwitchSXidError", severity=severity, entity=entities.nvswitch(bus), reason=f"SXid{code}", message=what,
-        details={"sxid": code, "fatal": fatal, "switch": switch or None, "text": text or None, "count": count,
-                 **(details or {})},
-        suggested_action="inspect_hardware" if fatal else "none")
+        details=wire(details), suggested_action="inspect_hardware" if fatal else "none")
