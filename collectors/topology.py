@@ -49,6 +49,8 @@ from gna_sdk.hostroot import HostRoot
 from gna_sdk.persist import BootScopedSet, boot_id
 from gna_types import entities
 from gna_types.entities import normal_pci
+from gna_types.gpu_details import FabricManagerNotRunning, GPUFabricNotReady, NVLinkDegraded, PCIeLinkDegraded
+from gna_types.node_details import wire
 from gna_types.policy import verdict
 
 MAX_NVML_GPUS = 64
@@ -274,11 +276,11 @@ def pcie_findings(topo: Topology, utilization: Mapping[str, int] | None, busy_pc
     for i, g in enumerate(topo.gpus):
         node = topo.nodes[g]
         speed, width = expected_link(topo, g)
-        details: dict[str, Any] = {"gpu": f"GPU{i}", "current_speed_gts": node.cur_speed, "expected_speed_gts": speed,
-                                   "current_width": node.cur_width, "expected_width": width,
-                                   "max_speed_gts": node.max_speed, "max_width": node.max_width}
         busy = utilization.get(g) if utilization is not None else None
-        details["utilization_pct"] = busy
+        details = wire(PCIeLinkDegraded(gpu=f"GPU{i}", current_speed_gts=node.cur_speed, expected_speed_gts=speed,
+                                        current_width=node.cur_width, expected_width=width,
+                                        max_speed_gts=node.max_speed, max_width=node.max_width,
+                                        utilization_pct=busy))
         if width is not None and node.cur_width is not None and node.cur_width < width:
             out.append(finding("PCIeLinkDegraded", "WidthBelowMax",
                                f"GPU{i} ({g}) PCIe link trained at x{node.cur_width}, below the x{width} both ends "
@@ -321,8 +323,9 @@ def nvlink_findings(topo: Topology, view: NvmlView, expected_per_pair: int,
                 f"{topo.label(g)} ({g}) has {up} of {want} NVLinks to the NVSwitches up: its GPU pairs run at "
                 f"NV{up} instead of NV{want}" + (" (no NVLink at all: peer traffic falls back to PCIe)" if up == 0
                                                  else "") + ".",
-                entity=entities.gpu(g), details={"gpu": topo.label(g), "links_up": up, "expected": want,
-                                            "links_known": view.link_total[g], "pairs": pairs, "nvswitch": True}))
+                entity=entities.gpu(g), details=wire(NVLinkDegraded(
+                    gpu=topo.label(g), links_up=up, expected=want, links_known=view.link_total[g], pairs=pairs,
+                    nvswitch=True))))
         return out
     for a, b in itertools.combinations(known, 2):
         best = best_seen.get((min(a, b), max(a, b)), 0)
@@ -333,9 +336,9 @@ def nvlink_findings(topo: Topology, view: NvmlView, expected_per_pair: int,
                 "NVLinkDegraded", "NoNVLinkLeft" if now == 0 else "FewerNVLinksThanExpected",
                 f"{topo.label(a)} ({a}) and {topo.label(b)} ({b}) are joined by NV{now}, expected NV{want}"
                 + (": their traffic falls back to PCIe." if now == 0 else ": less bandwidth between them."),
-                entity=f"nvlink:{a}-{b}", details={"gpus": [topo.label(a), topo.label(b)], "now": now,
-                                                   "expected": want, "most_seen_since_boot": best,
-                                                   "nvswitch": False}))
+                entity=f"nvlink:{a}-{b}", details=wire(NVLinkDegraded(
+                    gpus=[topo.label(a), topo.label(b)], now=now, expected=want, most_seen_since_boot=best,
+                    nvswitch=False))))
     return out
 
 
@@ -362,7 +365,7 @@ def fabric_findings(topo: Topology, view: NvmlView | None, procs: ProcScan | Non
                 f"{label} ({g}) fabric registration is {what}"
                 + (f" with NVML error {status}" if state == FABRIC_COMPLETED else "")
                 + ": new CUDA work on it fails with cudaErrorSystemNotReady (802) until Fabric Manager completes it.",
-                entity=entities.gpu(g), details={"state": what, "status": status}))
+                entity=entities.gpu(g), details=wire(GPUFabricNotReady(state=what, status=status))))
     if nvswitch_system(topo, view) and procs is not None and procs.visible and not procs.fm_pids:
         confirmed = bool(not_ready)
         all_done = nvml_ok and view is not None and bool(view.fabric) and not not_ready
@@ -374,7 +377,8 @@ def fabric_findings(topo: Topology, view: NvmlView | None, procs: ProcScan | Non
                "unusable until it runs." if all_done else
                "GPUs cannot join the NVLink fabric, so new CUDA work fails with cudaErrorSystemNotReady (802)."),
             entity="service:nvidia-fabricmanager",
-            details={"nvswitches": topo.nvswitches, "gpus_not_registered": not_ready, "nvml": nvml_ok}))
+            details=wire(FabricManagerNotRunning(nvswitches=topo.nvswitches, gpus_not_registered=not_ready,
+                                                 nvml=nvml_ok))))
     return out
 
 
