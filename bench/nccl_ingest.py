@@ -28,9 +28,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from collectors.nccl_parse import grep_pattern
+from collectors.nccl.prefilter import grep_pattern
 
-# The prefilter's needles, as each rule declares them (collectors/nccl_parse.py Rule.needles), in ERE.
+# The prefilter's needles, as each rule declares them (collectors/nccl/rules/ Rule.needles), in ERE.
 GREP_PATTERN = grep_pattern()
 
 # What a training job mostly writes: its own progress, not NCCL's (--nccl-fraction of lines are NCCL's).
@@ -103,7 +103,7 @@ sys.path.insert(0, sys.argv[3])
 from agent.emitter import CollectorEmitter, ConditionTracker
 from agent.facts import FactStore
 from gna_sdk.hostroot import HostRoot
-from collectors.nccl_logs import NCCLLogsCollector, NCCLLogsConfig
+from collectors.nccl.plugin import NCCLLogsCollector, NCCLLogsConfig
 
 async def sink(msg):
     return True
@@ -114,7 +114,7 @@ async def main():
     t0, c0 = time.perf_counter(), time.process_time()
     await c.check()
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-    from collectors.nccl_parse import best_engine
+    from collectors.nccl.prefilter import best_engine
     engine = best_engine() if c.engine == "auto" else c.engine
     print(json.dumps({"wall": wall, "cpu": cpu, "matched": c.lines_matched, "engine": engine,
                       "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))

@@ -13,8 +13,8 @@ import os
 from typing import Any, ClassVar
 
 from collectors.ib_sysfs import parse_enum
-from collectors.nccl_parse import exact_hca_value, natural_key
-from collectors.nccl_paths import nccl_ladder, parse_gdr_level
+from collectors.nccl.hca_names import exact_hca_value, natural_key
+from collectors.nccl.rank_paths import nccl_ladder, parse_gdr_level
 from gna_sdk import CollectorSettings, Emitter, HostPaths, Severity
 
 IB_TIMEOUT_DEFAULT = 20  # NCCL >= 2.23 (18 before, 14 earlier)

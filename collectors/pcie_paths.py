@@ -12,7 +12,7 @@ Distances (nvidia-smi's legend): X self; NV# a bonded set of # NVLinks; PIX at m
 PXB several switches below one root port; PHB through a host bridge (same root complex); NODE across
 host bridges of one NUMA node; SYS across the SMP interconnect (or a NUMA node the kernel does not
 know, as nvidia-smi prints SYS there: vllm-project/vllm#11122). NCCL's own view of the same tree is
-collectors/nccl_paths.py.
+collectors/nccl/rank_paths.py.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from typing import Annotated, Any, ClassVar
 
 import msgspec
 
-from collectors.nccl_paths import nccl_path
+from collectors.nccl.rank_paths import nccl_path
 from collectors.nvml_lib import (
     NVML_ERROR_FUNCTION_NOT_FOUND,
     NVML_ERROR_GPU_IS_LOST,

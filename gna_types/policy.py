@@ -143,9 +143,68 @@ NCCL_PATH_FINDINGS: dict[tuple[str, str], Verdict] = {
         "NCCL before 2.4 reads `NCCL_IB_GDR_LEVEL` instead"),
 }
 
+# What a training job's own NCCL and PyTorch lines say (collectors/nccl/: each rule's message, the plugin's
+# conditions over a process's state, hang evidence): docs/messages.md's NCCL table. A job's log never cordons
+# on its own: a port NCCL saw fail is the node's hardware to inspect, and the fleet correlator decides who
+# is to blame across the job's nodes.
+NCCL_FINDINGS: dict[tuple[str, str], Verdict] = {
+    ("NCCLJobMember", "CommInit"): Verdict(
+        "info", "none", "a process joined a communicator: membership for the fleet correlator"),
+    ("NCCLProcessEnded", "ProcessEnded"): Verdict(
+        "info", "none", "a job's process is gone from /proc: its incidents may resolve"),
+    ("NCCLProcessEnded", "LogGone"): Verdict(
+        "info", "none", "the log of a process this node cannot check by pid was deleted"),
+    ("NCCLCollectiveTimeout", "WatchdogTimeout"): Verdict(
+        "critical", "none",
+        "PyTorch's watchdog gave up on a collective: the job hangs, and the rank at fault is usually "
+        "another node's (the fleet correlator names it)"),
+    ("NCCLWatchdogProgress", "WatchdogProgress"): Verdict(
+        "warning", "none", "a process group's progress when its watchdog gave up: evidence for the correlator"),
+    ("NCCLWatchdogProgress", "DumpSignal"): Verdict(
+        "warning", "none", "a rank heard of another rank's timeout; its own progress, evidence for the correlator"),
+    ("NCCLIBCompletionError", "IBStatus12"): Verdict(
+        "critical", "inspect_hardware",
+        "IBV_WC_RETRY_EXC_ERR: the transport retries ran out -- the peer is gone or the link is down"),
+    ("NCCLIBCompletionError", "IBStatus13"): Verdict(
+        "critical", "inspect_hardware", "IBV_WC_RNR_RETRY_EXC_ERR: the peer stopped posting receives"),
+    ("NCCLIBCompletionError", "*"): Verdict(
+        "warning", "none",
+        "any other completion status (a registration, a flushed queue after another error): evidence for the "
+        "correlator's link verdict, not a fault of this node by itself"),
+    ("NCCLIBAsyncEvent", "IBAsyncEvent"): Verdict(
+        "critical", "inspect_hardware", "a fatal async event on an HCA port under a running job"),
+    ("NCCLIBAsyncEvent", "IBAsyncEventNonFatal"): Verdict(
+        "warning", "none", "an event NCCL calls non-fatal, or a port coming back (PORT_ACTIVE, LID/GID change)"),
+    ("NCCLSocketError", "SocketError"): Verdict(
+        "warning", "none", "a socket NCCL uses failed: the other end's process or network; evidence, not a verdict"),
+    ("NCCLWarning", "NCCLWarn"): Verdict(
+        "warning", "none", "an NCCL WARN no rule explains, shown once per process and text"),
+    ("NCCLWarning", "NCCLWarnRepeated"): Verdict(
+        "warning", "none", "the same WARN repeated within the window, counted into one summary"),
+    ("NCCLRASReport", "RASSuspects"): Verdict(
+        "warning", "none", "NCCL's RAS named processes that died, stopped answering or are stuck"),
+    ("NCCLRASReport", "RASHealthy"): Verdict(
+        "info", "none", "NCCL's RAS: every process answered, no communicator in error"),
+    ("TorchFlightRecord", "FlightRecorderDump"): Verdict(
+        "warning", "none", "a rank's Flight Recorder dump shows a collective it waits in"),
+    ("TorchFlightRecord", "FlightRecorderIdle"): Verdict(
+        "info", "none", "a rank's Flight Recorder dump with nothing pending"),
+    ("NCCLNoGDRDMA", "GDRNotUsed"): Verdict(
+        "warning", "fix_config",
+        "IB traffic staged in host memory although the node supports GPUDirect RDMA: the job's settings or "
+        "its container"),
+    ("NCCLP2PViaHost", "SHMOnNVLinkNode"): Verdict(
+        "warning", "fix_config", "GPU-to-GPU traffic through host shared memory on an NVLink node: P2P disabled"),
+    ("NCCLHCASelection", "PrefixMatch"): Verdict(
+        "warning", "fix_config", "NCCL_IB_HCA without '=' is a prefix: it selected HCAs it did not name"),
+    ("NCCLHCASelection", "StorageNIC"): Verdict(
+        "warning", "fix_config", "NCCL selected a NIC the configuration reserves for storage"),
+}
+
 # the page and marker name each table is generated into (gna_types/generate.py)
 TABLES: dict[str, tuple[str, dict[tuple[str, str], Verdict]]] = {
     "graded": ("docs/messages.md", GRADED),
+    "nccl": ("docs/messages.md", NCCL_FINDINGS),
     "topology": ("docs/topology.md", TOPOLOGY_FINDINGS),
     "nccl-paths": ("docs/topology.md", NCCL_PATH_FINDINGS),
 }
@@ -155,6 +214,7 @@ assert len(POLICY) == sum(len(t) for _p, t in TABLES.values()), "a (type, reason
 
 
 def verdict(type_: str, reason: str) -> Verdict:
-    """The row for (type_, reason); KeyError for one no table holds (a programming error: tests cover
-    every reason each collector emits)."""
-    return POLICY[(type_, reason)]
+    """The row for (type_, reason), else the type's ``"*"`` row (every other reason of that type); KeyError
+    for one no table holds (a programming error: tests cover every reason each collector emits)."""
+    got = POLICY.get((type_, reason))
+    return got if got is not None else POLICY[(type_, "*")]

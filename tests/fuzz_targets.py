@@ -9,15 +9,14 @@ import sys
 
 from agent.spool import decode_frames
 from collectors import (
-    flight_recorder,
     ib_sysfs,
     juicefs_parse,
     kernel_modules,
     kmsg_parse,
     nccl_env,
-    nccl_parse,
-    nccl_ras,
 )
+from collectors.nccl import flight_recorder, line, matching, prefilter
+from collectors.nccl import ras_protocol as nccl_ras
 
 
 def fuzz_one(data: bytes) -> None:
@@ -37,9 +36,9 @@ def fuzz_one(data: bytes) -> None:
     juicefs_parse.parse_mount_argv(["juicefs", "mount", *text.split("\0")])
     juicefs_parse.parse_size(text)
     nccl_env.parse_environ(data)
-    for off, raw in nccl_parse.candidate_lines(data, 0):
-        nccl_parse.match_line(nccl_parse.parse_line(off, raw))
-    nccl_parse.match_line(nccl_parse.parse_line(0, data))
+    for off, raw in prefilter.candidate_lines(data, 0):
+        matching.match_line(line.parse_line(off, raw))
+    matching.match_line(line.parse_line(0, data))
     try:
         flight_recorder.load_dump(data)
     except flight_recorder.FRDumpError:

@@ -239,7 +239,7 @@ async def test_d6_a_tailer_exception_reopens_every_file_and_healthz_says_failing
     is injected once by patching ``NCCLLogsCollector._handle``. The restarted run() is judged healthy
     after staying up ``healthy_after`` (60 s in production), shortened on the runner to keep the test short.
     """
-    from collectors.nccl_logs import NCCLLogsCollector
+    from collectors.nccl.plugin import NCCLLogsCollector
 
     original = NCCLLogsCollector._handle
     armed = {"raise": False, "raised": 0}
@@ -456,7 +456,7 @@ def test_d9_warnings_refused_by_a_full_spool_are_published_once_and_never_counte
     of the first) fill it, then NATS comes up within the warning window: each is published exactly once
     with count 1, and the one summary counts the real repeats only. Found here: a chunk accepted in part
     and retried counted its accepted lines again on every retry ("repeated 4 times" for lines seen once);
-    fixed in collectors/nccl_logs.py (a window remembers the last line it counted per file)."""
+    fixed in collectors/nccl/plugin.py (a window remembers the last line it counted per file)."""
     host = SimHost.gpu_node(tmp_path / "h", gpus=1)
     logdir = host.p("/var/log/nccl")
     logdir.mkdir(parents=True)

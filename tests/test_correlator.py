@@ -276,7 +276,7 @@ def test_a_rank_whose_own_watchdog_fired_is_not_behind() -> None:
 
 
 def test_the_process_nccl_ras_says_died_is_the_culprit() -> None:
-    """collectors/nccl_live.py asks a hung job's RAS port and publishes its suspects (NCCLRASReport); a
+    """collectors/nccl/hang_evidence.py asks a hung job's RAS port and publishes its suspects (NCCLRASReport); a
     dead process of the job's world communicator (RAS prints the commId padded to 16 digits) names its
     rank; remote errors (victims of someone else's failure) name nobody."""
     size = 16

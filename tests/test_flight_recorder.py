@@ -21,8 +21,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from collectors import flight_recorder as fr
-from collectors.flight_recorder import FRDump, FRDumpError, load_dump, load_file, summarize
+from collectors.nccl import flight_recorder as fr
+from collectors.nccl.flight_recorder import FRDump, FRDumpError, load_dump, load_file, summarize
 
 CORPUS = Path(__file__).resolve().parent / "corpus" / "flight_recorder"
 DUMPS = sorted(p for p in CORPUS.iterdir() if "_rank_" in p.name)
@@ -464,13 +464,15 @@ def test_shaped_dumps_keep_their_invariants(entries: list[dict[str, Any]], statu
     d = load_or_refuse(data, max_entries=cap)
     assert d is not None  # the frame is an FR dump: only fields may be skipped
     assert d.entries_total == len(entries) and d.entries_dropped == max(0, len(entries) - cap)
-    for pg in summarize(d)["pgs"].values():
+    for key, pg in summarize(d)["pgs"].items():
         f = pg["first_not_completed"]
         assert (f is None) == (pg["pending"] == 0)
-        if f is not None:  # it is the oldest entry of its group that is not done
-            first = next(e for e in d.entries if not e.done and e.record_id == f["record_id"]
-                         and e.collective_seq_id == f["collective_seq_id"])
-            assert first.profiling_name == f["op"]
+        if f is not None:  # it is the oldest entry of its group that is not done (entries without a record_id
+            # may share (record_id, seq): found by its group and its place, not by those two)
+            first = next(e for e in d.entries if not e.done
+                         and (str(e.pg_id) if e.pg_id is not None else (e.pg_name or "?")) == key)
+            assert (first.record_id, first.collective_seq_id, first.profiling_name) == (
+                f["record_id"], f["collective_seq_id"], f["op"])
 
 
 # --- torch itself ----------------------------------------------------------------------------------

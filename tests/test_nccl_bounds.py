@@ -1,4 +1,4 @@
-"""#20 deliver 2, node side: every field collectors/nccl_parse.py takes from a line is bounded at the parser. A
+"""#20 deliver 2, node side: every field a rule of collectors/nccl/rules/ takes from a line is bounded at the parser. A
 job user's line with a 5,000-digit commId, pid or job id is rejected and counted, never cut into another id."""
 
 from __future__ import annotations
@@ -9,17 +9,10 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from collectors.nccl_parse import (
-    FIELD_MAX,
-    PREFIX_MAX,
-    REJECTED_SOURCE,
-    Match,
-    ProcessState,
-    Rejected,
-    match_line,
-    match_or_reject,
-    parse_line,
-)
+from collectors.nccl.line import PREFIX_MAX, parse_line
+from collectors.nccl.matching import REJECTED_SOURCE, Match, Rejected, match_line, match_or_reject
+from collectors.nccl.process import ProcessState
+from collectors.nccl.rules import RULES_BY_NAME
 from sim.host import SimHost
 
 INIT = ("{host}:{pid}:{pid} [{dev}] NCCL INFO ncclCommInitRank comm {comm} rank {rank} nranks {nranks} cudaDev 0 "
@@ -117,13 +110,13 @@ def test_no_field_of_any_line_exceeds_its_bound(raw: bytes) -> None:
     if m is None:
         return
     for k, v in m.fields.items():
-        limit = FIELD_MAX.get(k, 256)
+        limit = m.rule.fields.get(k, 256)
         assert _bounded(v, limit), (k, v)
     st_ = ProcessState(line.host, line.pid, "/var/log/nccl/x.log")
     st_.apply(m)
     summary = st_.summary()
-    assert all(len(c) <= FIELD_MAX["commid"] for c in summary["comm_ids"])
-    assert summary["job"] is None or len(summary["job"]) <= FIELD_MAX["commid"]
+    assert all(len(c) <= RULES_BY_NAME["init"].fields["commid"] for c in summary["comm_ids"])
+    assert summary["job"] is None or len(summary["job"]) <= RULES_BY_NAME["init"].fields["commid"]
     assert len(st_.entity) <= len("nccl::") + PREFIX_MAX["host"] + PREFIX_MAX["pid"]
 
 
@@ -131,7 +124,7 @@ async def test_the_collector_counts_rejected_lines_with_a_sample_and_publishes_n
         tmp_path: Path) -> None:
     from agent.emitter import CollectorEmitter, ConditionTracker
     from agent.facts import FactStore
-    from collectors.nccl_logs import NCCLLogsCollector, NCCLLogsConfig
+    from collectors.nccl.plugin import NCCLLogsCollector, NCCLLogsConfig
     from gna_sdk.hostroot import HostRoot
     from tests.conftest import Sink
 

@@ -10,7 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from collectors.nccl_parse import ProcessState, candidate_lines, match_line, parse_line
+from collectors.nccl.line import parse_line
+from collectors.nccl.matching import match_line
+from collectors.nccl.prefilter import candidate_lines
+from collectors.nccl.process import ProcessState
 from sim.host import SimHost
 from tests.conftest import AGENT_CMD
 
@@ -87,7 +90,7 @@ FORMATS: list[tuple[str, str, str, str, dict[str, object]]] = [
      "0(default_pg) Rank 3] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=4712, OpType=ALLREDUCE, "
      "NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600081 milliseconds before timing out.", "watchdog",
      {"seq": "4712", "op": "ALLREDUCE", "rank": 3}),
-    # PyTorch's process-group progress when its watchdog fails (collectors/nccl_parse.py, docs/formats.md
+    # PyTorch's process-group progress when its watchdog fails (collectors/nccl/rules/, docs/formats.md
     # "PyTorch PG status"); lines as printed in public logs of each release
     ("torch-2.3", "ProcessGroupNCCL.cpp", "[rank1]:[E ProcessGroupNCCL.cpp:1540] [PG 1 Rank 1] Timeout at NCCL work: "
      "7, last enqueued NCCL work: 8, last completed NCCL work: 6.", "pg_progress",

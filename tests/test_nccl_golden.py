@@ -10,7 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from collectors.nccl_parse import RULES, candidate_lines, match_line, parse_line
+from collectors.nccl.line import parse_line
+from collectors.nccl.matching import match_line
+from collectors.nccl.prefilter import candidate_lines
+from collectors.nccl.rules import RULES
 from sim.host import SimHost
 from tests.conftest import AGENT_CMD, validate_message
 
@@ -150,7 +153,9 @@ def test_every_line_a_rule_matches_holds_one_of_that_rule_s_needles() -> None:
     pattern are built from them). Every line of the golden logs and the real corpus that the matcher accepts
     when shown it directly, bypassing the prefilter, holds one of its rule's needles: a rule whose needles miss
     its lines would never fire in the collector, silently."""
-    from collectors.nccl_parse import _NEEDLES, WARNING_RULE, Match, grep_pattern, match_or_reject
+    from collectors.nccl.matching import Match, match_or_reject
+    from collectors.nccl.prefilter import NEEDLES, grep_pattern
+    from collectors.nccl.rules import WARNING_RULE
 
     real = Path(__file__).parent / "corpus" / "nccl"
     matched = 0
@@ -162,6 +167,6 @@ def test_every_line_a_rule_matches_holds_one_of_that_rule_s_needles() -> None:
                 needles = m.rule.needles or WARNING_RULE.needles
                 assert any(n in raw for n in needles), (f.name, m.rule.name, raw[:200])
     assert matched > 100
-    assert len(_NEEDLES) == len(set(_NEEDLES)) and all(r.needles for r in RULES)
-    for n in _NEEDLES:  # the ERE a bench greps with finds each needle literally
+    assert len(NEEDLES) == len(set(NEEDLES)) and all(r.needles for r in RULES)
+    for n in NEEDLES:  # the ERE a bench greps with finds each needle literally
         assert re.search(grep_pattern().encode(), b"x " + n + b" y")

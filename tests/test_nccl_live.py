@@ -1,4 +1,4 @@
-"""collectors/nccl_live.py and gna_sdk/hostroot.open_untrusted: the paths a job's environment names never lead
+"""collectors/nccl/hang_evidence.py and gna_sdk/hostroot.open_untrusted: the paths a job's environment names never lead
 the agent out of the host root, whatever the job swaps in between, and RAS is asked only on this node."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from collectors import nccl_live
-from collectors.nccl_live import (
+from collectors.nccl import hang_evidence as nccl_live
+from collectors.nccl.hang_evidence import (
     PROVENANCE_TENANT,
     Candidate,
     FlightRecords,

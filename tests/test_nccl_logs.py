@@ -16,15 +16,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agent.nats_server import NatsServerProcess
+from collectors.nccl.hca_names import exact_hca_value, hca_prefix_surprises
+from collectors.nccl.line import parse_line
+from collectors.nccl.matching import match_line
+from collectors.nccl.prefilter import candidate_lines
+from collectors.nccl.process import parse_ib_devices
 from collectors.nccl_env import hca_prefix_overmatch, ifname_matches, lint, parse_environ
-from collectors.nccl_parse import (
-    candidate_lines,
-    exact_hca_value,
-    hca_prefix_surprises,
-    match_line,
-    parse_ib_devices,
-    parse_line,
-)
 from sim.host import SimHost
 from tests.conftest import AGENT_CMD, agent_config, running_agent, stream_messages
 
@@ -210,7 +207,7 @@ def test_kill_and_restart_loses_no_line_and_rereads_none(tmp_path: Path, nats_se
     b"NET/IB: Got completion", b"Watchdog caught", b"NCCL_IB_HCA set by environment to x",
     b"h:1:1 [0] NCCL INFO Connected all rings"]), max_size=40), st.sampled_from([b"\n", b""]))
 def test_all_scanner_engines_find_the_same_lines(parts: list[bytes], tail: bytes) -> None:
-    from collectors import nccl_parse
+    from collectors.nccl import prefilter as nccl_parse
 
     data = b"\n".join(parts) + tail
     engines = ["re"] + [e for e in ("re2", "hyperscan") if nccl_parse.engine(e) is not None]
@@ -222,7 +219,7 @@ async def test_a_refused_warning_is_retried_not_counted_as_its_own_repeat(tmp_pa
     """#13 D9: with the spool full, the first NCCL WARN was counted before the bus took it."""
     from agent.emitter import CollectorEmitter, ConditionTracker
     from agent.facts import FactStore
-    from collectors.nccl_logs import NCCLLogsCollector, NCCLLogsConfig
+    from collectors.nccl.plugin import NCCLLogsCollector, NCCLLogsConfig
     from gna_sdk.hostroot import HostRoot
     from tests.conftest import Sink
 
@@ -252,7 +249,7 @@ async def test_lines_of_other_hosts_are_attributed_not_judged_here(tmp_path: Pat
     host that turns out foreign is withdrawn; a process this host cannot check expires with its log."""
     from agent.emitter import CollectorEmitter, ConditionTracker, overflow_entity
     from agent.facts import FactStore
-    from collectors.nccl_logs import NCCLLogsCollector, NCCLLogsConfig
+    from collectors.nccl.plugin import NCCLLogsCollector, NCCLLogsConfig
     from gna_sdk.hostroot import HostRoot
     from tests.conftest import Sink
 
@@ -317,7 +314,7 @@ async def test_a_watchdog_line_joins_the_nccl_process_of_its_file(tmp_path: Path
     carries the job, rank and GPU the correlator needs."""
     from agent.emitter import CollectorEmitter, ConditionTracker
     from agent.facts import FactStore
-    from collectors.nccl_logs import NCCLLogsCollector, NCCLLogsConfig
+    from collectors.nccl.plugin import NCCLLogsCollector, NCCLLogsConfig
     from gna_sdk.hostroot import HostRoot
     from tests.conftest import Sink
 
@@ -349,7 +346,7 @@ async def live_collector(host: SimHost, members: int) -> AsyncIterator[tuple[Any
     NCCLJobMember events are out."""
     from agent.emitter import CollectorEmitter, ConditionTracker
     from agent.facts import FactStore
-    from collectors.nccl_logs import NCCLLogsCollector, NCCLLogsConfig
+    from collectors.nccl.plugin import NCCLLogsCollector, NCCLLogsConfig
     from gna_sdk.hostroot import HostRoot
     from tests.conftest import Sink
 
@@ -411,14 +408,14 @@ async def test_the_daemon_picks_up_the_flight_recorder_dump_written_after_the_ti
 
     from agent.emitter import CollectorEmitter, ConditionTracker
     from agent.facts import FactStore
-    from collectors.nccl_logs import NCCLLogsCollector, NCCLLogsConfig
+    from collectors.nccl.plugin import NCCLLogsCollector, NCCLLogsConfig
     from gna_sdk.hostroot import HostRoot
     from tests.conftest import Sink
 
     host = SimHost.gpu_node(tmp_path / "h", gpus=1)
     host.write("/proc/sys/kernel/hostname", "gpu-a\n")
     host.write("/proc/4007/environ", "RANK=0\0TORCH_FR_DUMP_TEMP_FILE=/scratch/fr/trace_\0NCCL_RAS_ENABLE=0\0")
-    uid = os.getuid()  # the dump must be the process's user's (collectors/nccl_live.py process_uids)
+    uid = os.getuid()  # the dump must be the process's user's (collectors/nccl/hang_evidence.py process_uids)
     host.write("/proc/4007/status", f"Name:\tpython\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n")
     host.write("/var/log/nccl/gpu-a.4007.log", "gpu-a:4007:4008 [0] NCCL INFO comm 0x7f00 rank 0 nranks 2 cudaDev 0 "
                                                "busId 18000 commId 0xabc - Init COMPLETE\n")
@@ -458,9 +455,9 @@ def test_the_ingest_benchmark_greps_for_exactly_the_prefilter_s_needles() -> Non
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from bench.nccl_ingest import GREP_PATTERN
-    from collectors.nccl_parse import _NEEDLES
+    from collectors.nccl.prefilter import NEEDLES
 
-    assert sorted(GREP_PATTERN.split("|")) == sorted(n.decode() for n in _NEEDLES)
+    assert sorted(GREP_PATTERN.split("|")) == sorted(n.decode() for n in NEEDLES)
 
 
 async def test_a_process_of_a_job_that_ends_is_told_to_the_fleet_a_quiet_one_is_not(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""collectors/nccl_ras.py: NCCL_RAS_ADDR/ENABLE as NCCL reads them, the RAS reports of every generation (the
+"""collectors/nccl/ras_protocol.py: NCCL_RAS_ADDR/ENABLE as NCCL reads them, the RAS reports of every generation (the
 corpus in tests/corpus/ras/, rendered from NCCL's format strings by tests/ras_render.py), hostile input, and the
 query against a loopback fake of the RAS client socket (tests/fake_ras.py) in every way it can go wrong."""
 
@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from collectors.nccl_ras import (
+from collectors.nccl.ras_protocol import (
     RasComm,
     RasError,
     RasReport,

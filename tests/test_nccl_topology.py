@@ -19,9 +19,12 @@ from hypothesis import strategies as st
 
 from agent import config as configmod
 from agent.check import check_roots
-from collectors import nccl_paths as ncclp
 from collectors import pcie_paths as pp
-from collectors.nccl_parse import ProcessState, candidate_lines, match_line, parse_line
+from collectors.nccl import rank_paths as ncclp
+from collectors.nccl.line import parse_line
+from collectors.nccl.matching import match_line
+from collectors.nccl.prefilter import candidate_lines
+from collectors.nccl.process import ProcessState
 from gna_sdk.hostroot import HostRoot
 from gna_types.policy import NCCL_PATH_FINDINGS
 from sim.host import SimHost

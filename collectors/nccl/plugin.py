@@ -34,23 +34,23 @@ import msgspec
 import structlog
 
 from collectors.ib_sysfs import parse_enum
-from collectors.nccl_live import FlightRecords, RasAsker
-from collectors.nccl_parse import (
-    PREFIX_MAX,
-    REJECTED_SOURCE,
-    WARNING_RULE,
-    Match,
-    ProcessState,
-    Rejected,
-    candidate_lines,
-    exact_hca_value,
-    hca_prefix_surprises,
-    match_or_reject,
-    parse_line,
+from collectors.nccl.hang_evidence import FlightRecords, RasAsker
+from collectors.nccl.hca_names import exact_hca_value, hca_prefix_surprises
+from collectors.nccl.line import PREFIX_MAX, parse_line
+from collectors.nccl.matching import REJECTED_SOURCE, Match, Rejected, match_or_reject
+from collectors.nccl.prefilter import candidate_lines
+from collectors.nccl.process import ProcessState
+from collectors.nccl.rank_paths import (
+    Unjudged,
+    far_nic_finding,
+    nearest_nic_names,
+    parse_nccl_version,
+    rank_gdr_finding,
 )
-from collectors.nccl_paths import Unjudged, far_nic_finding, nearest_nic_names, parse_nccl_version, rank_gdr_finding
+from collectors.nccl.rule import Heard, Said
+from collectors.nccl.rules import WARNING_RULE
 from collectors.pcie_paths import Finding, Topology, read_topology
-from gna_sdk import CollectorSettings, Emitter, HostPaths, Severity, SuggestedAction
+from gna_sdk import CollectorSettings, Emitter, HostPaths
 from gna_sdk.hostroot import HostRoot
 from gna_sdk.ids import derived_id
 from gna_sdk.tailer import TailedFile, Tailer
@@ -63,9 +63,6 @@ log = structlog.get_logger(__name__)
 _HOST_PID_NAME = re.compile(r"(?P<host>[^/.]+)\.(?P<pid>\d+)\.[^/]*$")  # NCCL_DEBUG_FILE=%h.%p.log
 
 Tri = Literal["auto", "yes", "no"]
-IB_STATUS = {12: "IBV_WC_RETRY_EXC_ERR (transport retry counter exceeded: peer gone or link down)",
-             13: "IBV_WC_RNR_RETRY_EXC_ERR", 4: "IBV_WC_LOC_PROT_ERR (memory registration; GDR?)",
-             10: "IBV_WC_REM_ACCESS_ERR", 5: "IBV_WC_WR_FLUSH_ERR"}
 
 
 class NCCLLogsConfig(CollectorSettings, kw_only=True, forbid_unknown_fields=True):
@@ -86,11 +83,11 @@ class NCCLLogsConfig(CollectorSettings, kw_only=True, forbid_unknown_fields=True
     # descriptors held: beyond this, files read to their end are parked (closed, reopened on growth)
     max_open_files: Annotated[int, msgspec.Meta(ge=1)] = 256
     idle_close: Annotated[float, msgspec.Meta(ge=0)] = 300.0  # a read, quiet file gives back its descriptor
-    # NCCL RAS (collectors/nccl_live.py, docs/ras.md): ask a hung job's RAS port, in the daemon only
+    # NCCL RAS (collectors/nccl/hang_evidence.py, docs/ras.md): ask a hung job's RAS port, in the daemon only
     ras: bool = True
     ras_timeout: Annotated[float, msgspec.Meta(gt=0, le=120)] = 12.0
     ras_cooldown: Annotated[float, msgspec.Meta(ge=0)] = 300.0  # one question per job in this long
-    # PyTorch Flight Recorder dumps of a hung rank (collectors/flight_recorder.py): looked for this long
+    # PyTorch Flight Recorder dumps of a hung rank (collectors/nccl/flight_recorder.py): looked for this long
     flight_recorder: bool = True
     flight_recorder_wait: Annotated[float, msgspec.Meta(ge=0, le=3600)] = 60.0
 
@@ -171,7 +168,7 @@ class NCCLLogsCollector:
         self.lines_matched += len(matches)
         now = time.monotonic()
         touched: dict[str, ProcessState] = {}
-        events: list[tuple[Match, ProcessState]] = []
+        events: list[tuple[Match, ProcessState, bool]] = []
         newly_foreign = False
         for m in matches:
             line = m.line
@@ -192,15 +189,10 @@ class NCCLLogsCollector:
             if st is None:
                 st = self.procs[key] = ProcessState(host, pid, tf.path)
             st.last_seen = now
-            known = len(st.comms)
-            st.apply(m)
+            news = st.apply(m)  # the rule's change to the process (a communicator joined: news)
             touched[key] = st
-            joined = m.rule.name == "init" and len(st.comms) > known  # a communicator this process joined
-            if joined or m.rule.name in ("ib_completion", "ib_async", "socket_error", "watchdog", "warn",
-                                         "pg_progress", "pg_dump_signal"):
-                events.append((m, st))
-            elif line.level == "WARN":  # a WARN a state rule also reads (no libibverbs): still shown as one
-                events.append((Match(WARNING_RULE, line, {}), st))
+            if (m.rule.say is not None and (news or not m.rule.news_only)) or line.level == "WARN":
+                events.append((m, st, news))
         if newly_foreign and not await self._drop_foreign(tf):
             return False
         if not events and not touched:
@@ -209,9 +201,20 @@ class NCCLLogsCollector:
             tf.pending = {"from": base, "ms": int(time.time() * 1000)}
             self.tailer.save()  # the ids below are now reproducible
         ms = int(tf.pending["ms"])
-        for k, (m, st) in enumerate(events):
-            if not await self._event(m, st, tf, ms, k):
+        k = 0  # the index of each message in its chunk: part of its reproducible id
+        for m, st, news in events:
+            where = self._where(st, m, tf)
+            said = m.rule.say(m.fields, Heard(st.key, m.line.msg, where, news)) if m.rule.say is not None else None
+            if said is None:
+                if m.line.level != "WARN":
+                    continue  # nothing new to say (a communicator already known)
+                # a WARN a state rule also reads (no libibverbs): still shown as one
+                m = Match(WARNING_RULE, m.line, {})
+                said = WARNING_RULE.say(m.fields, Heard(st.key, m.line.msg, where, news)) if WARNING_RULE.say else None
+                assert said is not None
+            if not await self._event(m, st, said, where, tf, ms, k):
                 return False
+            k += 1
         for st in touched.values():
             if not await self._evaluate(st):
                 return False
@@ -264,50 +267,20 @@ class NCCLLogsCollector:
             name = "file-" + hashlib.sha256(name.encode("utf-8", "surrogateescape")).hexdigest()[:16]
         return name, 0
 
-    async def _event(self, m: Match, st: ProcessState, tf: TailedFile, ms: int, k: int) -> bool:
+    @staticmethod
+    def _where(st: ProcessState, m: Match, tf: TailedFile) -> dict[str, Any]:
+        """What every message of a process carries: its summary (the fields the fleet lives on) and the
+        line's place."""
+        line = m.line
+        return {**st.summary(), "file": tf.path, "offset": line.offset, "line": line.raw[:2000],
+                "source": line.src or None, "function": line.func or None, "nccl_time": line.ts or None}
+
+    async def _event(self, m: Match, st: ProcessState, said: Said, where: dict[str, Any], tf: TailedFile, ms: int,
+                     k: int) -> bool:
+        """A rule's message, graded by the policy table (gna_types.policy), with a reproducible id."""
         f, line = m.fields, m.line
-        where = {**st.summary(), "file": tf.path, "offset": line.offset, "line": line.raw[:2000],
-                 "source": line.src or None, "function": line.func or None, "nccl_time": line.ts or None}
         msg_id = derived_id(ms, k, tf.key, tf.fp, line.offset, m.rule.type)
-        severity: Severity = m.rule.severity
-        action: SuggestedAction = "none"
-        if m.rule.name == "ib_completion":
-            status = int(f["status"])
-            text = f.get("sname") or IB_STATUS.get(status, "")
-            severity = "critical" if status in (12, 13) else "warning"
-            action = "inspect_hardware" if status in (12, 13) else "none"
-            return await self.emit.event(
-                "NCCLIBCompletionError", severity=severity, entity=st.entity, reason=f"IBStatus{status}",
-                message=f"NCCL on {st.key} got an IB completion error from {f.get('peer') or 'a peer'}: status {status}"
-                        + (f" ({text})" if text else "") + (f" on {f['hca']}" if f.get("hca") else "") + ".",
-                details={**where, "peer": f.get("peer"), "status": status, "status_name": text or None,
-                         "vendor_err": f.get("vendor_err"), "hca": f.get("hca")},
-                suggested_action=action, msg_id=msg_id)
-        if m.rule.name == "ib_async":
-            what = f.get("what", "")[:200]
-            benign = "non-fatal" in f["kind"] or any(w in what.upper() for w in ("PORT_ACTIVE", "PORT ACTIVE",
-                                                                                   "LID_CHANGE", "GID_CHANGE"))
-            port = f"{f['hca']}:{f['port']}" if f.get("hca") else "an HCA"
-            return await self.emit.event(
-                "NCCLIBAsyncEvent", severity="warning" if benign else "critical", entity=st.entity,
-                reason="IBAsyncEvent", message=f"NCCL on {st.key}: IB async event on {port}: {what}.",
-                details={**where, "hca": f.get("hca"), "port": int(f["port"]) if f.get("port") else None,
-                         "event": what, "fatal": not benign},
-                suggested_action="none" if benign else "inspect_hardware", msg_id=msg_id)
-        if m.rule.name == "socket_error":
-            return await self.emit.event(
-                "NCCLSocketError", severity="warning", entity=st.entity, reason="SocketError",
-                message=f"NCCL on {st.key}: {f['what']}.", details={**where, "error": f["what"]}, msg_id=msg_id)
-        if m.rule.name == "init":
-            # membership, for the fleet correlator: which job, rank, GPU and NICs this process is
-            comm = f.get("commid") or f["comm"]
-            return await self.emit.event(
-                "NCCLJobMember", severity="info", entity=st.entity, reason="CommInit",
-                message=f"{st.key} joined communicator {comm} as rank {f['rank']} of {f['nranks']}"
-                        + (f" on GPU {where['pci']}" if where.get("pci") else "") + ".",
-                details={**where, "comm_id": comm, "rank": int(f["rank"]), "size": int(f["nranks"]),
-                         "cuda_dev": int(f["cuda"]), "pci": pci_from_nccl(f.get("bus"))}, msg_id=msg_id)
-        if m.rule.name in ("watchdog", "pg_progress", "pg_dump_signal"):
+        if m.rule.hang:
             # the job hangs here: NCCL's RAS says who stopped, PyTorch's Flight Recorder where each rank waits
             pid = st.pid if self._checkable(st) else 0
             rank = f["rank"] if isinstance(f.get("rank"), int) else where.get("world_rank")
@@ -318,48 +291,23 @@ class NCCLLogsCollector:
                     self.flight.on_hang(pid, rank, st.entity, where)
             elif self.config.flight_recorder and len(self.hung) < 4096:
                 self.hung[st.key] = (pid, rank, st.entity, where)
-        if m.rule.name == "watchdog":
-            details = {**where, "seq_num": int(f["seq"]), "op_type": f["op"], "rank": f.get("rank"),
-                       "pg_id": f.get("pg"), "pg_desc": f.get("desc"), "pg_rank": f.get("pg_rank"),
-                       "timeout_ms": int(f["timeout"]) if "timeout" in f else None, "ran_for_ms": int(f["ran"])}
-            return await self.emit.event(
-                "NCCLCollectiveTimeout", severity="critical", entity=st.entity, reason="WatchdogTimeout",
-                message=f"A {f['op']} (SeqNum {f['seq']}) timed out after {int(f['ran']) / 1000:.0f} s in "
-                        f"{st.key}: one rank is stuck or far behind.", details=details, msg_id=msg_id)
-        if m.rule.name in ("pg_progress", "pg_dump_signal"):
-            enq, done, at = f.get("enq"), f.get("done"), f.get("at")
-            pg = f.get("desc") or f.get("pg") or "0"
-            if m.rule.name == "pg_dump_signal":
-                heard = f"rank {f['src']}" if f.get("src") is not None else "this local rank"
-                text = (f"{st.key} heard of a collective timeout from {heard}; its own progress in process group "
-                        f"{pg}: last enqueued work {enq}, last completed {done}.")
-            else:
-                text = (f"{st.key}: process group {pg} failed at work {at}; last enqueued work {enq}, last "
-                        f"completed {done}.")
-            if f.get("implausible"):
-                text += " (some of PyTorch's numbers are impossible and were dropped)"
-            return await self.emit.event(
-                "NCCLWatchdogProgress", severity="warning", entity=st.entity,
-                reason="DumpSignal" if m.rule.name == "pg_dump_signal" else "WatchdogProgress", message=text,
-                details={**where, "rank": f.get("rank"), "pg_id": f.get("pg"), "pg_desc": f.get("desc"),
-                         "pg_rank": f.get("pg_rank"), "at_seq": at, "last_enqueued": enq, "last_completed": done,
-                         "signal_from_rank": f.get("src"), "implausible": bool(f.get("implausible"))},
-                msg_id=msg_id)
-        # other WARN lines: first per (process, text) at once, the rest counted into one summary
-        text = line.msg[:300]
-        win = self.warn_windows.get((st.key, text))
-        if win is not None and time.monotonic() - win[0] < self.config.warning_window:
-            counted: dict[str, int] = win[3]
-            if line.offset <= counted.get(tf.key, -1):
-                return True  # a chunk re-read after a refusal: this line was already sent or counted
-            counted[tf.key] = line.offset
-            win[1] += 1
-            return True
+        if m.rule.repeats:
+            # first per (process, text) at once, the rest counted into one summary
+            text = line.msg[:300]
+            win = self.warn_windows.get((st.key, text))
+            if win is not None and time.monotonic() - win[0] < self.config.warning_window:
+                counted: dict[str, int] = win[3]
+                if line.offset <= counted.get(tf.key, -1):
+                    return True  # a chunk re-read after a refusal: this line was already sent or counted
+                counted[tf.key] = line.offset
+                win[1] += 1
+                return True
+        v = verdict(said.type, said.reason)
         accepted = await self.emit.event(
-            "NCCLWarning", severity="warning", entity=st.entity, reason="NCCLWarn",
-            message=f"NCCL WARN in {st.key}: {text[:200]}", details={**where, "count": 1}, msg_id=msg_id)
-        if accepted:  # a refused first occurrence (spool full) is retried, never counted as a repeat of itself
-            self.warn_windows[(st.key, text)] = [time.monotonic(), 1, where, {tf.key: line.offset}]
+            said.type, severity=v.severity, entity=st.entity, reason=said.reason, message=said.message,
+            details={**where, **said.details}, suggested_action=v.action, msg_id=msg_id)
+        if m.rule.repeats and accepted:  # a refused first occurrence (spool full) is retried, never a repeat
+            self.warn_windows[(st.key, line.msg[:300])] = [time.monotonic(), 1, where, {tf.key: line.offset}]
         return accepted
 
     async def _flush_warnings(self, *, everything: bool = False) -> None:
@@ -369,10 +317,18 @@ class NCCLLogsCollector:
                 continue
             del self.warn_windows[key]
             if count > 1:
+                v = verdict("NCCLWarning", "NCCLWarnRepeated")
                 await self.emit.event(
-                    "NCCLWarning", severity="warning", entity=f"nccl:{key[0]}", reason="NCCLWarnRepeated",
-                    message=f"NCCL WARN repeated {count} times in {key[0]}: {key[1][:200]}",
+                    "NCCLWarning", severity=v.severity, entity=f"nccl:{key[0]}", reason="NCCLWarnRepeated",
+                    suggested_action=v.action, message=f"NCCL WARN repeated {count} times in {key[0]}: {key[1][:200]}",
                     details={**where, "count": count, "window_s": self.config.warning_window, "aggregated": True})
+
+    async def _firing(self, st: ProcessState, type_: str, reason: str, *, message: str,
+                      details: dict[str, Any]) -> bool:
+        """A condition over the process's state, graded by the policy table (gna_types.policy)."""
+        v = verdict(type_, reason)
+        return await self.emit.condition(type_, firing=True, severity=v.severity, entity=st.entity, reason=reason,
+                                         message=message, details=details, suggested_action=v.action)
 
     async def _evaluate(self, st: ProcessState) -> bool:
         ok = True
@@ -382,33 +338,32 @@ class NCCLLogsCollector:
         if transport == "Socket" or (transport is None and st.ib_no_device):
             ok &= await self._socket_fallback(st, base, rdma)
         if (st.non_gdr_channels or st.gdr_disabled) and transport != "Socket" and self._gdr_available():
-            ok &= await self.emit.condition(
-                "NCCLNoGDRDMA", firing=True, severity="warning", entity=st.entity, reason="GDRNotUsed",
+            ok &= await self._firing(
+                st, "NCCLNoGDRDMA", "GDRNotUsed",
                 message=f"NCCL in {st.key} moves IB traffic through host memory (no GPUDirect RDMA) although "
                         f"the node supports it.",
                 details={**base, "channels_without_gdrdma": st.non_gdr_channels,
-                         "gdr_disabled_hcas": sorted(st.gdr_disabled)}, suggested_action="fix_config")
+                         "gdr_disabled_hcas": sorted(st.gdr_disabled)})
         if st.shm_channels and self._nvlink():
-            ok &= await self.emit.condition(
-                "NCCLP2PViaHost", firing=True, severity="warning", entity=st.entity, reason="SHMOnNVLinkNode",
+            ok &= await self._firing(
+                st, "NCCLP2PViaHost", "SHMOnNVLinkNode",
                 message=f"NCCL in {st.key} sends GPU-to-GPU traffic through host shared memory on an NVLink node "
                         f"({st.shm_channels} channels): P2P is disabled or blocked.",
-                details={**base, "shm_channels": st.shm_channels}, suggested_action="fix_config")
+                details={**base, "shm_channels": st.shm_channels})
         selected = [d["name"] for d in st.ib_devices]
         env = st.env_hca or (self.emit.facts.get("nccl_env.ib_hca") or {}).get(str(st.pid), "")
         surprises = hca_prefix_surprises(env, selected)
         storage = sorted(set(selected) & set(self.config.storage_hcas))
         if surprises or storage:
-            ok &= await self.emit.condition(
-                "NCCLHCASelection", firing=True, severity="warning", entity=st.entity,
-                reason="PrefixMatch" if surprises else "StorageNIC",
+            ok &= await self._firing(
+                st, "NCCLHCASelection", "PrefixMatch" if surprises else "StorageNIC",
                 message=f"NCCL in {st.key} selected {', '.join(surprises + storage)}"
                         + (f": NCCL_IB_HCA={env} is a prefix match (set it to "
                            f"'{exact_hca_value(env, selected)}' to select only the HCAs it names)"
                            if surprises else
                            ": a storage NIC excluded by config") + ".",
                 details={**base, "selected": selected, "nccl_ib_hca": env or None, "unintended": surprises,
-                         "storage_nics": storage}, suggested_action="fix_config")
+                         "storage_nics": storage})
         ok &= await self._topology_checks(st, base, env)
         return ok
 
@@ -523,10 +478,11 @@ class NCCLLogsCollector:
                 # a job fact for the fleet correlator: an incident resolves when the job's processes are
                 # gone, never on silence (a hung rank is quiet until its watchdog fires); a quiet log is
                 # no proof the process ended
+                reason = "LogGone" if gone else "ProcessEnded"
+                v = verdict("NCCLProcessEnded", reason)
                 await self.emit.event(
-                    "NCCLProcessEnded", severity="info", entity=st.entity,
-                    reason="LogGone" if gone else "ProcessEnded",
-                    message=f"{st.key} of job {summary['job']} {why}.", details=summary)
+                    "NCCLProcessEnded", severity=v.severity, entity=st.entity, reason=reason,
+                    suggested_action=v.action, message=f"{st.key} of job {summary['job']} {why}.", details=summary)
             for type_, entity, severity in self.emit.active_conditions():
                 if entity == st.entity:
                     await self.emit.condition(type_, firing=False, severity=severity,  # type: ignore[arg-type]

@@ -29,10 +29,11 @@ from typing import Any
 
 import structlog
 
-from collectors.flight_recorder import DEFAULT_MAX_BYTES, FRDumpError, dump_files, load_opened, summarize
-from collectors.nccl_ras import RasError, RasReport, query_ras, ras_address
+from collectors.nccl.flight_recorder import DEFAULT_MAX_BYTES, FRDumpError, dump_files, load_opened, summarize
+from collectors.nccl.ras_protocol import RasError, RasReport, query_ras, ras_address
 from gna_sdk import Emitter, HostPaths, plural
 from gna_sdk.hostroot import UnsafePath, UntrustedFile, open_untrusted, split_beneath
+from gna_types.policy import verdict
 
 log = structlog.get_logger(__name__)
 
@@ -174,9 +175,11 @@ class RasAsker:
         top = suspects[0] if suspects else None
         text = (f"NCCL RAS for {entity}: {plural(len(suspects), 'suspect')}, first: {top.detail}" if top else
                 f"NCCL RAS for {entity}: every process answered, no communicator in error")
+        reason = "RASSuspects" if suspects else "RASHealthy"
+        v = verdict("NCCLRASReport", reason)
         await self.emit.event(
-            "NCCLRASReport", severity="warning" if suspects else "info", entity=entity,
-            reason="RASSuspects" if suspects else "RASHealthy", message=text[:500],
+            "NCCLRASReport", severity=v.severity, entity=entity, reason=reason, suggested_action=v.action,
+            message=text[:500],
             details={**where, "ras_address": f"{addr[0]}:{addr[1]}", "ras_format": report.format,
                      "ras_nccl_version": report.nccl_version, "ras_complete": report.complete,
                      "ras_timeouts": report.timeouts, "ras_warnings": len(report.warnings),
@@ -219,7 +222,7 @@ class Candidate:
 
 @dataclass
 class FlightRecords:
-    """PyTorch Flight Recorder dumps of a hung job's ranks (collectors/flight_recorder.py), as
+    """PyTorch Flight Recorder dumps of a hung job's ranks (collectors/nccl/flight_recorder.py), as
     ``TorchFlightRecord``: per process group, torch's last enqueued / started / completed work and the
     collective this rank waits in. Where the process's environment is readable its own paths are used
     (TORCH_FR_DUMP_TEMP_FILE, TORCH_NCCL_DEBUG_INFO_TEMP_FILE, HOME, XDG_CACHE_HOME; inside its mount
@@ -317,9 +320,11 @@ class FlightRecords:
             text = f"PyTorch Flight Recorder of rank {who}: {waits}"
             self.records += 1
             dump_path = c.path if c.within == "/" else f"{c.within}{'' if c.path.startswith('/') else '/'}{c.path}"
+            reason = "FlightRecorderDump" if stuck else "FlightRecorderIdle"
+            v = verdict("TorchFlightRecord", reason)
             return await self.emit.event(
-                "TorchFlightRecord", severity="warning" if stuck else "info", entity=entity,
-                reason="FlightRecorderDump", message=text[:500],
+                "TorchFlightRecord", severity=v.severity, entity=entity, reason=reason, suggested_action=v.action,
+                message=text[:500],
                 details={**where, "rank": dump.rank if dump.rank is not None else rank,
                          "dump": dump_path[:500], "fr_version": summary["version"], "fr_format": summary["format"],
                          "entries": summary["entries"], "entries_total": summary["entries_total"],

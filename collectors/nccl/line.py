@@ -1,0 +1,73 @@
+"""One log line with NCCL's prefix split off (or none: PyTorch's own lines), every prefix field bounded.
+
+Line shapes (NCCL src/debug.cc): ``host:pid:tid [cudaDev] NCCL INFO msg``;
+``host:pid:tid [cudaDev] file.cc:LINE NCCL WARN msg``; since 2.26 WARN lines usually start with
+``[YYYY-MM-DD HH:MM:SS] ``; since 2.30 ``file.cc:LINE (function) NCCL WARN``. ``host`` is the
+hostname cut at its first dot. PyTorch's watchdog has its own prefix; its text is matched anywhere.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+# NCCL's own prefix, found anywhere in the line: whatever stands before it is a launcher's or a
+# collector's ("node-3: ", "[1,0]<stdout>:", kubectl --timestamps' RFC 3339 time, syslog, tqdm's
+# carriage-return junk). Parts may be redacted when a log is pasted: the host ("<cluster_name>"), the pid
+# ("<pid>", "xxx"), or the whole "host:pid:tid " (only "[0] " left; NVIDIA/nccl#1612).
+# Linear time on any line (a job writes them; one 64 KiB line used to cost minutes of CPU): a plain host
+# starts only where a run of host characters starts (the lookbehind; the leftmost match always starts
+# there anyway), redactions, the source and the function are bounded in the pattern. A host, pid or
+# tid longer than PREFIX_MAX still matches and is rejected by parse_line, never cut.
+PREFIX = re.compile(
+    r"(?:\[(?P<ts>\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}(?:\.\d{1,18})?)\] )?"
+    r"(?:(?P<host><[^>\s]{1,64}>|(?<![^\s:\[\]<>])[^\s:\[\]<>]+):(?P<pid>\d+|<[^>\s]{0,16}>|[xX*#?.]{1,16}):"
+    r"(?P<tid>\d+|<[^>\s]{0,16}>|[xX*#?.]{1,16}) )?"
+    r"\[(?P<dev>-?\d+)\] "
+    r"(?:(?P<src>[^\s]{1,256}:\d{1,10})(?: \((?P<func>[^)]{0,256})\))? )?NCCL (?P<level>INFO|WARN|TRACE|CALL|ABORT) "
+    r"(?P<msg>.*)$")
+
+PREFIX_MAX: dict[str, int] = {
+    # NCCL src/debug.cc (ncclDebugInit): getHostName(hostname, 1024, '.') -- the host name cut at its
+    # first dot; the kernel's nodename is at most 64 bytes (__NEW_UTS_LEN, include/uapi/linux/utsname.h)
+    "host": 64,
+    "pid": 7, "tid": 7,  # PID_MAX_LIMIT 4194304 (include/linux/threads.h); a redaction ("<pid>", "xxx") alike
+    "dev": 11,  # "[%d]" cudaDev
+    "ts": 40,  # "[%Y-%m-%d %H:%M:%S]" (2.26+), a fraction when a collector added one
+    "src": 256, "func": 256,  # "%s:%d" of __FILE__/__LINE__; "(%s)" of __func__ (2.30+)
+}  # parse_line checks these unrolled (a test keeps the two equal)
+
+
+@dataclass(frozen=True)
+class Line:
+    offset: int  # byte offset in its file
+    host: str
+    pid: int
+    dev: int
+    level: str  # INFO, WARN, ... or "" for a non-NCCL line (PyTorch)
+    ts: str
+    src: str
+    func: str
+    msg: str
+    raw: str
+    over: tuple[str, int, int] | None = None  # (field, length, limit): a prefix field past its bound
+
+
+def parse_line(offset: int, raw: bytes) -> Line:
+    """NCCL's prefix split off. A prefix field past PREFIX_MAX sets ``over`` (match_or_reject rejects the
+    line) and is not converted: the line's host, pid and device are then empty."""
+    text = raw.decode("utf-8", "replace").rstrip("\r")
+    text = text.rsplit("\r", 1)[-1]  # a progress bar's carriage returns: the terminal shows the last part
+    m = PREFIX.search(text)
+    if m is None:
+        return Line(offset, "", 0, -1, "", "", "", "", text, text)
+    ts, host, pid_s, tid, dev, src, func = m.group("ts", "host", "pid", "tid", "dev", "src", "func")
+    if (len(host or "") > 64 or len(pid_s or "") > 7 or len(tid or "") > 7 or len(dev) > 11
+            or len(ts or "") > 40 or len(src or "") > 256 or len(func or "") > 256):  # PREFIX_MAX, unrolled
+        for name, limit in PREFIX_MAX.items():
+            value = m[name]
+            if value is not None and len(value) > limit:
+                return Line(offset, "", 0, -1, m["level"], "", "", "", m["msg"], text,
+                            over=(name, len(value), limit))
+    pid = int(pid_s) if pid_s and pid_s.isdigit() else 0  # redacted: one process per host
+    return Line(offset, host or "", pid, int(dev), m["level"], ts or "", src or "", func or "", m["msg"], text)

@@ -1,0 +1,90 @@
+"""Which lines are decoded at all: a byte scan for the rules' needles, in C, before any decoding.
+
+Only lines containing one of the needles are decoded. Channel lines over P2P/SHM-free paths (the numerous
+intra-node ones) never pass; every NET channel line does: which NIC each channel uses (NET/IB/<n>) is the
+rank's real NIC, GDRDMA or not (a few hundred lines per job start). The needles are the union of the rules'
+own (rules/*.py), so a rule brings its own (tests/test_nccl_formats.py: every golden line a rule matches
+holds one of its needles); bench/nccl_ingest.py's ``grep -cE`` pattern is built from the same list.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from collectors.nccl.rules import RULES, WARNING_RULE
+
+# any WARN line is an NCCLWarning (WARNING_RULE), whatever rule it also matches
+NEEDLES: tuple[bytes, ...] = tuple(dict.fromkeys([n for r in (*RULES, WARNING_RULE) for n in r.needles]))
+PREFILTER = re.compile(b"|".join(re.escape(n) for n in NEEDLES))
+
+
+def grep_pattern() -> str:
+    """The prefilter's needles as one POSIX extended regular expression (bench/nccl_ingest.py's ``grep -cE``)."""
+    return "|".join(re.sub(r"([.^$*+?()\[\]{}|\\])", r"\\\1", n.decode()) for n in NEEDLES)
+
+
+def _hyperscan() -> Any:
+    """Hyperscan's SIMD literal matcher (x86_64): grep-class speed. None where it is not installed."""
+    try:
+        import hyperscan
+    except ImportError:
+        return None
+    exprs = [re.escape(n) for n in NEEDLES]
+    db = hyperscan.Database()
+    db.compile(expressions=exprs, ids=list(range(len(exprs))), elements=len(exprs), flags=[0] * len(exprs))
+    return db
+
+
+def _re2() -> Any:
+    """google-re2's DFA over the alternation: ~4x Python's backtracking re on this input."""
+    try:
+        import re2
+    except ImportError:
+        return None
+    return re2.compile(b"|".join(re.escape(n) for n in NEEDLES))
+
+
+_ENGINES: dict[str, Any] = {}
+
+
+def engine(name: str) -> Any:
+    """The compiled scanner, built on first use: an idle node with no NCCL logs never loads it."""
+    if name not in _ENGINES:
+        _ENGINES[name] = _hyperscan() if name == "hyperscan" else _re2() if name == "re2" else PREFILTER
+    return _ENGINES[name]
+
+
+def best_engine() -> str:
+    for name in ("hyperscan", "re2"):
+        if engine(name) is not None:
+            return name
+    return "re"
+
+
+def _match_ends(data: bytes, name: str) -> list[int]:
+    """Offsets just past each needle match, in order (an engine that is not installed falls back)."""
+    if name == "hyperscan" and (hs := engine("hyperscan")) is not None:
+        ends: list[int] = []
+        hs.scan(data, match_event_handler=lambda _id, _frm, to, _fl, _ctx: ends.append(to))
+        return sorted(ends)
+    scanner = engine("re2") if name in ("hyperscan", "re2") else None
+    return [m.end() for m in (scanner or PREFILTER).finditer(data)]
+
+
+def candidate_lines(data: bytes, base: int, *, max_line: int = 65536,
+                    engine: str = "auto") -> list[tuple[int, bytes]]:
+    """(offset, line) for lines with a needle; a byte scan in C, no decoding of the rest.
+    A line longer than ``max_line`` is cut there (its start is what the rules read)."""
+    out: list[tuple[int, bytes]] = []
+    last_start = -1
+    for end_of_match in _match_ends(data, best_engine() if engine == "auto" else engine):
+        start = data.rfind(b"\n", 0, end_of_match - 1) + 1  # the match's last byte may be the newline
+        if start == last_start:
+            continue
+        end = data.find(b"\n", start)
+        if end < 0:
+            end = len(data)
+        out.append((base + start, data[start : min(end, start + max_line)]))
+        last_start = start
+    return out

@@ -1,0 +1,75 @@
+"""What a rule is: one NCCL or PyTorch line shape, everything about it in one place (rules/*.py).
+
+A rule declares the byte needles one of which every line it matches contains (the prefilter and the
+bench's grep pattern are built from them), its pattern (and an optional linear guard searched first),
+the fields it yields with the longest value each can have when NCCL or PyTorch printed it, how it changes
+the state of the process that wrote the line (``update``), and the message it emits (``say``): a message
+type, a reason and the type's details. Severity and suggested action are never a rule's: they come from
+gna_types.policy for (type, reason), so one table grades every finding.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collectors.nccl.process import ProcessState
+
+Fields = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Said:
+    """A rule's message: the plugin adds the writing process's summary and the line's place to
+    ``details``, the severity and action from the policy table, and a reproducible id."""
+
+    type: str
+    reason: str
+    message: str
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Heard:
+    """What the rule's ``say`` is told about the line besides its fields."""
+
+    process: str  # "host:pid" of the writer
+    msg: str  # the line's text after NCCL's prefix
+    where: Mapping[str, Any]  # the process summary and the line's place (file, offset, line, ...)
+    news: bool  # ``update`` said the line changed the process's state in a way worth a message
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    pattern: re.Pattern[str]
+    type: str  # the message type it emits or the condition its state feeds ("" for neither)
+    fields: Mapping[str, int]  # every field it yields -> the longest value NCCL or PyTorch prints (bounds.py)
+    needles: tuple[bytes, ...]
+    warn_only: bool = False  # only on a WARN line
+    nccl_only: bool = False  # only on a line with NCCL's own prefix (a bare printf of the same text is not)
+    # searched first (linear): without it the rule cannot match, and with it the rule's first start that
+    # gets past its head succeeds -- a lazy ".*?" tried from every repeat of the head is quadratic
+    guard: re.Pattern[str] | None = None
+    # more fields from the rest of the line (msg, raw), bounded like the pattern's
+    extract: Callable[[str, str], Fields] | None = None
+    # the fields made values (numbers, checked) once within their bounds
+    convert: Callable[[Fields], None] | None = None
+    # how the line changes its process's state; True: news worth a message (a communicator joined)
+    update: Callable[[ProcessState, Fields], bool] | None = None
+    say: Callable[[Fields, Heard], Said | None] | None = None
+    news_only: bool = False  # says something only when its update brought news (not asked otherwise)
+    hang: bool = False  # evidence that the job hangs here: the plugin asks RAS and the Flight Recorder
+    repeats: bool = False  # the same text again within a window is counted into one summary
+
+    def min_limit(self) -> int:
+        """The tightest bound among its fields: a line whose longest value is within it needs no
+        field-by-field check (the hot path of a channel line)."""
+        return min(self.fields.values(), default=1 << 30)
+
+
+def compile_rule(pattern: str) -> re.Pattern[str]:
+    return re.compile(pattern)

@@ -1,0 +1,16 @@
+"""``NCCL_IB_HCA set to <value>`` (src/transport/net_ib.cc, 2.7.3+: INFO(NCCL_NET|NCCL_ENV, ...) -- shown by
+default from 2.17): the job's HCA selection as NCCL read it."""
+
+from __future__ import annotations
+
+from collectors.nccl.process import ProcessState
+from collectors.nccl.rule import Fields, Rule, compile_rule
+
+
+def _update(st: ProcessState, f: Fields) -> bool:
+    st.env_hca = f["value"]
+    return False
+
+
+RULE = Rule("env_hca", compile_rule(r"\bNCCL_IB_HCA set to (?P<value>\S+)"), "NCCLHCASelection", {"value": 1024},
+            needles=(b"NCCL_IB_HCA set",), update=_update)

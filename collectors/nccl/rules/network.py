@@ -1,0 +1,15 @@
+"""``Using network <name>`` (src/init.cc, 2.6+): the inter-node transport NCCL chose."""
+
+from __future__ import annotations
+
+from collectors.nccl.process import ProcessState
+from collectors.nccl.rule import Fields, Rule, compile_rule
+
+
+def _update(st: ProcessState, f: Fields) -> bool:
+    st.net = f["net"]
+    return False
+
+
+RULE = Rule("network", compile_rule(r"\bUsing network (?P<net>\S[^\n]*?)\s*$"), "NCCLSocketFallback",
+            {"net": 64}, needles=(b"Using network ",), update=_update)
