@@ -16,6 +16,14 @@ import msgspec.inspect as mi
 
 from gna_types.conditions import CATEGORIES, CATEGORY_BY_TYPE
 from gna_types.details import DETAILS_BY_TYPE, ProcessSummary
+from gna_types.node_details import (
+    AGGREGATED_REASON,
+    CLEARED_REASON,
+    DETAILS_BY_COLLECTOR,
+    NODE_DETAILS_BY_TYPE,
+    ConditionCleared,
+    ConditionsAggregated,
+)
 from gna_types.policy import TABLES
 
 NCCL_COLLECTOR = "nccl_logs"
@@ -37,10 +45,27 @@ def _classes() -> list[type[ProcessSummary]]:
     return sorted({ProcessSummary, *DETAILS_BY_TYPE.values()}, key=lambda c: c.__name__)
 
 
+def _node_types() -> dict[str, type[msgspec.Struct]]:
+    """Every other type a node publishes (gna_types/node_details.py), one Struct each."""
+    return {t: c for t, c in sorted(NODE_DETAILS_BY_TYPE.items())
+            if t not in DETAILS_BY_TYPE and not any(t == ct for _c, ct in DETAILS_BY_COLLECTOR)}
+
+
+def _node_classes() -> list[type[msgspec.Struct]]:
+    found: set[type[msgspec.Struct]] = {*_node_types().values(), *DETAILS_BY_COLLECTOR.values(),
+                                        ConditionsAggregated, ConditionCleared}
+    return sorted(found, key=lambda c: c.__name__)
+
+
 def schema(current: dict[str, Any]) -> dict[str, Any]:
     """``current`` with its ``allOf`` (a message of collector nccl_logs: its details as its type) and
     ``$defs`` (each details class) generated."""
-    _, defs = msgspec.json.schema_components(_classes(), ref_template="#/$defs/{name}")
+    _, defs = msgspec.json.schema_components([*_classes(), *_node_classes()], ref_template="#/$defs/{name}")
+    # a node type's fields are held to their types and bounds where present; which ones a collector always sends
+    # is its Struct's (constructed typed on the node; docs/messages.md marks the others with ?)
+    node = {c.__name__ for c in _node_classes()} - {c.__name__ for c in _classes()}
+    for name in node:
+        defs[name].pop("required", None)
 
     def when(type_test: dict[str, Any], cls: type[ProcessSummary]) -> dict[str, Any]:
         return {"$comment": GENERATED,
@@ -51,6 +76,28 @@ def schema(current: dict[str, Any]) -> dict[str, Any]:
     kept = [r for r in current.get("allOf", []) if r.get("$comment") != GENERATED]  # the hand-written rules
     rules = [when({"const": t}, cls) for t, cls in sorted(DETAILS_BY_TYPE.items())]
     rules.append(when({"not": {"enum": sorted(DETAILS_BY_TYPE)}}, ProcessSummary))
+
+    def then(cls: type[msgspec.Struct]) -> dict[str, Any]:
+        return {"properties": {"details": {"$ref": f"#/$defs/{cls.__name__}"}}}
+
+    # every other type: a firing condition's or an event's details as its type (not the emitter's own below)
+    own = {"status": {"not": {"const": "resolved"}}, "reason": {"not": {"const": AGGREGATED_REASON}}}
+    for t, cls in _node_types().items():
+        rules.append({"$comment": GENERATED, "if": {"properties": {"type": {"const": t}, **own}, "required": ["type"]},
+                      "then": then(cls)})
+    for (collector, t), cls in sorted(DETAILS_BY_COLLECTOR.items()):
+        rules.append({"$comment": GENERATED,
+                      "if": {"properties": {"collector": {"const": collector}, "type": {"const": t}, **own},
+                             "required": ["collector", "type"]}, "then": then(cls)})
+    rules.append({"$comment": GENERATED, "if": {"properties": {"kind": {"const": "condition"},
+                                                               "status": {"const": "firing"},
+                                                               "reason": {"const": AGGREGATED_REASON}},
+                                                "required": ["kind", "status", "reason"]},
+                  "then": then(ConditionsAggregated)})
+    rules.append({"$comment": GENERATED, "if": {"properties": {"status": {"const": "resolved"},
+                                                               "reason": {"const": CLEARED_REASON}},
+                                                "required": ["status", "reason"]},
+                  "then": then(ConditionCleared)})
     out = {k: v for k, v in current.items() if k not in ("allOf", "$defs")}
     return {**out, "allOf": kept + rules, "$defs": dict(sorted(defs.items()))}
 
@@ -110,7 +157,42 @@ def table() -> str:
         fields = [f for f in info.fields if cls is ProcessSummary or f.name not in base]  # type: ignore[attr-defined]
         text = ", ".join(f"`{f.name}` {_type_text(f.type)}" for f in fields) or "(the process summary only)"
         rows.append(f"| `{cls.__name__}` | {', '.join(by_cls[cls.__name__])} | {text} |")
+    return "\n".join(rows) + "\n\n" + node_table()
+
+
+def node_table() -> str:
+    """Every other type a node publishes (gna_types/node_details.py): per details class, its types and fields
+    (``?`` marks a field sent on some messages only)."""
+    of: dict[type[msgspec.Struct], list[str]] = {}
+    for t, c in _node_types().items():
+        of.setdefault(c, []).append(f"`{t}`")
+    for (collector, t), c in sorted(DETAILS_BY_COLLECTOR.items()):
+        of.setdefault(c, []).append(f"`{t}` of {collector}")
+    of[ConditionsAggregated] = [f"any condition folded beyond its collector's cap (reason `{AGGREGATED_REASON}`)"]
+    of[ConditionCleared] = [f"any resolved condition (reason `{CLEARED_REASON}`)"]
+    rows = ["| details | of | fields |", "| --- | --- | --- |"]
+    nested: list[type[msgspec.Struct]] = []
+    for cls in sorted(of, key=lambda c: c.__name__):
+        rows.append(f"| `{cls.__name__}` | {', '.join(of[cls])} | {_fields(cls, nested)} |")
+    seen = set(of)
+    for cls in nested:
+        if cls not in seen:
+            seen.add(cls)
+            rows.append(f"| `{cls.__name__}` | (an item of the above) | {_fields(cls, nested)} |")
     return "\n".join(rows)
+
+
+def _fields(cls: type[msgspec.Struct], nested: list[type[msgspec.Struct]]) -> str:
+    info = mi.type_info(cls)
+    assert isinstance(info, mi.StructType)
+    out = []
+    for f in info.fields:
+        t = f.type
+        inner = t.item_type if isinstance(t, mi.ListType) else t
+        if isinstance(inner, mi.StructType):
+            nested.append(inner.cls)
+        out.append(f"`{f.name}`{'' if f.required else '?'} {_type_text(t)}")
+    return ", ".join(out)
 
 
 def policy_table(name: str) -> str:

@@ -25,6 +25,9 @@ from gna_types.host_details import HOST_DETAILS, ConditionCleared, ConditionsAgg
 from gna_types.network_details import NETWORK_DETAILS, IBStragglerSignals
 from gna_types.storage_details import STORAGE_DETAILS
 
+__all__ = ["AGGREGATED_REASON", "CLEARED_REASON", "DETAILS_BY_COLLECTOR", "NODE_DETAILS_BY_TYPE", "ConditionCleared",
+           "ConditionsAggregated", "StragglerSignals", "details_type", "wire"]
+
 NCCL_COLLECTOR: Final = "nccl_logs"
 AGGREGATED_REASON: Final = "Aggregated"  # agent/emitter.py _fold
 CLEARED_REASON: Final = "NoLongerObserved"  # agent/emitter.py resolve_unasserted
