@@ -93,6 +93,11 @@ class TailedFile:
     gone_since: float | None = None  # no glob path leads to it any more
     oversize_lines: int = 0
     skipped_bytes: int = 0
+    # bytes at the end of the last chunk the consumer could not use yet (a record its writer continues in
+    # the next one, e.g. a container runtime's partial line): read again, with what follows, once the file
+    # grows past held_size
+    unfinished: int = 0
+    held_size: int = -1
 
     @property
     def key(self) -> str:
@@ -358,8 +363,8 @@ class Tailer:
             if n >= tf.fp_len and tf.fp_len and fingerprint(tf.fd, tf.fp_len)[0] != tf.fp and tf.offset:
                 tf.offset, tf.pending = 0, None  # same inode, different content
             tf.fp, tf.fp_len = fp, n
-        if st.st_size == tf.offset:
-            return None
+        if st.st_size == tf.offset or st.st_size == tf.held_size:
+            return None  # nothing new (or only the unfinished tail the consumer already saw)
         try:
             data = os.pread(tf.fd, self.chunk_bytes, tf.offset)
         except OSError:
@@ -421,14 +426,25 @@ class Tailer:
                 if got is None:
                     break
                 data, new_offset = got
+                tf.unfinished = 0
                 ok = await handler(tf, data, tf.offset) if data else True
                 if not ok:
                     return moved  # retry later from the same offset
+                held = min(tf.unfinished, len(data))
+                tf.unfinished = 0
+                if held:  # the consumer left the chunk's tail for later: from there once the file grows
+                    tf.held_size = tf.offset + len(data)
+                    new_offset = tf.offset + len(data) - held
+                else:
+                    tf.held_size = -1
+                progressed = new_offset != tf.offset
                 tf.offset = new_offset
                 tf.pending = None
                 tf.last_data = time.monotonic()
                 moved = True
                 self.save()
+                if not progressed:
+                    break  # all of it held: wait for the file to grow
         return moved
 
     async def run(self, handler: Handler) -> None:

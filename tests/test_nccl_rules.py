@@ -27,7 +27,7 @@ from collectors.nccl.rules import RULES, RULES_BY_NAME, WARNING_RULE
 from gna_types.policy import POLICY, verdict
 
 TESTS = Path(__file__).parent
-LOGS = [*(TESTS / "golden").glob("*.log"), *(TESTS / "corpus" / "nccl").glob("*/input.log")]
+LOGS = [*(TESTS / "golden" / "nccl").glob("*.log"), *(TESTS / "corpus" / "nccl").glob("*/input.log")]
 
 
 def _matches() -> list[Match]:

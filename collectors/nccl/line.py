@@ -51,16 +51,17 @@ class Line:
     msg: str
     raw: str
     over: tuple[str, int, int] | None = None  # (field, length, limit): a prefix field past its bound
+    logged: str = ""  # when the container runtime logged it (a pod log's record time), else ""
 
 
-def parse_line(offset: int, raw: bytes) -> Line:
+def parse_line(offset: int, raw: bytes, logged: str = "") -> Line:
     """NCCL's prefix split off. A prefix field past PREFIX_MAX sets ``over`` (match_or_reject rejects the
     line) and is not converted: the line's host, pid and device are then empty."""
     text = raw.decode("utf-8", "replace").rstrip("\r")
     text = text.rsplit("\r", 1)[-1]  # a progress bar's carriage returns: the terminal shows the last part
     m = PREFIX.search(text)
     if m is None:
-        return Line(offset, "", 0, -1, "", "", "", "", text, text)
+        return Line(offset, "", 0, -1, "", "", "", "", text, text, logged=logged)
     ts, host, pid_s, tid, dev, src, func = m.group("ts", "host", "pid", "tid", "dev", "src", "func")
     if (len(host or "") > 64 or len(pid_s or "") > 7 or len(tid or "") > 7 or len(dev) > 11
             or len(ts or "") > 40 or len(src or "") > 256 or len(func or "") > 256):  # PREFIX_MAX, unrolled
@@ -68,6 +69,7 @@ def parse_line(offset: int, raw: bytes) -> Line:
             value = m[name]
             if value is not None and len(value) > limit:
                 return Line(offset, "", 0, -1, m["level"], "", "", "", m["msg"], text,
-                            over=(name, len(value), limit))
+                            over=(name, len(value), limit), logged=logged)
     pid = int(pid_s) if pid_s and pid_s.isdigit() else 0  # redacted: one process per host
-    return Line(offset, host or "", pid, int(dev), m["level"], ts or "", src or "", func or "", m["msg"], text)
+    return Line(offset, host or "", pid, int(dev), m["level"], ts or "", src or "", func or "", m["msg"], text,
+                logged=logged)

@@ -34,11 +34,13 @@ import msgspec
 import structlog
 
 from collectors.ib_sysfs import parse_enum
+from collectors.nccl import container_logs
+from collectors.nccl.container_logs import Format, pod_of_path
 from collectors.nccl.hang_evidence import FlightRecords, RasAsker
 from collectors.nccl.hca_names import exact_hca_value, hca_prefix_surprises
 from collectors.nccl.line import PREFIX_MAX, parse_line
 from collectors.nccl.matching import REJECTED_SOURCE, Match, Rejected, match_or_reject
-from collectors.nccl.prefilter import candidate_lines
+from collectors.nccl.prefilter import PREFILTER, candidate_lines
 from collectors.nccl.process import ProcessState
 from collectors.nccl.rank_paths import (
     Unjudged,
@@ -61,6 +63,10 @@ from gna_types.policy import verdict
 log = structlog.get_logger(__name__)
 
 _HOST_PID_NAME = re.compile(r"(?P<host>[^/.]+)\.(?P<pid>\d+)\.[^/]*$")  # NCCL_DEBUG_FILE=%h.%p.log
+# a pod's UID in /proc/<pid>/cgroup: cgroupfs ".../kubepods/burstable/pod<uid>/<container>", systemd's driver
+# ".../kubepods-burstable-pod<uid with _ for ->.slice/cri-containerd-<id>.scope" (kubelet cm/cgroup_manager_linux.go)
+_CGROUP_POD = re.compile(r"kubepods[^\n]*?[/-]pod([0-9a-f]{8}(?:[-_][0-9a-f]{4}){3}[-_][0-9a-f]{12})")
+POD_LOGS = "/var/log/pods"
 
 Tri = Literal["auto", "yes", "no"]
 
@@ -69,6 +75,10 @@ class NCCLLogsConfig(CollectorSettings, kw_only=True, forbid_unknown_fields=True
     interval: float = 30.0  # housekeeping: ended processes, quiet logs
     timeout: float = 120.0  # `check` reads whole files
     globs: list[str] = msgspec.field(default_factory=lambda: ["/var/log/nccl/*.log"])
+    # Kubernetes container logs (a training pod's stderr: PyTorch's watchdog, NCCL's lines without
+    # NCCL_DEBUG_FILE): auto = read when /var/log/pods exists on the node
+    pod_logs: Tri = "auto"
+    pod_log_globs: list[str] = msgspec.field(default_factory=lambda: [f"{POD_LOGS}/*/*/*.log"])
     quiet_resolve: float = 3600.0  # a job's conditions resolve when its log is quiet this long
     expect_ib: Tri = "auto"  # auto: the node has ACTIVE IB/RoCE ports
     gdr_available: Tri = "auto"  # auto: kernel_modules' verdict (peermem/DMA-BUF/GDR files)
@@ -103,7 +113,10 @@ class NCCLLogsCollector:
         self.host = host
         self.emit = emit
         state = emit.state_dir / "nccl_checkpoints.json" if emit.state_dir else None
-        self.tailer = Tailer(host if isinstance(host, HostRoot) else HostRoot(host.root), config.globs, state,
+        globs = list(config.globs)
+        if self._tri(config.pod_logs, host.path(POD_LOGS).is_dir()):
+            globs += [g for g in config.pod_log_globs if g not in globs]
+        self.tailer = Tailer(host if isinstance(host, HostRoot) else HostRoot(host.root), globs, state,
                              chunk_bytes=config.chunk_bytes, rescan_interval=config.rescan_interval,
                              max_open=config.max_open_files, idle_close=config.idle_close)
         self.engine = config.scanner  # "auto": resolved on the first chunk (nothing loads on an idle node)
@@ -122,6 +135,9 @@ class NCCLLogsCollector:
         self.live = False  # run(): sources are asked as hangs appear; check(): once, at the end
         self.hung: dict[str, tuple[int, int | None, str, dict[str, Any]]] = {}  # process -> what to look up
         self.topo: tuple[float, Topology] | None = None  # the node's PCIe tree, re-read every `interval`
+        self.formats: dict[str, Format] = {}  # tailed file key -> its record format (container logs: cri, docker)
+        # container logs: partial runs joined, runs cut at their bound, candidate records not in their format
+        self.container_stats = {"joined": 0, "cut": 0, "bad_records": 0}
 
     # -- node facts ---------------------------------------------------------------------
     def _active_rdma_ports(self) -> list[str]:
@@ -153,10 +169,32 @@ class NCCLLogsCollector:
         return self._tri(self.config.nvlink, any(d.get("nvlinks") for d in devs))
 
     # -- chunks ---------------------------------------------------------------------------
+    def _format(self, tf: TailedFile, data: bytes) -> Format:
+        fmt = self.formats.get(tf.key)
+        if fmt is None:
+            nl = data.find(b"\n")
+            fmt = self.formats[tf.key] = container_logs.sniff(data[: nl if nl >= 0 else len(data)][:4096])
+        return fmt
+
     async def _handle(self, tf: TailedFile, data: bytes, base: int) -> bool:
         matches: list[Match] = []
-        for offset, raw in candidate_lines(data, base, max_line=self.config.max_line, engine=self.engine):
-            m = match_or_reject(parse_line(offset, raw))
+        candidates = candidate_lines(data, base, max_line=self.config.max_line, engine=self.engine)
+        logged: dict[int, str] = {}
+        fmt = self._format(tf, data)
+        if fmt != "plain":  # a container log: records to lines, partial ones joined, the runtime's header off
+            got = container_logs.lines(
+                fmt, data, base, candidates, final=not self.live,
+                full=len(data) >= self.config.chunk_bytes - self.config.max_line,
+                keep=lambda b: PREFILTER.search(b) is not None, max_join=self.config.chunk_bytes)
+            tf.unfinished = got.unfinished
+            self.container_stats["joined"] += got.joined
+            self.container_stats["cut"] += got.cut
+            self.container_stats["bad_records"] += got.bad
+            candidates = [(off, content[: self.config.max_line]) for off, content, _t in got.lines]
+            logged = {off: t for off, _c, t in got.lines if t}
+        pod = pod_of_path(tf.path)
+        for offset, raw in candidates:
+            m = match_or_reject(parse_line(offset, raw, logged.get(offset, "")))
             if isinstance(m, Rejected):
                 # a field longer than NCCL/PyTorch print (a 5,000-digit commId): no id is cut out of it
                 key = f"{m.rule}.{m.field}"
@@ -188,6 +226,9 @@ class NCCLLogsCollector:
             st = self.procs.get(key)
             if st is None:
                 st = self.procs[key] = ProcessState(host, pid, tf.path)
+                self._place(st)
+            if pod is not None and st.pod is None:  # its own lines in a pod's container log: that pod's
+                st.pod, st.container, st.pod_uid = f"{pod.namespace}/{pod.pod}", pod.container, pod.uid
             st.last_seen = now
             news = st.apply(m)  # the rule's change to the process (a communicator joined: news)
             touched[key] = st
@@ -239,12 +280,33 @@ class NCCLLogsCollector:
             del self.procs[key]
         return ok
 
+    def _place(self, st: ProcessState) -> None:
+        """The pod a process of this node runs in, from its /proc/<pid>/cgroup (read once, when first seen):
+        ties its NCCL_DEBUG_FILE lines to the PyTorch lines of its pod's container log."""
+        if not self._checkable(st):
+            return
+        text = self.host.read_text(f"/proc/{st.pid}/cgroup") or ""
+        m = _CGROUP_POD.search(text[:65536])
+        if m is not None:
+            st.pod_uid = m.group(1).replace("_", "-")
+
     def _owner(self, path: str, m: Match) -> tuple[str, int]:
         """The NCCL process a line without NCCL's prefix (PyTorch's watchdog) belongs to: in a file
         where NCCL printed to stdout next to the trainer's stderr (kubectl logs, a launcher's per-rank
-        file), the process of this file whose rank PyTorch names, or the file's only process; else the
-        file's %h.%p (NCCL_DEBUG_FILE)."""
+        file), the process of this file whose rank PyTorch names, or the file's only process; in a pod's
+        container log whose NCCL lines went to NCCL_DEBUG_FILE, the same among the pod's processes (their
+        cgroup names the pod); else the file's %h.%p (NCCL_DEBUG_FILE)."""
         here = [st for st in self.procs.values() if st.file == path and st.comms]
+        pod = pod_of_path(path)
+        if not here and pod is not None:
+            # the pod's processes: NCCL names them by the pod's hostname (its name, cut at 63 characters and at
+            # the first dot: kubelet GeneratePodHostNameAndDomain, NCCL getHostName), or on hostPID/hostNetwork
+            # pods by this node's, their cgroup naming the pod
+            # (an Indexed Job's or JobSet's pod has the hostname "<job>-<index>" and the name "<job>-<index>-<x>")
+            name = pod.pod[:63].rstrip("-.").split(".")[0]
+            mine = [st for st in self.procs.values() if st.comms and st.pod_uid in (None, pod.uid)]
+            here = ([st for st in mine if st.pod_uid == pod.uid or st.host == name]
+                    or [st for st in mine if st.host and name.startswith(st.host + "-")])
         rank = m.fields.get("rank")
         if isinstance(rank, int):
             named = [st for st in here if rank in st.ranks()]
@@ -273,7 +335,8 @@ class NCCLLogsCollector:
         line's place."""
         line = m.line
         return {**st.summary(), "file": tf.path, "offset": line.offset, "line": line.raw[:2000],
-                "source": line.src or None, "function": line.func or None, "nccl_time": line.ts or None}
+                "source": line.src or None, "function": line.func or None, "nccl_time": line.ts or None,
+                **({"logged_at": line.logged} if line.logged else {})}
 
     async def _event(self, m: Match, st: ProcessState, said: Said, where: dict[str, Any], tf: TailedFile, ms: int,
                      k: int) -> bool:

@@ -58,6 +58,10 @@ class ProcessState:
     progress: dict[str, dict[str, Any]] = field(default_factory=dict)
     last_seen: float = 0.0
     lines: int = 0
+    # the pod it runs in: its container log's path, or its /proc/<pid>/cgroup (the pod's UID only)
+    pod: str | None = None  # "namespace/name"
+    container: str | None = None
+    pod_uid: str | None = None
 
     @property
     def key(self) -> str:
@@ -95,7 +99,8 @@ class ProcessState:
                 "comm_ids": sorted(self.comms)[:8], "job": world[0], "world_rank": world[1].get("rank"),
                 "world_size": world[1].get("nranks"), "transport": self.transport(),
                 "hcas": sorted({f"{d['name']}/{d['port']}" for d in self.ib_devices})[:16], "oob": self.oob or None,
-                "progress": self.progress.get("0"), "nics": self.nics_used()}
+                "progress": self.progress.get("0"), "nics": self.nics_used(),
+                **({"pod": self.pod, "container": self.container, "pod_uid": self.pod_uid} if self.pod_uid else {})}
 
     def nics_used(self) -> list[str] | None:
         """"mlx5_3/1" for each NCCL device index a channel line named (None before any did, or when an

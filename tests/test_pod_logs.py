@@ -1,0 +1,202 @@
+"""Issue 24 (1, 3): Kubernetes container logs as a first-class source of the nccl_logs collector.
+
+Formats as the kubelet reads them back (kubernetes/kubernetes pkg/kubelet/kuberuntime/logs/logs.go, v1.31):
+CRI records ``<RFC 3339 nano> <stdout|stderr> <P|F>[:tags] <content>`` (containerd and CRI-O write a line
+longer than their buffer as P records ended by an F one), Docker's json-file
+``{"log":"...","stream":"...","time":"..."}`` (a ``log`` without its newline is partial; moby escapes
+``<``, ``>`` and ``&`` as ``\\u003c``...). Paths as kubelet's BuildPodLogsDirectory lays them out:
+``/var/log/pods/<namespace>_<pod>_<uid>/<container>/<restart>.log``. The PyTorch and NCCL lines are real
+ones (tests/golden/nccl, PyTorch's ProcessGroupNCCL.cpp format).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from collectors.nccl import container_logs
+from collectors.nccl.container_logs import pod_of_path, sniff
+from collectors.nccl.line import parse_line
+from collectors.nccl.matching import Match, match_or_reject
+from collectors.nccl.prefilter import PREFILTER, candidate_lines
+from sim.host import SimHost
+
+UID = "5f0c2f52-3a0e-4c1e-9a77-0c3f1b7d2e10"
+POD_DIR = f"/var/log/pods/team-a_llama-70b-worker-3_{UID}/pytorch"
+WATCHDOG = ("[rank3]:[E1203 10:30:00.100000 77 ProcessGroupNCCL.cpp:632] [Rank 3] Watchdog caught collective "
+            "operation timeout: WorkNCCL(SeqNum=4712, OpType=ALLREDUCE, NumelIn=262144, NumelOut=262144, "
+            "Timeout(ms)=600000) ran for 600081 milliseconds before timing out.")
+INIT = ("llama-70b-worker-3:42:57 [3] NCCL INFO comm 0x55d0c8a0 rank 3 nranks 16 cudaDev 3 nvmlDev 3 busId 5d000 "
+        "commId 0x8b1f2e3d4c5b6a79 - Init COMPLETE")
+
+
+def cri(stream: str, tag: str, content: str, t: str = "2026-12-03T10:30:00.100000000Z") -> bytes:
+    return f"{t} {stream} {tag} {content}\n".encode()
+
+
+def docker(stream: str, text: str, t: str = "2026-12-03T10:30:00.100000000Z") -> bytes:
+    # moby's jsonlog escapes like Go's encoding/json with HTML escaping on
+    body = json.dumps(text)[1:-1].replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+    return ('{"log":"' + body + '","stream":"' + stream + '","time":"' + t + '"}\n').encode()
+
+
+def keep(b: bytes) -> bool:
+    return PREFILTER.search(b) is not None
+
+
+def logical(fmt: container_logs.Format, data: bytes, *, final: bool = False, base: int = 0) -> container_logs.Lines:
+    return container_logs.lines(fmt, data, base, candidate_lines(data, base), final=final, full=False, keep=keep)
+
+
+def test_the_path_names_the_pod_and_nothing_else_does() -> None:
+    ref = pod_of_path(f"{POD_DIR}/0.log")
+    assert ref is not None and (ref.namespace, ref.pod, ref.uid, ref.container) == (
+        "team-a", "llama-70b-worker-3", UID, "pytorch")
+    assert pod_of_path("/var/log/nccl/node-a.42.log") is None
+    assert pod_of_path(f"/var/log/pods/Team_A_{UID}/c/0.log") is None  # not DNS-1123: not the kubelet's
+
+
+def test_formats_are_told_apart_from_the_first_line() -> None:
+    assert sniff(cri("stderr", "F", "x").rstrip()) == "cri"
+    assert sniff(docker("stderr", "x\n").rstrip()) == "docker"
+    assert sniff(INIT.encode()) == "plain"
+    assert sniff(b"2026-12-03T10:30:00.100000000Z " + INIT.encode()) == "plain"  # kubectl logs --timestamps
+
+
+def test_a_watchdog_line_cut_into_partial_records_is_joined_and_matched() -> None:
+    head, tail = WATCHDOG[:70], WATCHDOG[70:]
+    data = (cri("stdout", "F", "step 100 loss 1.23") + cri("stderr", "P", head)
+            + cri("stdout", "F", "step 101 loss 1.22")  # the other stream's record is a line of its own
+            + cri("stderr", "F", tail, "2026-12-03T10:30:00.200000000Z"))
+    got = logical("cri", data, base=1000)
+    assert got.joined == 1 and got.unfinished == 0
+    ((offset, content, logged),) = got.lines
+    assert content.decode() == WATCHDOG and offset == 1000 + len(cri("stdout", "F", "step 100 loss 1.23"))
+    assert logged == "2026-12-03T10:30:00.100000000Z"  # the first record's time
+    m = match_or_reject(parse_line(offset, content, logged))
+    assert isinstance(m, Match) and m.rule.name == "watchdog" and m.fields["rank"] == 3
+    assert m.line.logged == logged and not m.line.raw.startswith("2026")  # the runtime's header is off
+
+
+def test_a_partial_run_not_ended_in_the_chunk_is_left_for_the_next_read() -> None:
+    first = cri("stderr", "F", INIT)
+    data = first + cri("stderr", "P", WATCHDOG[:50]) + cri("stdout", "F", "noise")
+    got = logical("cri", data)
+    assert got.unfinished == len(data) - len(first)  # from the run's first record on, the stdout line too
+    assert [c.decode() for _o, c, _t in got.lines] == [INIT]
+    done = logical("cri", data, final=True)  # `check` at the end of the file: joined as it is
+    assert done.unfinished == 0 and done.joined == 1
+
+
+def test_a_run_as_long_as_a_read_is_cut_not_waited_for_forever() -> None:
+    data = b"".join(cri("stderr", "P", "x" * 100) for _ in range(20))
+    got = container_logs.lines("cri", data, 0, [], final=False, full=True, keep=keep)
+    assert got.unfinished == 0 and got.cut == 1
+    capped = container_logs.lines("cri", data + cri("stderr", "F", "y"), 0, [], final=False, full=False, keep=keep,
+                                  max_join=500)
+    assert capped.cut >= 1 and capped.unfinished == 0
+
+
+def test_docker_json_file_records_are_decoded_and_joined() -> None:
+    sock = ("llama-70b-worker-3:42:57 [3] misc/socket.cc:50 NCCL WARN Net : Connection closed by remote peer "
+            "<10.0.0.7>:43211")
+    data = (docker("stderr", INIT + "\n") + docker("stderr", WATCHDOG[:60]) + docker("stderr", WATCHDOG[60:] + "\n")
+            + docker("stderr", sock + "\n"))
+    assert sniff(data.split(b"\n", 1)[0]) == "docker"
+    got = logical("docker", data)
+    assert [c.decode() for _o, c, _t in got.lines] == [INIT, WATCHDOG, sock]
+    rules = [m.rule.name for _o, c, t in got.lines if isinstance(m := match_or_reject(parse_line(0, c, t)), Match)]
+    assert rules == ["init", "watchdog", "socket_error"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["stdout", "stderr"]), st.sampled_from(["P", "F", "F:x", "X"]),
+                          st.sampled_from([WATCHDOG[:40], WATCHDOG[40:], INIT, "NCCL WARN y", "", "junk \x00\xff"])),
+                max_size=30), st.booleans(), st.binary(max_size=40))
+def test_any_sequence_of_records_keeps_the_invariants(recs: list[tuple[str, str, str]], final: bool,
+                                                      garbage: bytes) -> None:
+    data = b"".join(cri(s, t, c) for s, t, c in recs) + (garbage.replace(b"\n", b"") + b"\n" if garbage else b"")
+    got = logical("cri", data, final=final, base=7)
+    assert 0 <= got.unfinished <= len(data)
+    assert not final or got.unfinished == 0
+    offsets = [o for o, _c, _t in got.lines]
+    assert offsets == sorted(offsets) and all(7 <= o < 7 + len(data) - got.unfinished for o in offsets)
+    for _o, content, logged in got.lines:
+        assert keep(content)  # only lines that hold a needle
+        assert not content.startswith(b"2026-12-03T") or not logged  # a parsed record's header is off
+
+
+async def _collector(host: SimHost, **config: object) -> tuple[object, object]:
+    from agent.emitter import CollectorEmitter, ConditionTracker
+    from agent.facts import FactStore
+    from collectors.nccl.plugin import NCCLLogsCollector, NCCLLogsConfig
+    from gna_sdk.hostroot import HostRoot
+    from tests.conftest import Sink
+
+    sink = Sink()
+    em = CollectorEmitter("gpu-0007", "nccl_logs", sink, ConditionTracker(None), facts=FactStore())
+    c = NCCLLogsCollector(NCCLLogsConfig(**config), HostRoot(host.root), em)  # type: ignore[arg-type]
+    c.live = True
+    c.ras.enabled = False
+    c.config.flight_recorder = False
+    return c, sink
+
+
+async def test_pod_logs_are_read_by_default_and_a_split_line_waits_for_its_end(tmp_path: Path) -> None:
+    """Live: the tailer holds a partial record until the runtime writes its end, then the joined line is
+    one timeout, attributed to the process, its pod and the runtime's time; nothing is read twice."""
+    host = SimHost.gpu_node(tmp_path / "h", gpus=1)
+    host.write("/proc/sys/kernel/hostname", "gpu-0007\n")
+    log = host.p(f"{POD_DIR}/0.log")
+    log.parent.mkdir(parents=True)
+    log.write_bytes(cri("stdout", "F", INIT) + cri("stderr", "P", WATCHDOG[:80]))
+    c, sink = await _collector(host)
+    assert any(g.startswith("/var/log/pods/") for g in c.tailer.globs)  # on, since /var/log/pods exists
+    c.tailer.rescan()
+    await c.tailer.pump(c._handle)
+    assert sink.of("NCCLJobMember") and not sink.of("NCCLCollectiveTimeout")
+    (tf,) = c.tailer.files.values()
+    assert tf.offset == len(cri("stdout", "F", INIT))  # the partial record is held, not consumed
+    await c.tailer.pump(c._handle)  # a wake-up with nothing new: not read again
+    with open(log, "ab") as fh:
+        fh.write(cri("stderr", "F", WATCHDOG[80:], "2026-12-03T10:30:01.000000000Z"))
+    await c.tailer.pump(c._handle)
+    (timeout,) = sink.of("NCCLCollectiveTimeout")
+    assert timeout.entity == "nccl:llama-70b-worker-3:42" and timeout.details["world_rank"] == 3
+    assert timeout.details["pod"] == "team-a/llama-70b-worker-3" and timeout.details["pod_uid"] == UID
+    assert timeout.details["container"] == "pytorch"
+    assert timeout.details["logged_at"] == "2026-12-03T10:30:00.100000000Z"
+    assert tf.offset == log.stat().st_size and c.container_stats["joined"] == 1
+    assert len(sink.of("NCCLJobMember")) == 1
+
+
+async def test_pod_logs_can_be_turned_off(tmp_path: Path) -> None:
+    host = SimHost.gpu_node(tmp_path / "h", gpus=1)
+    host.p(POD_DIR).mkdir(parents=True)
+    c, _sink = await _collector(host, pod_logs="no")
+    assert not any(g.startswith("/var/log/pods/") for g in c.tailer.globs)
+
+
+async def test_nccl_debug_file_and_the_pods_pytorch_lines_are_one_process(tmp_path: Path) -> None:
+    """NCCL_DEBUG_FILE=/var/log/nccl/%h.%p.log (a hostPath) holds NCCL's lines, the pod's container log
+    PyTorch's: the watchdog line belongs to the process NCCL named by the pod's hostname, with its rank and
+    job -- not to a process called "0" (the log file's name)."""
+    host = SimHost.gpu_node(tmp_path / "h", gpus=8)
+    host.write("/proc/sys/kernel/hostname", "gpu-0007\n")
+    nccl = host.p("/var/log/nccl/llama-70b-worker-3.42.log")
+    nccl.parent.mkdir(parents=True)
+    other = INIT.replace("llama-70b-worker-3:42:57", "llama-70b-worker-30:42:57").replace("rank 3 ", "rank 30 ")
+    nccl.write_text(INIT + "\n")
+    host.write("/var/log/nccl/llama-70b-worker-30.42.log", other + "\n")  # another pod of the node, same pid
+    pod_log = host.p(f"{POD_DIR}/0.log")
+    pod_log.parent.mkdir(parents=True)
+    pod_log.write_bytes(cri("stdout", "F", "epoch 3 step 100") + cri("stderr", "F", WATCHDOG))
+    c, sink = await _collector(host, globs=["/var/log/nccl/*.log"])
+    c.tailer.rescan()
+    await c.tailer.pump(c._handle)
+    (timeout,) = sink.of("NCCLCollectiveTimeout")
+    assert timeout.entity == "nccl:llama-70b-worker-3:42"
+    assert timeout.details["world_rank"] == 3 and timeout.details["job"] == "0x8b1f2e3d4c5b6a79"
