@@ -38,6 +38,7 @@ def strategic_merge_status(status: dict[str, Any], patch: dict[str, Any]) -> dic
 class FakeKube:
     def __init__(self) -> None:
         self.nodes: dict[str, dict[str, Any]] = {}
+        self.pods: dict[tuple[str, str], dict[str, Any]] = {}  # (namespace, name) -> Pod
         self.events: list[dict[str, Any]] = []
         self.requests: list[tuple[str, str, str]] = []  # (method, path, content-type)
         self.forbidden_tokens = {"no-rights"}
@@ -57,6 +58,14 @@ class FakeKube:
                                          "annotations": dict(annotations or {}), "labels": {"kubernetes.io/hostname": name}},
                             "spec": {"unschedulable": True} if unschedulable else {},
                             "status": {"conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]}}
+
+    def add_pod(self, namespace: str, name: str, uid: str, *, labels: dict[str, str] | None = None,
+                owners: list[dict[str, Any]] | None = None) -> None:
+        self.pods[(namespace, name)] = {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace, "uid": uid, "resourceVersion": "7",
+                         "labels": dict(labels or {}), "ownerReferences": list(owners or [])},
+            "spec": {"containers": [{"name": "pytorch", "image": "trainer:1"}]}, "status": {"phase": "Running"}}
 
     def start(self) -> FakeKube:
         self.thread.start()
@@ -120,6 +129,13 @@ current-context: fake
                 kube.requests.append(("GET", self.path.split("?")[0], ""))
                 if not self._authorized():
                     return
+                pm = re.fullmatch(r"/api/v1/namespaces/([^/?]+)/pods/([^/?]+)", self.path.split("?")[0])
+                if pm:
+                    with kube.lock:
+                        pod = kube.pods.get((pm.group(1), pm.group(2)))
+                    if pod is None:
+                        return self._status(404, "NotFound", f'pods "{pm.group(2)}" not found')
+                    return self._send(200, pod)
                 m = re.fullmatch(r"/api/v1/nodes/([^/?]+)", self.path.split("?")[0])
                 with kube.lock:
                     node = kube.nodes.get(m.group(1)) if m else None

@@ -200,3 +200,108 @@ async def test_nccl_debug_file_and_the_pods_pytorch_lines_are_one_process(tmp_pa
     (timeout,) = sink.of("NCCLCollectiveTimeout")
     assert timeout.entity == "nccl:llama-70b-worker-3:42"
     assert timeout.details["world_rank"] == 3 and timeout.details["job"] == "0x8b1f2e3d4c5b6a79"
+
+
+# -- issue 24 (2): jobs named as operators name them ---------------------------------------------------------------
+
+def test_a_pods_job_comes_from_the_labels_its_controller_sets() -> None:
+    from collectors.nccl.job_identity import job_of_pod
+
+    kubeflow = [{"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": "llama-70b", "controller": True}]
+    assert job_of_pod("team-a", {"training.kubeflow.org/job-name": "llama-70b",
+                                 "training.kubeflow.org/replica-type": "worker"}, kubeflow).name == (
+        "team-a/llama-70b (PyTorchJob)")
+    batch_owner = [{"apiVersion": "batch/v1", "kind": "Job", "name": "pretrain-workers-0", "controller": True}]
+    assert job_of_pod("ml", {"jobset.sigs.k8s.io/jobset-name": "pretrain",
+                             "batch.kubernetes.io/job-name": "pretrain-workers-0"}, batch_owner).name == (
+        "ml/pretrain (JobSet)")
+    assert job_of_pod("ml", {"volcano.sh/job-name": "mpi-bench"}, []).name == "ml/mpi-bench (VolcanoJob)"
+    assert job_of_pod("ml", {"batch.kubernetes.io/job-name": "sweep-3"}, batch_owner).name == "ml/sweep-3 (Job)"
+    assert job_of_pod("ml", {}, [{"kind": "StatefulSet", "name": "trainer", "controller": True}]).name == (
+        "ml/trainer (StatefulSet)")
+    assert job_of_pod("ml", {}, []) is None
+    # a label value no controller writes (upper case, markup) names nothing
+    assert job_of_pod("ml", {"volcano.sh/job-name": "<script>"}, []) is None
+
+
+# slurm src/api/job_info.c slurm_sprint_job_info, one line (--oneliner): Key=Value pairs separated by spaces
+SCONTROL = ("JobId=1234 JobName=llama-pretrain UserId=alice(1000) GroupId=alice(1000) MCS_label=N/A Priority=4294901 "
+            "Nice=0 Account=research QOS=normal JobState=RUNNING Reason=None Dependency=(null) Requeue=1 Restarts=0 "
+            "BatchFlag=1 Reboot=0 ExitCode=0:0 RunTime=01:02:03 TimeLimit=2-00:00:00 NodeList=gpu-[0001-0016] "
+            "BatchHost=gpu-0001 NumNodes=16 NumCPUs=1536 NumTasks=128 WorkDir=/home/alice/llama "
+            "StdErr=/home/alice/logs/llama-pretrain-1234.out StdIn=/dev/null "
+            "StdOut=/home/alice/logs/llama-pretrain-1234.out Power=\n")
+
+
+def test_scontrol_s_one_line_form_is_read() -> None:
+    from collectors.nccl.job_identity import parse_scontrol, slurm_job
+
+    fields = parse_scontrol(SCONTROL)
+    assert fields["StdOut"] == "/home/alice/logs/llama-pretrain-1234.out" and fields["NumNodes"] == "16"
+    job = slurm_job("1234", fields)
+    assert (job.name, job.kind, job.owner) == ("slurm:1234 (llama-pretrain)", "slurm", "alice")
+
+
+async def test_a_pod_log_process_is_named_by_its_training_job(tmp_path: Path) -> None:
+    from tests.fake_kube import FakeKube
+
+    kube = FakeKube().start()
+    try:
+        kube.add_pod("team-a", "llama-70b-worker-3", UID, labels={"training.kubeflow.org/job-name": "llama-70b"},
+                     owners=[{"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": "llama-70b",
+                              "uid": "j-1", "controller": True}])
+        host = SimHost.gpu_node(tmp_path / "h", gpus=1)
+        log = host.p(f"{POD_DIR}/0.log")
+        log.parent.mkdir(parents=True)
+        log.write_bytes(cri("stdout", "F", INIT))
+        c, sink = await _collector(host, kubeconfig=str(kube.kubeconfig(tmp_path / "kubeconfig")), slurm="no")
+        c.tailer.rescan()
+        await c.tailer.pump(c._handle)
+        await c.jobs.settle()
+        assert ("GET", "/api/v1/namespaces/team-a/pods/llama-70b-worker-3", "") in kube.requests
+        with open(log, "ab") as fh:
+            fh.write(cri("stderr", "F", WATCHDOG))
+        await c.tailer.pump(c._handle)
+        (timeout,) = sink.of("NCCLCollectiveTimeout")
+        assert timeout.details["job_name"] == "team-a/llama-70b (PyTorchJob)"
+        assert timeout.details["job_kind"] == "PyTorchJob" and timeout.details["job"] == "0x8b1f2e3d4c5b6a79"
+        # a pod the API server does not know (deleted, or another pod's UID): counted, the commId stands alone
+        c.jobs.want_pod("team-a", "gone", "6f0c2f52-3a0e-4c1e-9a77-0c3f1b7d2e10")
+        await c.jobs.settle()
+        assert c.jobs.errors.get("api_404") == 1
+    finally:
+        kube.stop()
+
+
+async def test_a_slurm_process_is_named_by_its_job(tmp_path: Path, monkeypatch: object) -> None:
+    """SLURM_JOB_ID from the process's environment, then scontrol (a recording fake on PATH)."""
+    import os
+    import stat
+
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    calls = tmp_path / "calls"
+    fake = bindir / "scontrol"
+    fake.write_text(f"#!/bin/sh\necho \"$@\" >> {calls}\ncat <<'EOF'\n{SCONTROL}EOF\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")  # type: ignore[attr-defined]
+    host = SimHost.gpu_node(tmp_path / "h", gpus=1)
+    host.write("/proc/sys/kernel/hostname", "gpu-0001\n")
+    host.write("/proc/4242/environ", "SLURM_JOB_ID=1234\0SLURM_PROCID=3\0PATH=/usr/bin\0")
+    host.write("/proc/4242/cgroup", "0::/system.slice/slurmstepd.scope/job_1234/step_0/user/task_3\n")
+    log = host.p("/var/log/nccl/gpu-0001.4242.log")
+    log.parent.mkdir(parents=True)
+    line = INIT.replace("llama-70b-worker-3:42:57", "gpu-0001:4242:4250")
+    log.write_text(line + "\n")
+    c, sink = await _collector(host, pod_logs="no")
+    c.tailer.rescan()
+    await c.tailer.pump(c._handle)
+    await c.jobs.settle()
+    assert calls.read_text().split() == ["show", "job", "--oneliner", "1234"]
+    with open(log, "a") as fh:
+        fh.write("gpu-0001:4242:4250 [3] NCCL INFO comm 0x55d0c8b0 rank 3 nranks 8 cudaDev 3 nvmlDev 3 busId 5d000 "
+                 "commId 0x1111222233334444 - Init COMPLETE\n")
+    await c.tailer.pump(c._handle)
+    named = [m for m in sink.of("NCCLJobMember") if m.details.get("job_name")]
+    assert named and named[-1].details["job_name"] == "slurm:1234 (llama-pretrain)"
+    assert named[-1].details["job_owner"] == "alice"

@@ -25,7 +25,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import os
 import re
+import shutil
 import time
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
@@ -36,8 +38,9 @@ import structlog
 from collectors.ib_sysfs import parse_enum
 from collectors.nccl import container_logs
 from collectors.nccl.container_logs import Format, pod_of_path
-from collectors.nccl.hang_evidence import FlightRecords, RasAsker
+from collectors.nccl.hang_evidence import FlightRecords, RasAsker, read_environ
 from collectors.nccl.hca_names import exact_hca_value, hca_prefix_surprises
+from collectors.nccl.job_identity import JobNames
 from collectors.nccl.line import PREFIX_MAX, parse_line
 from collectors.nccl.matching import REJECTED_SOURCE, Match, Rejected, match_or_reject
 from collectors.nccl.prefilter import PREFILTER, candidate_lines
@@ -79,6 +82,13 @@ class NCCLLogsConfig(CollectorSettings, kw_only=True, forbid_unknown_fields=True
     # NCCL_DEBUG_FILE): auto = read when /var/log/pods exists on the node
     pod_logs: Tri = "auto"
     pod_log_globs: list[str] = msgspec.field(default_factory=lambda: [f"{POD_LOGS}/*/*/*.log"])
+    # Jobs named as operators name them (collectors/nccl/job_identity.py): a pod's training job from the API
+    # server (auto: in a pod with a service account, or with `kubeconfig`), a Slurm job from scontrol (auto:
+    # when scontrol is on PATH)
+    kube_api: Tri = "auto"
+    kubeconfig: str = ""
+    slurm: Tri = "auto"
+    lookup_timeout: Annotated[float, msgspec.Meta(gt=0, le=60)] = 5.0
     quiet_resolve: float = 3600.0  # a job's conditions resolve when its log is quiet this long
     expect_ib: Tri = "auto"  # auto: the node has ACTIVE IB/RoCE ports
     gdr_available: Tri = "auto"  # auto: kernel_modules' verdict (peermem/DMA-BUF/GDR files)
@@ -136,6 +146,9 @@ class NCCLLogsCollector:
         self.hung: dict[str, tuple[int, int | None, str, dict[str, Any]]] = {}  # process -> what to look up
         self.topo: tuple[float, Topology] | None = None  # the node's PCIe tree, re-read every `interval`
         self.formats: dict[str, Format] = {}  # tailed file key -> its record format (container logs: cri, docker)
+        self.jobs = JobNames(kube=None, scontrol="scontrol" if self._tri(config.slurm, bool(shutil.which("scontrol")))
+                             else None, timeout=config.lookup_timeout)
+        self._kube_tried = False
         # container logs: partial runs joined, runs cut at their bound, candidate records not in their format
         self.container_stats = {"joined": 0, "cut": 0, "bad_records": 0}
 
@@ -229,6 +242,8 @@ class NCCLLogsCollector:
                 self._place(st)
             if pod is not None and st.pod is None:  # its own lines in a pod's container log: that pod's
                 st.pod, st.container, st.pod_uid = f"{pod.namespace}/{pod.pod}", pod.container, pod.uid
+                if self._kube() is not None:
+                    self.jobs.want_pod(pod.namespace, pod.pod, pod.uid)
             st.last_seen = now
             news = st.apply(m)  # the rule's change to the process (a communicator joined: news)
             touched[key] = st
@@ -280,6 +295,39 @@ class NCCLLogsCollector:
             del self.procs[key]
         return ok
 
+    def _summary(self, st: ProcessState) -> dict[str, Any]:
+        """The process summary, with its job as operators name it once a lookup answered."""
+        summary = st.summary()
+        job = self.jobs.get(f"pod:{st.pod_uid}") if st.pod_uid else None
+        if job is None and st.slurm_job:
+            job = self.jobs.get(f"slurm:{st.slurm_job}")
+        if job is not None:
+            summary["job_name"] = job.name
+            summary["job_kind"] = job.kind
+            if job.owner:
+                summary["job_owner"] = job.owner
+        return summary
+
+    def _kube(self) -> Any:
+        """The API client for pod lookups, made on first need (lightkube; None without it or a cluster)."""
+        if self._kube_tried:
+            return self.jobs.kube
+        self._kube_tried = True
+        token = os.path.exists("/var/run/secrets/kubernetes.io/serviceaccount/token")
+        if not self._tri(self.config.kube_api, token or bool(self.config.kubeconfig)):
+            return None
+        try:
+            from lightkube import AsyncClient
+            from lightkube.config.kubeconfig import KubeConfig
+
+            cfg = KubeConfig.from_file(self.config.kubeconfig) if self.config.kubeconfig \
+                else KubeConfig.from_service_account()
+            self.jobs.kube = AsyncClient(config=cfg, field_manager="gpu-node-agent")
+        except Exception as exc:  # no lightkube, no cluster config: pods keep their commId
+            why = f"client_{type(exc).__name__}"
+            self.jobs.errors[why] = self.jobs.errors.get(why, 0) + 1
+        return self.jobs.kube
+
     def _place(self, st: ProcessState) -> None:
         """The pod a process of this node runs in, from its /proc/<pid>/cgroup (read once, when first seen):
         ties its NCCL_DEBUG_FILE lines to the PyTorch lines of its pod's container log."""
@@ -289,6 +337,10 @@ class NCCLLogsCollector:
         m = _CGROUP_POD.search(text[:65536])
         if m is not None:
             st.pod_uid = m.group(1).replace("_", "-")
+        job = (read_environ(self.host, st.pid) or {}).get("SLURM_JOB_ID", "")
+        if job:
+            st.slurm_job = job[:24]
+            self.jobs.want_slurm(st.slurm_job)
 
     def _owner(self, path: str, m: Match) -> tuple[str, int]:
         """The NCCL process a line without NCCL's prefix (PyTorch's watchdog) belongs to: in a file
@@ -329,12 +381,11 @@ class NCCLLogsCollector:
             name = "file-" + hashlib.sha256(name.encode("utf-8", "surrogateescape")).hexdigest()[:16]
         return name, 0
 
-    @staticmethod
-    def _where(st: ProcessState, m: Match, tf: TailedFile) -> dict[str, Any]:
+    def _where(self, st: ProcessState, m: Match, tf: TailedFile) -> dict[str, Any]:
         """What every message of a process carries: its summary (the fields the fleet lives on) and the
         line's place."""
         line = m.line
-        return {**st.summary(), "file": tf.path, "offset": line.offset, "line": line.raw[:2000],
+        return {**self._summary(st), "file": tf.path, "offset": line.offset, "line": line.raw[:2000],
                 "source": line.src or None, "function": line.func or None, "nccl_time": line.ts or None,
                 **({"logged_at": line.logged} if line.logged else {})}
 
@@ -395,7 +446,7 @@ class NCCLLogsCollector:
 
     async def _evaluate(self, st: ProcessState) -> bool:
         ok = True
-        base = st.summary()
+        base = self._summary(st)
         rdma = self._active_rdma_ports()
         transport = st.transport()
         if transport == "Socket" or (transport is None and st.ib_no_device):
@@ -536,7 +587,7 @@ class NCCLLogsCollector:
             if self._alive(st) and not quiet and not gone:
                 continue
             why = "log went quiet" if quiet else "log was deleted" if gone else "ended"
-            summary = st.summary()
+            summary = self._summary(st)
             if self.live and not quiet and isinstance(summary.get("job"), str):
                 # a job fact for the fleet correlator: an incident resolves when the job's processes are
                 # gone, never on silence (a hung rank is quiet until its watchdog fires); a quiet log is
@@ -562,6 +613,9 @@ class NCCLLogsCollector:
         finally:
             await self.ras.close()
             await self.flight.close()
+            if self.jobs.kube is not None:
+                with contextlib.suppress(Exception):
+                    await self.jobs.kube.close()
 
     async def check(self) -> None:
         await self.tailer.read_all_once(self._handle)

@@ -62,6 +62,7 @@ class ProcessState:
     pod: str | None = None  # "namespace/name"
     container: str | None = None
     pod_uid: str | None = None
+    slurm_job: str | None = None  # SLURM_JOB_ID in its environment
 
     @property
     def key(self) -> str:
