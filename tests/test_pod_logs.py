@@ -273,8 +273,8 @@ async def test_a_pod_log_process_is_named_by_its_training_job(tmp_path: Path) ->
         kube.stop()
 
 
-async def test_a_slurm_process_is_named_by_its_job(tmp_path: Path, monkeypatch: object) -> None:
-    """SLURM_JOB_ID from the process's environment, then scontrol (a recording fake on PATH)."""
+def _slurm_node(tmp_path: Path, monkeypatch: object) -> tuple[SimHost, Path]:
+    """A Slurm node: process 4242 of job 1234 (its environment), NCCL_DEBUG_FILE, a recording scontrol."""
     import os
     import stat
 
@@ -291,8 +291,14 @@ async def test_a_slurm_process_is_named_by_its_job(tmp_path: Path, monkeypatch: 
     host.write("/proc/4242/cgroup", "0::/system.slice/slurmstepd.scope/job_1234/step_0/user/task_3\n")
     log = host.p("/var/log/nccl/gpu-0001.4242.log")
     log.parent.mkdir(parents=True)
-    line = INIT.replace("llama-70b-worker-3:42:57", "gpu-0001:4242:4250")
-    log.write_text(line + "\n")
+    log.write_text(INIT.replace("llama-70b-worker-3:42:57", "gpu-0001:4242:4250") + "\n")
+    return host, calls
+
+
+async def test_a_slurm_process_is_named_by_its_job(tmp_path: Path, monkeypatch: object) -> None:
+    """SLURM_JOB_ID from the process's environment, then scontrol (a recording fake on PATH)."""
+    host, calls = _slurm_node(tmp_path, monkeypatch)
+    log = host.p("/var/log/nccl/gpu-0001.4242.log")
     c, sink = await _collector(host, pod_logs="no")
     c.tailer.rescan()
     await c.tailer.pump(c._handle)
@@ -305,3 +311,21 @@ async def test_a_slurm_process_is_named_by_its_job(tmp_path: Path, monkeypatch: 
     named = [m for m in sink.of("NCCLJobMember") if m.details.get("job_name")]
     assert named and named[-1].details["job_name"] == "slurm:1234 (llama-pretrain)"
     assert named[-1].details["job_owner"] == "alice"
+
+
+async def test_a_slurm_output_file_s_lines_belong_to_the_ranks_they_name(tmp_path: Path, monkeypatch: object) -> None:
+    """One process, many files: NCCL's lines in NCCL_DEBUG_FILE, PyTorch's in the job's output file (srun
+    --output=/home/alice/logs/%x-%j.out, torchrun's [rankN] prefix). Rank 3 runs here: its timeout is that
+    process's; rank 40 runs on another node: counted as another node's line, never a process of this one."""
+    host, _calls = _slurm_node(tmp_path, monkeypatch)
+    out = host.p("/home/alice/logs/llama-pretrain-1234.out")
+    out.parent.mkdir(parents=True)
+    out.write_text("step 100 loss 1.2\n" + WATCHDOG + "\n" + WATCHDOG.replace("[rank3]", "[rank40]")
+                   .replace("[Rank 3]", "[Rank 40]") + "\n")
+    c, sink = await _collector(host, pod_logs="no", globs=["/var/log/nccl/*.log", "/home/*/logs/*.out"])
+    c.tailer.rescan()
+    await c.tailer.pump(c._handle)  # the debug file's glob first, as NCCL's init precedes any timeout live
+    timeouts = sink.of("NCCLCollectiveTimeout")
+    assert [t.entity for t in timeouts] == ["nccl:gpu-0001:4242"]
+    assert timeouts[0].details["world_rank"] == 3 and timeouts[0].details["rank"] == 3
+    assert c.foreign_lines == 1 and set(c.procs) == {"gpu-0001:4242"}

@@ -70,6 +70,7 @@ _HOST_PID_NAME = re.compile(r"(?P<host>[^/.]+)\.(?P<pid>\d+)\.[^/]*$")  # NCCL_D
 # ".../kubepods-burstable-pod<uid with _ for ->.slice/cri-containerd-<id>.scope" (kubelet cm/cgroup_manager_linux.go)
 _CGROUP_POD = re.compile(r"kubepods[^\n]*?[/-]pod([0-9a-f]{8}(?:[-_][0-9a-f]{4}){3}[-_][0-9a-f]{12})")
 POD_LOGS = "/var/log/pods"
+_NUMBERS = re.compile(r"(?<![0-9])[0-9]{1,12}(?![0-9])")
 
 Tri = Literal["auto", "yes", "no"]
 
@@ -234,7 +235,13 @@ class NCCLLogsCollector:
                 self.foreign_lines += 1
                 self.emit.unparsed(f"{tf.path}: NCCL lines of other hosts (their agents judge them)", line.raw[:200])
                 continue
-            host, pid = (line.host, line.pid) if line.host else self._owner(tf.path, m)
+            owner = (line.host, line.pid) if line.host else self._owner(tf.path, m)
+            if owner is None:
+                self.foreign_lines += 1
+                self.emit.unparsed(f"{tf.path}: lines of the job's ranks on other nodes (their agents judge them)",
+                                   line.raw[:200])
+                continue
+            host, pid = owner
             key = f"{host}:{pid}"
             st = self.procs.get(key)
             if st is None:
@@ -342,7 +349,7 @@ class NCCLLogsCollector:
             st.slurm_job = job[:24]
             self.jobs.want_slurm(st.slurm_job)
 
-    def _owner(self, path: str, m: Match) -> tuple[str, int]:
+    def _owner(self, path: str, m: Match) -> tuple[str, int] | None:
         """The NCCL process a line without NCCL's prefix (PyTorch's watchdog) belongs to: in a file
         where NCCL printed to stdout next to the trainer's stderr (kubectl logs, a launcher's per-rank
         file), the process of this file whose rank PyTorch names, or the file's only process; in a pod's
@@ -360,13 +367,27 @@ class NCCLLogsCollector:
             here = ([st for st in mine if st.pod_uid == pod.uid or st.host == name]
                     or [st for st in mine if st.host and name.startswith(st.host + "-")])
         rank = m.fields.get("rank")
+        job = None
+        if not here and (job := self._slurm_job_of(path)) is not None:
+            # a Slurm job's output file (slurm-<id>.out, --output=...%j...): the job's processes on this node
+            here = [st for st in self.procs.values() if st.comms and (st.slurm_job or "").split("_")[0] == job]
         if isinstance(rank, int):
             named = [st for st in here if rank in st.ranks()]
             if len(named) == 1:
                 return named[0].host, named[0].pid
-        if len(here) == 1:
+            if job is not None and here and not named:
+                return None  # a rank of the job that runs on another node: its agent judges it
+        if len(here) == 1 and job is None:
             return here[0].host, here[0].pid
         return self._from_name(path)
+
+    def _slurm_job_of(self, path: str) -> str | None:
+        """The Slurm job (of a process on this node) whose id the file's name carries, if exactly one."""
+        jobs = {st.slurm_job.split("_")[0] for st in self.procs.values() if st.slurm_job}
+        if not jobs:
+            return None
+        named = set(_NUMBERS.findall(Path(path).name)) & jobs
+        return next(iter(named)) if len(named) == 1 else None
 
     @staticmethod
     def _from_name(path: str) -> tuple[str, int]:
