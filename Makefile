@@ -5,8 +5,12 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 DEMO_DURATION ?= 30
+# The image the Kubernetes manifests run (deploy/kubernetes/), tagged with the project's version.
+IMAGE ?= ghcr.io/gpu-node-agent/gpu-node-agent
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+IMAGE_OUT ?= build/image
 
-.PHONY: demo test lint test-slow bench clean
+.PHONY: demo test lint test-slow bench clean image image-push docker-image
 
 $(BIN)/.installed: pyproject.toml
 	@$(PY) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 is required")'
@@ -31,6 +35,21 @@ test-slow: $(BIN)/.installed
 
 bench: $(BIN)/.installed
 	$(BIN)/python bench/spool_drain.py
+
+# The Dockerfile's image without Docker or a registry base image: mmdebstrap + umoci (Debian packages;
+# root, or a user with /etc/subuid for mmdebstrap's unshare mode). docs/install.md.
+image: $(BIN)/.installed
+	PY=$(BIN)/python OUT=$(IMAGE_OUT) IMAGE=$(IMAGE) VERSION=$(VERSION) deploy/image/build.sh
+
+# Pushes what `make image` built (skopeo: Debian's package; log in first with `skopeo login`).
+image-push:
+	skopeo copy oci:$(IMAGE_OUT)/oci:$(VERSION) docker://$(IMAGE):$(VERSION)
+
+# The same image with Docker (BuildKit), both architectures, pushed.
+docker-image:
+	docker buildx build --platform linux/amd64,linux/arm64 --build-arg VERSION=$(VERSION) \
+		--build-arg REVISION=$$(git rev-parse HEAD) --build-arg CREATED=$$(date -u +%Y-%m-%dT%H:%M:%SZ) \
+		-t $(IMAGE):$(VERSION) --push .
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
