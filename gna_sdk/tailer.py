@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import glob
+import gzip
 import hashlib
 import json
 import os
@@ -108,6 +109,12 @@ class TailedFile:
                 "fp_len": self.fp_len, "first_seen_ms": self.first_seen_ms, "pending": self.pending}
 
 
+def _gunzip(path: str, limit: int) -> bytes:
+    """A compressed generation's content, at most ``limit`` bytes (a gzip bomb is cut, not expanded)."""
+    with gzip.open(path, "rb") as fh:
+        return fh.read(limit)
+
+
 def fingerprint(fd: int, nbytes: int) -> tuple[str, int]:
     head = os.pread(fd, nbytes, 0)
     return hashlib.blake2b(head, digest_size=12).hexdigest(), len(head)
@@ -117,7 +124,7 @@ class Tailer:
     def __init__(self, host: HostRoot, globs: list[str], state_file: Path | None, *, chunk_bytes: int = 1 << 20,
                  max_line: int = 0, fp_bytes: int = 256, rescan_interval: float = 10.0,
                  linger: float = 5.0, debounce: float = 0.05, max_open: int = 256,
-                 idle_close: float = 300.0) -> None:
+                 idle_close: float = 300.0, rotated: list[str] | None = None, gz_max: int = 256 << 20) -> None:
         self.host = host
         self.globs = globs
         self.state_file = state_file
@@ -130,6 +137,12 @@ class Tailer:
         self.max_open = max_open
         self.idle_close = idle_close
         self.files: dict[str, TailedFile] = {}
+        # globs of rotated generations (the kubelet's "0.log.<time>" and "0.log.<time>.gz"): only a generation
+        # this tailer was reading when it stopped is read, from where it stopped -- the uncompressed one by its
+        # inode, a compressed one by the fingerprint of its first bytes; any other generation is old news
+        self.rotated = list(rotated or [])
+        self.gz_max = gz_max
+        self._gz: dict[str, str] = {}  # checkpoint key -> the .gz generation that holds its unread rest
         self._restored: dict[str, dict[str, Any]] = {}
         self._wake = asyncio.Event()
         self._watch: Inotify | None = None
@@ -137,7 +150,8 @@ class Tailer:
         self._watched_dirs: dict[str, int] = {}
         self.stats = {"lines_cut": 0, "bytes_skipped": 0, "truncations": 0, "rotations": 0, "files_opened": 0,
                       "files_closed": 0, "read_errors": 0, "outside_roots": 0, "files_parked": 0,
-                      "files_reopened": 0, "runs_ended": 0, "bad_checkpoints": 0}
+                      "files_reopened": 0, "runs_ended": 0, "bad_checkpoints": 0, "rotated_resumed": 0,
+                      "gz_resumed": 0, "gz_errors": 0}
 
     # -- checkpoints ------------------------------------------------------------------
     def load(self) -> None:
@@ -266,7 +280,82 @@ class Tailer:
                 continue
             if tf.gone_since is None:
                 tf.gone_since = now
+        if self.rotated and self._restored:
+            self._resume_rotated(room)
         self._watch_dirs()
+
+    def _resume_rotated(self, room: int) -> None:
+        """Checkpointed files that were rotated while this process was down: drained from where it stopped."""
+        for pattern in self.rotated:
+            for path in glob.glob(str(self.host.path(pattern))):
+                try:
+                    st = os.stat(path)
+                except OSError:
+                    continue
+                key = f"{st.st_dev}:{st.st_ino}"
+                if key in self._restored and not path.endswith(".gz") and room > 0 and key not in self.files:
+                    tf = self._open(st.st_dev, st.st_ino, path)
+                    if tf is not None:
+                        self.files[key] = tf
+                        tf.gone_since = time.monotonic()  # no live glob names it: closed once drained
+                        self.stats["rotated_resumed"] += 1
+                        room -= 1
+                elif path.endswith(".gz") and path not in self._gz.values():
+                    owner = self._gz_owner(path)
+                    if owner is not None:
+                        self._gz[owner] = path
+
+    def _gz_owner(self, path: str) -> str | None:
+        """The checkpoint entry whose file this compressed generation is (its first bytes' fingerprint)."""
+        orphans = {k: e for k, e in self._restored.items() if k not in self.files and k not in self._gz}
+        if not orphans:
+            return None
+        try:
+            with gzip.open(path, "rb") as fh:
+                head = fh.read(max(e["fp_len"] for e in orphans.values()))
+        except (OSError, EOFError, gzip.BadGzipFile):
+            self.stats["gz_errors"] += 1
+            return None
+        for k, e in orphans.items():
+            if len(head) >= e["fp_len"] and hashlib.blake2b(head[: e["fp_len"]], digest_size=12).hexdigest() == e["fp"]:
+                return k
+        return None
+
+    async def _pump_gz(self, handler: Handler) -> bool:
+        """Each compressed generation that holds a checkpointed file's unread rest, read once, in chunks of
+        whole lines, under the file's own identity (its messages' ids are the ones it would have had)."""
+        moved = False
+        for key, path in list(self._gz.items()):
+            entry = self._restored.get(key)
+            if entry is None:
+                del self._gz[key]
+                continue
+            try:
+                data = await asyncio.to_thread(_gunzip, path, self.gz_max)
+            except (OSError, EOFError, gzip.BadGzipFile):
+                self.stats["gz_errors"] += 1
+                del self._gz[key]
+                continue
+            tf = TailedFile(int(entry["dev"]), int(entry["ino"]), self._host_path(path), offset=int(entry["offset"]),
+                            fp=entry["fp"], fp_len=int(entry["fp_len"]), pending=entry.get("pending"))
+            while tf.offset < len(data):
+                chunk = data[tf.offset : tf.offset + self.chunk_bytes]
+                end = chunk.rfind(b"\n")
+                chunk = chunk[: end + 1] if end >= 0 else chunk  # the last line may lack its newline
+                tf.unfinished = 0
+                if not await handler(tf, chunk, tf.offset):
+                    entry.update(offset=tf.offset, pending=tf.pending)
+                    return moved  # refused: again from here on the next pump
+                held = min(tf.unfinished, len(chunk))
+                # a tail the consumer holds for more data: none will come to a compressed generation, so it is
+                # read again with what follows, or, at the very end, left (a run its writer never ended)
+                tf.offset += len(chunk) - held if held < len(chunk) else len(chunk)
+                tf.pending = None
+                moved = True
+            del self._gz[key]
+            del self._restored[key]
+            self.stats["gz_resumed"] += 1
+        return moved
 
     def _reopen(self, tf: TailedFile, path: str) -> None:
         """A parked file moved: open it again if it is still the same file (inode and first bytes)."""
@@ -419,7 +508,7 @@ class Tailer:
 
     async def pump(self, handler: Handler) -> bool:
         """Read every file until nothing is left or the consumer refuses; True if any data moved."""
-        moved = False
+        moved = await self._pump_gz(handler) if self._gz else False
         for tf in list(self.files.values()):
             while True:
                 got = await asyncio.to_thread(self.read_chunk, tf)

@@ -329,3 +329,61 @@ async def test_a_slurm_output_file_s_lines_belong_to_the_ranks_they_name(tmp_pat
     assert [t.entity for t in timeouts] == ["nccl:gpu-0001:4242"]
     assert timeouts[0].details["world_rank"] == 3 and timeouts[0].details["rank"] == 3
     assert c.foreign_lines == 1 and set(c.procs) == {"gpu-0001:4242"}
+
+
+async def test_the_kubelets_rotation_while_the_agent_was_down_is_read_once(tmp_path: Path) -> None:
+    """The agent stops half-way through 0.log; the kubelet renames it 0.log.<time> and later gzips it, and the
+    runtime starts a new 0.log. On restart the rest of the old generation is read once -- from the renamed
+    file by its inode, or from the .gz by its first bytes -- and older generations it never read are not."""
+    import gzip
+    import os
+
+    from agent.emitter import CollectorEmitter, ConditionTracker
+    from agent.facts import FactStore
+    from collectors.nccl.plugin import NCCLLogsCollector, NCCLLogsConfig
+    from gna_sdk.hostroot import HostRoot
+    from tests.conftest import Sink
+
+    host = SimHost.gpu_node(tmp_path / "h", gpus=1)
+    state = tmp_path / "state"
+    state.mkdir()
+    d = host.p(POD_DIR)
+    d.mkdir(parents=True)
+    before = cri("stdout", "F", INIT)
+    after = cri("stderr", "F", WATCHDOG)
+    (d / "0.log").write_bytes(before)
+    (d / "0.log.20261201-000000.gz").write_bytes(gzip.compress(cri("stderr", "F", WATCHDOG.replace("4712", "9"))))
+
+    async def run(compress: bool) -> Sink:
+        sink = Sink()
+        em = CollectorEmitter("gpu-0007", "nccl_logs", sink, ConditionTracker(None), facts=FactStore(),
+                              state_dir=state)
+        c = NCCLLogsCollector(NCCLLogsConfig(flight_recorder=False), HostRoot(host.root), em)
+        c.live = True
+        c.tailer.load()
+        c.tailer.rescan()
+        await c.tailer.pump(c._handle)
+        return sink
+
+    for compress in (False, True):
+        for f in d.iterdir():
+            if f.name != "0.log.20261201-000000.gz":
+                f.unlink()
+        for f in state.iterdir():
+            f.unlink()
+        (d / "0.log").write_bytes(before)
+        first = await run(compress)
+        assert [m.type for m in first.messages] == ["NCCLJobMember"]
+        with open(d / "0.log", "ab") as fh:  # written while the agent is down ...
+            fh.write(after)
+        os.rename(d / "0.log", d / "0.log.20261203-103000")  # ... then rotated
+        if compress:
+            rotated = d / "0.log.20261203-103000"
+            (d / "0.log.20261203-103000.gz").write_bytes(gzip.compress(rotated.read_bytes()))
+            rotated.unlink()
+        (d / "0.log").write_bytes(cri("stdout", "F", "epoch 4"))
+        second = await run(compress)
+        timeouts = second.of("NCCLCollectiveTimeout")
+        assert len(timeouts) == 1 and timeouts[0].details["seq_num"] == 4712, (compress, second.messages)
+        third = await run(compress)  # and never again
+        assert not third.of("NCCLCollectiveTimeout")

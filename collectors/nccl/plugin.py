@@ -125,11 +125,16 @@ class NCCLLogsCollector:
         self.emit = emit
         state = emit.state_dir / "nccl_checkpoints.json" if emit.state_dir else None
         globs = list(config.globs)
+        rotated: list[str] = []
         if self._tri(config.pod_logs, host.path(POD_LOGS).is_dir()):
             globs += [g for g in config.pod_log_globs if g not in globs]
+            # the kubelet's rotation (pkg/kubelet/logs/container_log_manager.go): "0.log" renamed to
+            # "0.log.<20060102-150405>", older generations gzipped to "...gz"; read only to finish a file
+            # this agent was reading when it stopped
+            rotated = [f"{g}.*" for g in config.pod_log_globs]
         self.tailer = Tailer(host if isinstance(host, HostRoot) else HostRoot(host.root), globs, state,
                              chunk_bytes=config.chunk_bytes, rescan_interval=config.rescan_interval,
-                             max_open=config.max_open_files, idle_close=config.idle_close)
+                             max_open=config.max_open_files, idle_close=config.idle_close, rotated=rotated)
         self.engine = config.scanner  # "auto": resolved on the first chunk (nothing loads on an idle node)
         self.procs: dict[str, ProcessState] = {}
         # (proc, text) -> [first, count, sample, {file key: offset of the last line counted}]
