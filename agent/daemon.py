@@ -103,7 +103,7 @@ class Agent:
         assert self.bus is not None
         ok = await self.bus.publish(msg)
         if ok:
-            self.metrics.messages.labels(msg.kind, msg.severity).inc()
+            self.metrics.observe_message(msg.kind, msg.collector, msg.type, msg.severity)
         else:
             self.metrics.bus_refused.inc()
         return ok
@@ -204,6 +204,7 @@ class Agent:
                 self.metrics.bus_dropped.labels(sub.name).set(sub.dropped)
         if self.tracker:
             self.metrics.conditions_active.set(len(self.tracker.active))
+            self.metrics.set_conditions(self.tracker.active.values())
         for name, runner in self.runners.items():
             for source, (count, _sample) in runner.emitter.skipped.items():
                 self.metrics.source_unparsed.labels(name, source).set(count)

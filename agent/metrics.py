@@ -4,14 +4,28 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
 
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from gna_types.conditions import category
+
 log = structlog.get_logger(__name__)
+
+# Distinct (collector, type) pairs the per-type series keep apart; a plugin that invents types beyond
+# this folds them into type "Other", so the label sets stay bounded (the built-in vocabulary has ~80).
+MAX_TYPES = 256
+OTHER_TYPE = "Other"
+
+
+class _Condition(Protocol):
+    collector: str
+    type: str
+    entity: str
+    severity: str
 
 
 class AgentMetrics:
@@ -49,12 +63,51 @@ class AgentMetrics:
                                      "parsed, since start", ["collector", "source"], registry=r)
         self.source_not_seen = Gauge("gna_source_not_seen", "1 while a source could not be looked at",
                                      ["collector", "source"], registry=r)
+        # what an alert keys on (deploy/monitoring/gpu-node-agent.rules.yaml): the node's findings by type, as
+        # node-problem-detector's problem_gauge/problem_counter; never per entity (that is the message's job)
+        self.conditions_by_type = Gauge("gna_conditions_by_type", "Firing conditions by collector, type, severity "
+                                        "and NodeCondition category ('' for a job's findings)",
+                                        ["collector", "type", "severity", "category"], registry=r)
+        self.events = Counter("gna_events", "Events accepted by the bus by collector, type and severity",
+                              ["collector", "type", "severity"], registry=r)
+        self.remediation_decisions = Counter("gna_remediation_decisions", "The node's remediation decisions "
+                                             "(audited): executed, dry_run, skipped or failed, per plugin and action",
+                                             ["remediation", "action", "decision"], registry=r)
+        self._types: set[tuple[str, str]] = set()
+        self._condition_labels: set[tuple[str, str, str, str]] = set()
 
         self.plugins = PluginMetrics()
         r.register(self.plugins)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+    def _type(self, collector: str, type_: str) -> str:
+        if (collector, type_) in self._types:
+            return type_
+        if len(self._types) >= MAX_TYPES:
+            return OTHER_TYPE
+        self._types.add((collector, type_))
+        return type_
+
+    def observe_message(self, kind: str, collector: str, type_: str, severity: str) -> None:
+        """A message the bus accepted."""
+        self.messages.labels(kind, severity).inc()
+        if kind == "event":
+            self.events.labels(collector, self._type(collector, type_), severity).inc()
+
+    def set_conditions(self, active: Iterable[_Condition]) -> None:
+        """The firing conditions now, counted per (collector, type, severity, category); a label set that
+        had conditions and has none now reads 0 (not absent: a rate or a dashboard sees it go)."""
+        counts: dict[tuple[str, str, str, str], int] = {}
+        for c in active:
+            key = (c.collector, self._type(c.collector, c.type), c.severity, category(c.type, c.entity) or "")
+            counts[key] = counts.get(key, 0) + 1
+        for key in self._condition_labels - counts.keys():
+            self.conditions_by_type.labels(*key).set(0)
+        for key, n in counts.items():
+            self.conditions_by_type.labels(*key).set(n)
+        self._condition_labels |= counts.keys()
 
 
 class PluginMetrics:

@@ -17,6 +17,7 @@ import structlog
 from agent import config as configmod
 from agent.bus import LocalBus
 from agent.message import Message, to_dict
+from agent.metrics import AgentMetrics
 from agent.nats_link import NatsLink
 from agent.remediation.incidents import IncidentView
 from gna_sdk import Emitter
@@ -36,6 +37,7 @@ class RemediationHost(Protocol):
     node: str
     bus: LocalBus | None
     link: NatsLink | None
+    metrics: AgentMetrics
 
     def emitter_for(self, collector: str, max_conditions: int = ...) -> Emitter: ...
 
@@ -85,6 +87,8 @@ class RemediationWiring:
 
         async def audit(record: dict[str, Any]) -> None:
             assert agent.bus is not None
+            agent.metrics.remediation_decisions.labels(record["remediation"], record["action"],
+                                                       record["decision"]).inc()
             sev = "warning" if record["decision"] in ("executed", "failed") else "info"
             await agent.bus.publish_record(action_subject(agent.node, record["remediation"]), record["id"],
                                            json.dumps(record, separators=(",", ":")).encode(), sev)
