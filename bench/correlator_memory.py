@@ -37,6 +37,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from fleet.incidents import IncidentTracker
+from fleet.typed_details import TYPED
 from fleet.wire import decode_event, decode_job
 from gna_types.subjects import subjects_for
 
@@ -54,7 +55,9 @@ def decoded(msgs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for m in msgs:
         subject = subjects_for(m["node"], m["collector"], m["severity"], m["type"], m["details"])[0]
         data = json.dumps(m).encode()
-        out.append(decode_job(subject, data) if subject.startswith("gna.jobs.") else decode_event(subject, data))
+        # as the incident service decodes them: the typed details kept for the correlator (fleet/typed_details.py)
+        out.append(decode_job(subject, data, typed=True) if subject.startswith("gna.jobs.")
+                   else decode_event(subject, data, typed=True))
     return out
 
 
@@ -117,7 +120,8 @@ def main() -> None:
         per_msg.append(dt / len(ms))
         gc_state.append(collector_cost(t))
         del t
-        cur, w, _dt = traced(lambda: [json.loads(json.dumps(m)) for m in ms])  # a window's copies
+        cur, w, _dt = traced(lambda: [json.loads(json.dumps({k: v for k, v in m.items() if k != TYPED}))
+                                      for m in ms])  # a window's copies (the dicts as published)
         window.append(cur)
         gc_window.append(collector_cost(w))
         del w

@@ -53,29 +53,26 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleet.job_facts import (
-    SYMPTOMS,
     TENANT_COLLECTORS,
     JobFacts,
     Member,
     Membership,
-    _details,
-    _int,
     brief,
     is_tenant,
 )
+from fleet.typed_details import COUNTERS_READ, NCCL_COLLECTOR, SUSPECTS_READ, counters, nccl, with_typed
 from gna_sdk import plural
 from gna_types import entities
+from gna_types.details import RASReport
 from gna_types.reasons import RAS_CULPRIT_REASONS
 
-__all__ = ["TENANT_COLLECTORS", "Incident", "JobFacts", "Member", "Membership", "_details", "correlate",
-           "fast_verdict", "incident", "is_incident", "is_tenant", "members_of", "slow_verdict"]
+__all__ = ["HANG_SYMPTOMS", "SYMPTOMS", "TENANT_COLLECTORS", "Incident", "JobFacts", "Member", "Membership",
+           "correlate", "fast_verdict", "incident", "is_incident", "is_tenant", "members_of", "new_facts",
+           "slow_verdict"]
 
 EVIDENCE_MAX = 24  # victims' symptoms sampled per incident (the rest counted by type and node)
 DECIDING_MAX = 64  # deciding messages kept per incident, before any sample and whatever its size
 COUNT_NODES_MAX = 16  # nodes named in an incident's counts per node (the most symptomatic first)
-# a job whose ranks say these is hung or failing; one that only fell back to sockets on every node is not
-HANG_SYMPTOMS = ("NCCLCollectiveTimeout", "NCCLIBCompletionError", "NCCLWatchdogProgress", "NCCLRASReport",
-                 "TorchFlightRecord")
 ALONE_CONFIDENCE = 0.5  # one node's word about another, or a contested job: shown, never cordon-worthy
 ACTIONABLE_CONFIDENCE = 0.85  # fleet/cordoner.py CULPRIT_MIN_CONFIDENCE: what a cordon may rest on
 MAX_CULPRIT_NODES = 2  # hardware faults on more of the job's nodes than this: fabric-wide, nobody named
@@ -124,10 +121,8 @@ def _order(m: dict[str, Any]) -> tuple[int, str]:
 
 
 def _counter_over_real_window(m: dict[str, Any]) -> bool:
-    counters = _details(m).get("counters")
-    return isinstance(counters, list) and any(
-        isinstance(c, dict) and c.get("severity") == "critical"
-        and (c.get("rule") == "any increase" or c.get("full_window") is True) for c in counters[:32])
+    return any(c.severity == "critical" and (c.rule == "any increase" or c.full_window is True)
+               for c in counters(m)[:COUNTERS_READ])
 
 
 def _is_hardware(m: dict[str, Any]) -> bool:
@@ -148,9 +143,9 @@ def hardware_key(m: dict[str, Any]) -> tuple[str, str] | None:
     return (str(m.get("type")), entity)
 
 
-def _job_of(m: dict[str, Any]) -> str | None:
-    job = _details(m).get("job") if m.get("collector") == "nccl_logs" else None
-    return job if isinstance(job, str) and job else None
+def new_facts(job: str, *, members_per_node: int) -> JobFacts:
+    """A job's facts, filing as symptoms the types the verdict rules read (``SYMPTOMS``)."""
+    return JobFacts(job, symptoms=SYMPTOMS, members_per_node=members_per_node)
 
 
 def facts_of(messages: list[dict[str, Any]], *, ordered: bool = False
@@ -160,13 +155,15 @@ def facts_of(messages: list[dict[str, Any]], *, ordered: bool = False
     jobs: dict[str, JobFacts] = {}
     hardware: dict[str, dict[tuple[str, str], dict[str, Any]]] = {}
     for i, m in enumerate(messages if ordered else sorted(messages, key=_order)):
-        job = _job_of(m)
-        if job is not None:
-            f = jobs.get(job)
-            if f is None:
-                f = jobs[job] = JobFacts(job, members_per_node=1 << 30)
-            f.add(m, i)
+        if m.get("collector") == NCCL_COLLECTOR:
+            d = nccl(m)  # the wire's typed details, else decoded here once (fleet/typed_details.py)
+            if d.job:
+                f = jobs.get(d.job)
+                if f is None:
+                    f = jobs[d.job] = new_facts(d.job, members_per_node=1 << 30)
+                f.add(m, i, d)
         elif (key := hardware_key(m)) is not None:
+            m = with_typed(m)  # a finding's counters decoded once, not per judgement; the caller's dict unchanged
             held = hardware.setdefault(m["node"], {})
             if m.get("status") == "resolved":
                 held.pop(key, None)
@@ -355,6 +352,11 @@ class VerdictRule:
     rests_on: str  # whose word it takes
     says: str
     judge: Callable[[JobFacts, Hardware], _Verdict | None]
+    # of what it reads, the job's symptoms: what a job's ranks say when it is unwell (a job's facts count,
+    # sample and keep them as evidence; one arriving keeps the job's verdict waiting to settle) -- not its
+    # membership, not the nodes' own hardware findings
+    symptoms: tuple[str, ...] = ()
+    hung: bool = True  # its symptoms say the job is hung or failing: an incident even when nobody is named
 
 
 VERDICT_RULES: tuple[VerdictRule, ...] = tuple(sorted((
@@ -363,20 +365,30 @@ VERDICT_RULES: tuple[VerdictRule, ...] = tuple(sorted((
                 "the hardware's own node (a job's log line naming a port only when nothing else does)",
                 "a critical finding on a GPU or NIC port one of the job's ranks used; faults on more than "
                 f"{MAX_CULPRIT_NODES} of the job's nodes are the fabric's, nobody named", _hardware),
+    # a job on sockets everywhere is each node's own finding, not a hung job (issue 22): hung=False
     VerdictRule("socket_node", 2, False, ("NCCLSocketFallback", "NCCLJobMember"), "each node about its own ranks",
-                "one node's NCCL on sockets while the job's other nodes use IB", _socket_node),
+                "one node's NCCL on sockets while the job's other nodes use IB", _socket_node,
+                symptoms=("NCCLSocketFallback",), hung=False),
     VerdictRule("ras", 3, True, ("NCCLRASReport",), "NCCL RAS on the reporting nodes, bound to the processes' "
                 "own nodes", "the process RAS says died, stopped answering, sent no data or failed",
-                lambda f, _h: _ras(f)),
+                lambda f, _h: _ras(f), symptoms=("NCCLRASReport",)),
     VerdictRule("behind_rank", 4, True, ("NCCLWatchdogProgress", "TorchFlightRecord"),
                 "PyTorch's own numbers from each rank's node", "a rank that never entered the collective the "
-                "others wait in", lambda f, _h: _behind(f)),
+                "others wait in", lambda f, _h: _behind(f), symptoms=("NCCLWatchdogProgress", "TorchFlightRecord")),
     VerdictRule("hung_rank", 5, True, ("NCCLCollectiveTimeout", "NCCLJobMember"),
                 "the job's membership and every other rank's timeout (independent nodes)",
-                "every other rank of the job timed out, this one said nothing", _hung_rank),
+                "every other rank of the job timed out, this one said nothing", _hung_rank,
+                symptoms=("NCCLCollectiveTimeout",)),
     VerdictRule("link", 6, True, ("NCCLIBCompletionError",), "the ranks whose completions failed",
-                "the IB peer every completion error names", lambda f, _h: _link(f)),
+                "the IB peer every completion error names", lambda f, _h: _link(f),
+                symptoms=("NCCLIBCompletionError",)),
 ), key=lambda r: r.priority))
+# Derived from the registry, never written by hand: the job's symptoms (what its facts file as evidence, what
+# keeps its verdict waiting: fleet/incidents.py) and those that say it is hung or failing (``is_incident``). By
+# name: an incident's evidence samples are taken type by type in this order (equal times keep it), so it does not
+# move when a rule is added or its priority changes
+SYMPTOMS: tuple[str, ...] = tuple(sorted({t for r in VERDICT_RULES for t in r.symptoms}))
+HANG_SYMPTOMS: tuple[str, ...] = tuple(sorted({t for r in VERDICT_RULES if r.hung for t in r.symptoms}))
 
 
 def fast_verdict(f: JobFacts, hardware: Hardware) -> _Verdict | None:
@@ -486,20 +498,20 @@ def _ras(f: JobFacts) -> _Verdict | None:
     evidence: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for reports in f.ras.values():
         for s in reports:
-            suspects = _details(s).get("suspects")
-            for sus in suspects[:64] if isinstance(suspects, list) else []:
-                if not isinstance(sus, dict) or sus.get("reason") not in RAS_CULPRIT_REASONS:
+            report = nccl(s)
+            for sus in report.suspects[:SUSPECTS_READ] if isinstance(report, RASReport) else []:
+                if sus.reason not in RAS_CULPRIT_REASONS:
                     continue
                 found: Member | None = None
-                rank, comm = _int(sus.get("rank")), sus.get("comm_hash")
+                rank, comm = sus.rank, sus.comm_hash
                 try:
-                    same_comm = job_hash is not None and isinstance(comm, str) and len(comm) <= 32 \
+                    same_comm = job_hash is not None and comm is not None and len(comm) <= 32 \
                         and int(comm, 16) == job_hash
                 except ValueError:
                     same_comm = False
                 if rank is not None and same_comm:
                     found = ms.ranks.get(rank)
-                pid, host = _int(sus.get("pid")), sus.get("host")
+                pid, host = sus.pid, sus.host
                 if found is None and pid is not None:
                     cands = [m for m in by_pid.get(pid, []) if host in (m.oob_ip, m.node, m.process.rsplit(":", 1)[0])]
                     found = cands[0] if len(cands) == 1 else None

@@ -299,7 +299,9 @@ class IncidentService:
                 self.stragglers.add(decode_signals(subject, data))
                 self.accepted += 1
                 return
-            msg = decode_job(subject, data) if route == "job" else decode_event(subject, data)
+            # typed: the details the boundary decoded kept for the correlator's decisions (fleet/typed_details.py)
+            msg = (decode_job(subject, data, typed=True) if route == "job"
+                   else decode_event(subject, data, typed=True))
             if route == "job" and 0 in self.tracker.owned and subject.endswith(".member"):
                 self.stragglers.add(msg)  # the straggler watch's own jobs' membership (others: accept_membership)
             touched = self.tracker.add(msg)

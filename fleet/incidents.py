@@ -19,15 +19,16 @@ import structlog
 
 from agent.remediation.incidents import INCIDENTS_BUCKET as INCIDENTS_BUCKET  # re-exported: the correlator writes it
 from fleet.correlator import (
-    _details,
+    SYMPTOMS,
     fast_verdict,
     hardware_key,
     incident,
     is_incident,
+    new_facts,
     slow_verdict,
     waits_to_settle,
 )
-from fleet.job_facts import SYMPTOMS, JobFacts
+from fleet.typed_details import NCCL_COLLECTOR, nccl, with_typed
 from gna_types.subjects import JOB_BUCKETS, encode_token, job_bucket
 
 log = structlog.get_logger(__name__)
@@ -78,7 +79,7 @@ class _Job:
                  "published", "unsettled_since")
 
     def __init__(self, job: str) -> None:
-        self.facts = JobFacts(job, members_per_node=PROCESSES_PER_NODE)
+        self.facts = new_facts(job, members_per_node=PROCESSES_PER_NODE)
         self.node_procs: dict[str, set[str]] = {}  # node -> its processes (entities) in the job
         # a job's evidence may arrive twice (a replay after a takeover): filed once, by the id's hash
         self.ids: set[int] = set()
@@ -174,9 +175,10 @@ class IncidentTracker:
         node = msg.get("node")
         if not isinstance(node, str):
             return set()
-        details = _details(msg)
-        job = details.get("job") if msg.get("collector") == "nccl_logs" else None
-        if isinstance(job, str) and job:
+        msg = with_typed(msg)  # the wire's typed details, else decoded once here (fleet/typed_details.py)
+        d = nccl(msg) if msg.get("collector") == NCCL_COLLECTOR else None
+        job = d.job if d is not None else None
+        if job:
             if not self.owns(job):
                 return set()
             j = self.jobs.get(job)
@@ -199,7 +201,7 @@ class IncidentTracker:
             self._arrival += 1
             before = j.weight()
             members_before = len(j.facts.ms.members)
-            if not j.facts.add(msg, self._arrival):
+            if not j.facts.add(msg, self._arrival, d):
                 return self._refuse("processes_per_node")
             self._weight += j.weight() - before
             if procs is None:

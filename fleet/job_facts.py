@@ -26,11 +26,21 @@ from __future__ import annotations
 import re
 import sys
 from collections import deque
+from collections.abc import Collection
 from typing import Any
 
 import msgspec
 
+from fleet.typed_details import nccl
 from gna_types import entities
+from gna_types.details import (
+    CollectiveTimeout,
+    FlightRecord,
+    IBAsyncEvent,
+    IBCompletionError,
+    ProcessSummary,
+    WatchdogProgress,
+)
 
 SAMPLES_PER_TYPE = 8  # evidence messages kept per type and job (the rest counted)
 FINDINGS_MAX = 32  # conflicting claims kept per job (the rest counted)
@@ -43,8 +53,6 @@ PEERS_MAX = 256  # distinct peer addresses of IB completion errors kept per job
 ASYNC_PER_NODE = 16  # ports NCCL saw fail, per node
 MEMBERS_PER_NODE = 64  # processes a node may claim in one job (an HGX node runs 8 ranks)
 
-SYMPTOMS = ("NCCLCollectiveTimeout", "NCCLIBCompletionError", "NCCLSocketFallback", "NCCLWatchdogProgress",
-            "NCCLRASReport", "TorchFlightRecord")
 # types whose evidence the tenant controls: its processes' log lines, its RAS port's answers, its dumps
 # (collectors/nccl_logs.py publishes every one of them, collector "nccl_logs")
 TENANT_COLLECTORS = frozenset({"nccl_logs"})
@@ -52,17 +60,12 @@ TENANT_COLLECTORS = frozenset({"nccl_logs"})
 _OOB_IP = re.compile(r"(\d{1,3}(?:\.\d{1,3}){3}|[0-9a-fA-F:]*:[0-9a-fA-F:]+)")
 
 
-def _details(m: dict[str, Any]) -> dict[str, Any]:
-    d = m.get("details")
-    return d if isinstance(d, dict) else {}
-
-
 def _int(v: Any) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
-def _oob_ip(oob: Any) -> str | None:
-    if not isinstance(oob, str):
+def _oob_ip(oob: str | None) -> str | None:
+    if oob is None:
         return None
     # "ib0:10.0.0.5<0>" -> 10.0.0.5
     m = _OOB_IP.search(oob.split(":", 1)[1] if ":" in oob and "." in oob else oob)
@@ -92,22 +95,24 @@ def _shared(s: frozenset[str]) -> frozenset[str]:
 _NIC_SETS: dict[tuple[Any, ...], frozenset[str]] = {}
 
 
-def _nic_set(listed: list[Any]) -> frozenset[str]:
-    """The NICs a member lists, as one shared set (a node's ranks list the same ones, message after message)."""
+def _nic_set(listed: list[str]) -> frozenset[str]:
+    """The NICs a member lists (typed: names of at most 64 characters), as one shared set (a node's ranks list
+    the same ones, message after message)."""
     key = tuple(listed[:NICS_MAX])
-    got = _NIC_SETS.get(key) if all(isinstance(h, str) for h in key) else None
+    got = _NIC_SETS.get(key)
     if got is None:
-        got = _shared(frozenset(_intern(h) for h in key if isinstance(h, str)))
+        got = _shared(frozenset(_intern(h) for h in key))
         if len(_NIC_SETS) > 65536:
             _NIC_SETS.clear()
-        if all(isinstance(h, str) for h in key):
-            _NIC_SETS[key] = got
+        _NIC_SETS[key] = got
     return got
 
 
 def brief(m: dict[str, Any]) -> dict[str, Any]:
-    """What an incident shows of a message (bounded: the wire bounds each field, the message is cut)."""
-    d = _details(m)
+    """What an incident shows of a message (bounded: the wire bounds each field, the message is cut): its
+    details as they came, displayed, never decided on."""
+    d = m.get("details")
+    d = d if isinstance(d, dict) else {}
     out = {"node": m.get("node"), "type": m.get("type"), "entity": m.get("entity"), "severity": m.get("severity"),
            "time": m.get("time"), "message": str(m.get("message", ""))[:300]}
     for k in ("rank", "seq_num", "op_type", "peer", "pci"):
@@ -195,9 +200,9 @@ class Membership:
         return self.rank_of(self.by_entity.get((node, entity)))
 
     # -- updates ------------------------------------------------------------------------------
-    def claim(self, node: str, d: dict[str, Any], order: int) -> Member | None:
+    def claim(self, node: str, d: ProcessSummary, order: int) -> Member | None:
         """One message's process summary (its node's word about its own process); None: refused."""
-        proc = f"{d.get('host')}:{d.get('pid')}"[:600]
+        proc = f"{d.host}:{d.pid}"[:600]
         key = (node, proc)
         mem = self.members.get(key)
         if mem is None:
@@ -210,7 +215,7 @@ class Membership:
             on_node.append(mem)
             self.by_entity[(node, f"nccl:{proc}")] = mem
         rebind = bind = False
-        size = _int(d.get("world_size"))
+        size = d.world_size
         if mem.size is None and size is not None:
             mem.size = size
             nodes = self._size_nodes.setdefault(size, set())
@@ -220,27 +225,26 @@ class Membership:
             if size != self.size and (self._majority() != self.size or mem.rank is not None):
                 rebind = True
             bind = True
-        rank = _int(d.get("world_rank"))
+        rank = d.world_rank
         if mem.rank is None and rank is not None:
             mem.rank, mem.claim, bind = rank, order, True
-        pci = d.get("pci")
-        if mem.pci is None and isinstance(pci, str):
+        pci = d.pci
+        if mem.pci is None and pci is not None:
             mem.pci = _intern(pci)
-        for attr in ("hcas", "nics"):
-            listed = d.get(attr)
-            if isinstance(listed, list) and listed:
+        for attr, listed in (("hcas", d.hcas), ("nics", d.nics)):
+            if listed:
                 have: frozenset[str] = getattr(mem, attr)
                 new = _nic_set(listed)
                 if not have:
                     setattr(mem, attr, new)
                 elif not new <= have and len(have) < NICS_MAX:
                     setattr(mem, attr, _shared(frozenset(list(have | new)[:NICS_MAX])))
-        transport = d.get("transport")
-        if isinstance(transport, str) and transport != mem.transport:
+        transport = d.transport
+        if transport is not None and transport != mem.transport:
             was, mem.transport = mem.transport, _intern(transport[:64])
             if was is not None or mem.transport not in self.transports.get(mem.node, ()):
                 self._transports_of(mem.node)
-        if mem.oob_ip is None and (ip := _oob_ip(d.get("oob"))) is not None:
+        if mem.oob_ip is None and (ip := _oob_ip(d.oob)) is not None:
             mem.oob_ip = ip
             claims = self.oob_claims.get(ip)
             if claims is None and len(self.oob_claims) < 65536:
@@ -324,10 +328,13 @@ class Proc(msgspec.Struct, gc=False, eq=False):
 
 
 class JobFacts:
-    """Everything the correlator knows about one job, updated message by message."""
+    """Everything the correlator knows about one job, updated message by message. ``symptoms``: the message
+    types that are the job's symptoms (counted, sampled, kept as evidence): the ones the correlator's verdict
+    rules read (fleet/correlator.py ``SYMPTOMS``, derived from its registry)."""
 
-    def __init__(self, job: str, *, members_per_node: int = MEMBERS_PER_NODE) -> None:
+    def __init__(self, job: str, *, symptoms: Collection[str], members_per_node: int = MEMBERS_PER_NODE) -> None:
         self.job = job
+        self.symptoms = frozenset(symptoms)
         self.ms = Membership(members_per_node=members_per_node)
         self.procs: dict[tuple[str, str], Proc] = {}  # (node, entity) -> its watchdog's numbers
         self.samples: dict[str, list[dict[str, Any]]] = {}  # type -> the first SAMPLES_PER_TYPE briefs
@@ -349,12 +356,14 @@ class JobFacts:
         self.self_reported_ranks: set[int] = set()
         self._generation = 0
 
-    def add(self, m: dict[str, Any], order: int) -> bool:
-        """One of the job's NCCL messages (collector nccl_logs, details.job this job); False: refused."""
+    def add(self, m: dict[str, Any], order: int, d: ProcessSummary | None = None) -> bool:
+        """One of the job's NCCL messages (collector nccl_logs, details.job this job), with its typed details
+        where the caller has them (fleet/typed_details.py ``nccl``); False: refused."""
         node = m.get("node")
         if not isinstance(node, str):
             return False
-        d = _details(m)
+        if d is None:
+            d = nccl(m)
         mem = self.ms.claim(node, d, order)
         if mem is None:
             return False
@@ -367,18 +376,18 @@ class JobFacts:
             self._derive(own)  # the process's binding came with a message filed under another entity
         return True
 
-    def _file(self, m: dict[str, Any], d: dict[str, Any], node: str, key: tuple[str, str]) -> None:
+    def _file(self, m: dict[str, Any], d: ProcessSummary, node: str, key: tuple[str, str]) -> None:
         type_ = m.get("type")
-        if type_ == "NCCLIBAsyncEvent":
-            if m.get("severity") == "critical" and isinstance(d.get("hca"), str) and _int(d.get("port")) is not None:
+        if isinstance(d, IBAsyncEvent):
+            if m.get("severity") == "critical" and d.hca is not None and d.port is not None:
                 # NCCL saw the port fail under a rank's feet: the same entity as the port's own condition, but a
                 # log line (the tenant's word): it names the port, it does not decide a cordon alone
-                entity = entities.ib(d["hca"], d["port"])
+                entity = entities.ib(d.hca, d.port)
                 ports = self.async_ports.setdefault(node, {})
                 if entity in ports or len(ports) < ASYNC_PER_NODE:
                     ports[entity] = {**m, "entity": entity}
             return
-        if type_ not in SYMPTOMS or m.get("status") == "resolved":
+        if type_ not in self.symptoms or m.get("status") == "resolved":
             return
         assert isinstance(type_, str)
         self.symptomatic = True
@@ -391,10 +400,10 @@ class JobFacts:
             sample.append(b)
         if type_ == "NCCLRASReport":
             self.ras.setdefault(node, deque(maxlen=RAS_PER_NODE)).append(m)
-        elif type_ == "NCCLIBCompletionError":
-            peer = d.get("peer")
+        elif isinstance(d, IBCompletionError):
+            peer = d.peer
             if peer:
-                ip = str(peer).split("<")[0][:64]
+                ip = peer.split("<")[0][:64]
                 seen = self.peers.get(ip)
                 if seen is None:
                     if len(self.peers) >= PEERS_MAX:
@@ -403,8 +412,8 @@ class JobFacts:
                     seen = self.peers[ip] = set()
                 if len(seen) < 64:
                     seen.add(node)
-        elif type_ in ("NCCLCollectiveTimeout", "NCCLWatchdogProgress", "TorchFlightRecord"):
-            self._watchdog(key, type_, d, m, b)
+        elif isinstance(d, CollectiveTimeout | WatchdogProgress | FlightRecord):
+            self._watchdog(key, d, m, b)
         return
 
     def _derive(self, key: tuple[str, str]) -> None:
@@ -484,14 +493,15 @@ class JobFacts:
         if len(held) < BRIEFS_PER_VALUE:
             held.append((key, b or brief(m)))
 
-    def _watchdog(self, key: tuple[str, str], type_: str, d: dict[str, Any], m: dict[str, Any],
-                  b: dict[str, Any] | None) -> None:
+    def _watchdog(self, key: tuple[str, str], d: CollectiveTimeout | WatchdogProgress | FlightRecord,
+                  m: dict[str, Any], b: dict[str, Any] | None) -> None:
         p = self._proc(key)
-        if type_ == "TorchFlightRecord":
+        if isinstance(d, FlightRecord):
             # a rank's Flight Recorder dump, per process group: the collective it waits in (its first one
-            # not completed) and the newest collective it enqueued
-            pgs = d.get("pgs")
-            if not isinstance(pgs, dict):
+            # not completed) and the newest collective it enqueued (each group's record as the node wrote it,
+            # collectors/nccl/flight_recorder.py: its values checked here)
+            pgs = d.pgs
+            if pgs is None:
                 return
             p.progress = True
             for pg, v in list(pgs.items())[:PGS_MAX]:
@@ -508,18 +518,18 @@ class JobFacts:
                     if seq is None:
                         p.self_reported = True
             return
-        timeout = type_ == "NCCLCollectiveTimeout"
+        timeout = isinstance(d, CollectiveTimeout)
         if timeout:
             p.timed_out = True  # it timed out, whatever its numbers are worth
-        if d.get("implausible"):
+        if d.implausible:
             return
-        seq = _int(d.get("seq_num")) if timeout else _int(d.get("at_seq"))
-        if not timeout and seq is None and _int(d.get("signal_from_rank")) is None:
+        seq = d.seq_num if isinstance(d, CollectiveTimeout) else d.at_seq
+        if isinstance(d, WatchdogProgress) and seq is None and d.signal_from_rank is None:
             return  # "from this local rank": its own watchdog, not a rank that heard of another's
         if not timeout and seq is not None:
             p.progress = True
-        e = _int(d.get("last_enqueued"))
-        if timeout and d.get("pg_id") is None:
+        e = d.last_enqueued
+        if timeout and d.pg_id is None:
             if seq is not None and seq >= 0 and (p.at_nopg is None or seq < p.at_nopg):
                 p.at_nopg = seq
                 self._low("at", "0", seq, key, m, b)
@@ -527,7 +537,7 @@ class JobFacts:
                 p.enq_nopg = e
                 self._low("enq", "0", e, key, m, b)
             return
-        pg = str(d.get("pg_id") or "0")[:64]
+        pg = (d.pg_id or "0")[:64]
         if seq is not None and seq >= 0 and p.lower("at", pg, seq):
             self._low("at", pg, seq, key, m, b)
         if e is not None:

@@ -21,6 +21,7 @@ import msgspec
 import structlog
 
 from agent import message as wire_message
+from fleet.typed_details import TYPED, decode, typed_class
 from gna_types.details import DETAILS_BY_TYPE, ProcessSummary, declared_bounds
 from gna_types.subjects import (
     JOB_FACT_TYPES,
@@ -117,21 +118,23 @@ def _json_object(data: bytes) -> dict[str, Any]:
     return doc
 
 
-def decode_event(subject: str, data: bytes) -> dict[str, Any]:
-    """An event or condition from ``gna.events.<node>.<collector>.<severity>``, as a dict."""
+def decode_event(subject: str, data: bytes, *, typed: bool = False) -> dict[str, Any]:
+    """An event or condition from ``gna.events.<node>.<collector>.<severity>``, as a dict; ``typed``: with the
+    details the boundary decoded kept under fleet/typed_details.py ``TYPED`` (for the correlator, never
+    published)."""
     node_token, collector, severity = _subject_tokens(subject, "gna.events", 3)
-    msg = _message(data, node_token)
+    msg = _message(data, node_token, typed)
     if msg["collector"] != collector or msg["severity"] != severity:
         raise Rejected("subject_mismatch", f"payload {msg['collector']}/{msg['severity']} on {subject[:120]}")
     return msg
 
 
-def decode_job(subject: str, data: bytes) -> dict[str, Any]:
+def decode_job(subject: str, data: bytes, *, typed: bool = False) -> dict[str, Any]:
     """A job's membership fact or evidence from ``gna.jobs.<job>.<node>.member|evidence``: the node is the
     subject's (the publisher's own, by its permissions), the job in the payload must be the subject's,
     and only membership facts travel as ``member``. As the jobs stream stores it, the subject carries the job's
     bucket first (``gna.jobs.<bucket>.<job>.<node>.<kind>``, gna_types/subjects.py JOBS_TRANSFORM): it must be the
-    job token's, or a reader of one partition would file another's job."""
+    job token's, or a reader of one partition would file another's job. ``typed`` as for ``decode_event``."""
     if subject.count(".") == 5:
         bucket, job_token, node_token, kind = _subject_tokens(subject, JOBS_PREFIX, 4)
         if bucket != str(job_bucket(job_token)):
@@ -140,7 +143,7 @@ def decode_job(subject: str, data: bytes) -> dict[str, Any]:
         job_token, node_token, kind = _subject_tokens(subject, JOBS_PREFIX, 3)
     if kind not in JOB_KINDS:
         raise Rejected("bad_subject", subject[:MAX_SAMPLE])
-    msg = _message(data, node_token)
+    msg = _message(data, node_token, typed)
     job = msg["details"].get("job")
     if not isinstance(job, str) or encode_token(job) != job_token:
         raise Rejected("job_mismatch", f"subject names job {job_token[:80]!r}, payload {str(job)[:80]!r}")
@@ -158,9 +161,11 @@ def decode_signals(subject: str, data: bytes) -> dict[str, Any]:
     return msg
 
 
-def check_bounds(msg: wire_message.Message) -> None:
+def check_bounds(msg: wire_message.Message) -> ProcessSummary | None:
     """Every string and number a central consumer keys on is within its bound, or Rejected
-    (``too_long`` / ``out_of_range``, naming the field): never truncated into another valid value."""
+    (``too_long`` / ``out_of_range``, naming the field): never truncated into another valid value. A NCCL
+    message's details are decoded as its type, and that value returned (fleet/typed_details.py keeps it on
+    the message for the correlator's decisions); None for another collector's message."""
     for name, limit in FIELD_MAX.items():
         value = getattr(msg, name)
         if len(value) > limit:
@@ -168,12 +173,11 @@ def check_bounds(msg: wire_message.Message) -> None:
     d = msg.details
     if msg.collector == NCCL_COLLECTOR:  # typed: decoded as its type, every declared field its type and bound
         try:
-            msgspec.convert(d, DETAILS_BY_TYPE.get(msg.type, ProcessSummary))
+            return msgspec.convert(d, DETAILS_BY_TYPE.get(msg.type, ProcessSummary))
         except msgspec.ValidationError as exc:
             text = str(exc)
             raise Rejected("too_long" if "of length" in text else "out_of_range" if re.search(r"`int` [<>]=", text)
                            else "schema", f"details: {text[:200]}") from None
-        return
     for name in d.keys() & _BOUNDED:  # only the bounded fields a message carries (issue 21: every message pays this)
         value = d[name]
         if name in DETAIL_TEXT_MAX:
@@ -189,9 +193,10 @@ def check_bounds(msg: wire_message.Message) -> None:
             if isinstance(value, list | dict) and (len(value) > most or
                                                    any(isinstance(v, str) and len(v) > 64 for v in value)):
                 raise Rejected("too_long", f"details.{name}: {len(value)} items (at most {most} of 64 characters)")
+    return None
 
 
-def _message(data: bytes, node_token: str) -> dict[str, Any]:
+def _message(data: bytes, node_token: str, typed: bool = False) -> dict[str, Any]:
     if len(data) > MAX_PAYLOAD:
         raise Rejected("too_long", f"payload of {len(data)} bytes")
     try:
@@ -206,8 +211,11 @@ def _message(data: bytes, node_token: str) -> dict[str, Any]:
         raise Rejected("schema", "conditions carry a status, events do not")
     if not wire_message.TYPE_NAME.match(msg.type):
         raise Rejected("schema", f"type {msg.type[:80]!r} is not CamelCase")
-    check_bounds(msg)
-    return wire_message.to_dict(msg)
+    details = check_bounds(msg)
+    out = wire_message.to_dict(msg)
+    if typed:  # what the correlator decides on, decoded once (fleet/typed_details.py)
+        out[TYPED] = details if details is not None else decode(typed_class(msg.collector, msg.type), msg.details)
+    return out
 
 
 class _DetailsPeek(msgspec.Struct):

@@ -37,7 +37,9 @@ Words = Annotated[list[Word], Meta(max_length=64)]
 PgId = Annotated[str, Meta(max_length=128)]
 
 
-class ProcessSummary(msgspec.Struct, kw_only=True, omit_defaults=True):
+# gc=False (inherited by every type below, and on RasSuspect): decoded from JSON, these hold no cycle, and the
+# fleet keeps one per message it files (fleet/typed_details.py; issue 21: the cycle collector's pauses)
+class ProcessSummary(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
     """What every NCCL message's details carry about the process that wrote the line
     (collectors/nccl_parse.py ``ProcessState.summary``)."""
 
@@ -68,6 +70,10 @@ class CollectiveTimeout(ProcessSummary, kw_only=True, omit_defaults=True):
     seq_num: Seq | None = None
     rank: Rank | None = None  # the world rank; None for a subgroup's
     pg_id: PgId | None = None
+    # read by the fleet as for NCCLWatchdogProgress (fleet/job_facts.py JobFacts._watchdog) where a timeout
+    # carries them; the node's watchdog rule writes neither (collectors/nccl/rules/watchdog.py)
+    last_enqueued: Seq | None = None
+    implausible: bool = False
 
 
 class WatchdogProgress(ProcessSummary, kw_only=True, omit_defaults=True):
@@ -97,7 +103,7 @@ class IBCompletionError(ProcessSummary, kw_only=True, omit_defaults=True):
     hca: Word | None = None
 
 
-class RasSuspect(msgspec.Struct, kw_only=True, omit_defaults=True):
+class RasSuspect(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
     """One process NCCL's RAS points at (collectors/nccl_ras.py ``RasSuspect``)."""
 
     reason: Annotated[str, Meta(max_length=32)]

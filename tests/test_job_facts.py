@@ -15,9 +15,10 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fleet.correlator import ALONE_CONFIDENCE, correlate, fast_verdict, slow_verdict
+from fleet.correlator import ALONE_CONFIDENCE, SYMPTOMS, correlate, fast_verdict, slow_verdict
 from fleet.incidents import IncidentTracker
 from fleet.job_facts import LOW_VALUES, JobFacts, Membership
+from gna_types.details import ProcessSummary
 
 JOB = "0x5eed"
 _ids = itertools.count()
@@ -97,12 +98,12 @@ def _jobs(draw: Any) -> tuple[int, int, list[dict[str, Any]]]:
 def test_incremental_facts_equal_facts_from_scratch_in_any_arrival_order(job: tuple[int, int, list[dict[str, Any]]]
                                                                          ) -> None:
     _size, _hung, msgs = job
-    f = JobFacts(JOB)
+    f = JobFacts(JOB, symptoms=SYMPTOMS)
     for i, m in enumerate(msgs):
         f.add(m, i)
         if i % 7 == 0:  # at any point, not only at the end
             incremental = _derived(f)
-            g = JobFacts(JOB)
+            g = JobFacts(JOB, symptoms=SYMPTOMS)
             for k, m2 in enumerate(msgs[:i + 1]):
                 g.add(m2, k)
             assert incremental == _from_scratch(g)
@@ -134,7 +135,7 @@ def test_the_hung_or_behind_rank_is_named_whatever_the_order(job: tuple[int, int
 def test_a_hostile_majority_change_rebinds_and_rederives_every_rank() -> None:
     """Three nodes of a 12-rank job claim size 12; four other nodes then claim size 16: the majority
     moves, every binding is rebuilt, the derived numbers follow the new bindings."""
-    f = JobFacts(JOB)
+    f = JobFacts(JOB, symptoms=SYMPTOMS)
     order = itertools.count()
     for r in range(12):
         f.add(_member(f"n{r // 4}", r, 12), next(order))
@@ -152,7 +153,7 @@ def test_a_rank_behind_is_kept_as_evidence_whatever_how_many_ranks_report() -> N
     """The deciding message (the one rank that failed at an earlier collective) is evidence even when
     32,767 other ranks' timeouts came first (the samples hold the first few of them)."""
     size = 4096 * 8
-    f = JobFacts(JOB)
+    f = JobFacts(JOB, symptoms=SYMPTOMS)
     order = itertools.count()
     for r in range(size):
         f.add(_member(f"node-{r // 8:04d}", r, size), next(order))
@@ -188,5 +189,5 @@ def test_a_trickle_of_timeouts_is_judged_from_facts_in_milliseconds() -> None:
 def test_membership_bounds_a_nodes_claims() -> None:
     ms = Membership(members_per_node=8)
     for pid in range(20):
-        ms.claim("n0", {"host": "n0", "pid": pid, "world_rank": pid, "world_size": 64}, pid)
+        ms.claim("n0", ProcessSummary(host="n0", pid=pid, world_rank=pid, world_size=64), pid)
     assert len(ms.members) == 8 and ms.refused == 12
