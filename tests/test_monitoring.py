@@ -42,7 +42,7 @@ NO_PROMTOOL = "promtool not on PATH: Debian's `prometheus` package ships it (apt
 
 # series Prometheus writes itself: a target's scrape result, and the alerts of the loaded rules
 SYNTHESIZED = {"up": {"job", "instance"}, "ALERTS": {"alertname", "alertstate", "severity"}}
-TARGET_LABELS = {"job", "instance"}  # added to every scraped series
+TARGET_LABELS = {"job", "instance", "node"}  # added to every scraped series (node: the PodMonitor's relabeling)
 CAMEL = re.compile(r"^[A-Z][a-z0-9]*(?:[A-Z][a-z0-9]*|[A-Z]+(?=[A-Z]|$))*$")
 SEVERITIES = {"critical", "warning", "info"}
 
