@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from agent.check import check_roots
 from collectors.nvml import CLOCK_EVENT_REASONS, GPM_METRICS
-from collectors.nvml_lib import load_nvml
+from collectors.shared.nvml_lib import load_nvml
 from collectors.topology import probe_nvml, render_text, topology_report
 from gna_types.entities import normal_pci
 

@@ -18,8 +18,8 @@ from typing import ClassVar
 import structlog
 from msgspec import structs
 
-from collectors.gpu_inventory import scan
-from collectors.nvml_lib import load_nvml
+from collectors.shared.gpu_inventory import scan
+from collectors.shared.nvml_lib import load_nvml
 from gna_sdk import CollectorSettings, Emitter, HostPaths
 from gna_sdk.inotify import DIR_CHANGES, IN_ONLYDIR, InotifyEvent
 from gna_sdk.persist import BootScopedSet, boot_id

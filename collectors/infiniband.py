@@ -6,7 +6,7 @@ each counter's width (saturating PMA counters, wrapping 32-bit hw_counters, rese
 exported with node_exporter's ``node_infiniband_*`` names so existing dashboards map.
 
 Straggler signals (docs/straggler-signals.md): per port, symbol errors per hour, link error
-recoveries per minute and receive errors per second over sliding windows (collectors/counter_window.py)
+recoveries per minute and receive errors per second over sliding windows (collectors/shared/counter_window.py)
 that survive counter resets and the first sample; published as a ``StragglerSignals`` event every
 ``signals_interval`` and as ``gna_infiniband_straggler_signal``.
 """
@@ -24,8 +24,7 @@ import msgspec
 import structlog
 from msgspec import structs
 
-from collectors.counter_window import CounterWindow, WindowStats
-from collectors.ib_sysfs import (
+from collectors.formats.ib_sysfs import (
     COUNTER_BITS,
     HW_COUNTERS,
     NODE_EXPORTER_NAMES,
@@ -34,6 +33,7 @@ from collectors.ib_sysfs import (
     counter_delta,
     read_port,
 )
+from collectors.shared.counter_window import CounterWindow, WindowStats
 from gna_sdk import CollectorSettings, Emitter, HostPaths, Severity, plural
 from gna_sdk.persist import BootScopedSet, boot_id
 from gna_sdk.udev import Uevent

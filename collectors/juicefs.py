@@ -18,7 +18,7 @@ from typing import Any, ClassVar, Literal
 import msgspec
 from msgspec import structs
 
-from collectors.juicefs_parse import (
+from collectors.formats.juicefs_files import (
     GIB,
     MountEntry,
     MountSettings,

@@ -13,7 +13,7 @@ from typing import Any, ClassVar, Literal
 
 from msgspec import structs
 
-from collectors.gpu_inventory import scan
+from collectors.shared.gpu_inventory import scan
 from gna_sdk import CollectorSettings, Emitter, HostPaths, plural
 from gna_sdk.udev import Uevent
 from gna_sdk.watch import Watches

@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 
 import structlog
 
-from collectors.kmsg_parse import (
+from collectors.formats.kmsg_records import (
     FellOffBus,
     KmsgRecord,
     ModuleError,
@@ -33,7 +33,7 @@ from collectors.kmsg_parse import (
     parse_record,
     parse_text_line,
 )
-from collectors.xid_catalog import classify, emit_sxid, emit_xid
+from collectors.formats.xid_catalog import classify, emit_sxid, emit_xid
 from gna_sdk import Aggregator, CollectorSettings, Emitter, HostPaths
 from gna_sdk.aio import wait_event
 from gna_sdk.inotify import IN_MODIFY, Inotify

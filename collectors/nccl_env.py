@@ -12,7 +12,7 @@ import contextlib
 import os
 from typing import Any, ClassVar
 
-from collectors.ib_sysfs import parse_enum
+from collectors.formats.ib_sysfs import parse_enum
 from collectors.nccl.hca_names import exact_hca_value, natural_key
 from collectors.nccl.rank_paths import nccl_ladder, parse_gdr_level
 from gna_sdk import CollectorSettings, Emitter, HostPaths, Severity

@@ -28,8 +28,9 @@ from typing import Any, ClassVar, Literal
 import msgspec
 import structlog
 
-from collectors.counter_window import CounterWindow, WindowStats, valid_reading
-from collectors.nvml_lib import (
+from collectors.formats.xid_catalog import classify, emit_xid
+from collectors.shared.counter_window import CounterWindow, WindowStats, valid_reading
+from collectors.shared.nvml_lib import (
     NVML_ERROR_FUNCTION_NOT_FOUND,
     NVML_ERROR_GPU_IS_LOST,
     NVML_ERROR_INVALID_ARGUMENT,
@@ -38,7 +39,6 @@ from collectors.nvml_lib import (
     error_code,
     load_nvml,
 )
-from collectors.xid_catalog import classify, emit_xid
 from gna_sdk import Aggregator, CollectorSettings, Emitter, HostPaths, Severity, plural, severity_rank
 from gna_types import entities
 from gna_types.entities import normal_pci

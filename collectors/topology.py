@@ -1,7 +1,7 @@
 """Node topology from sysfs: the PCIe tree, where GPUs, NICs and NVSwitches sit, the distance between
 any two of them in ``nvidia-smi topo -m``'s words, NVLinks from NVML, and the checks built on them.
 
-The tree and its distances are collectors/pcie_paths.py, NCCL's view of it (its path ladder,
+The tree and its distances are collectors/formats/pcie_tree.py, NCCL's view of it (its path ladder,
 NCCL_NET_GDR_LEVEL) collectors/nccl_paths.py: the NCCL collectors use both, and a collector plugin does
 not import another. docs/topology.md has the sources (the kernel's sysfs ABI, NCCL's topo.cc/xml.cc/paths.cc
 at each tag, nvidia-smi's legend, NVML via nvidia-ml-py).
@@ -20,16 +20,7 @@ from typing import Annotated, Any, ClassVar
 
 import msgspec
 
-from collectors.nccl.rank_paths import nccl_path
-from collectors.nvml_lib import (
-    NVML_ERROR_FUNCTION_NOT_FOUND,
-    NVML_ERROR_GPU_IS_LOST,
-    NVML_ERROR_INVALID_ARGUMENT,
-    NVML_ERROR_NOT_SUPPORTED,
-    error_code,
-    load_nvml,
-)
-from collectors.pcie_paths import (
+from collectors.formats.pcie_tree import (
     BDF,
     MAX_PCI_DEVICES,
     Finding,
@@ -43,6 +34,15 @@ from collectors.pcie_paths import (
     pcie_distance,
     read_attr,
     read_topology,
+)
+from collectors.nccl.rank_paths import nccl_path
+from collectors.shared.nvml_lib import (
+    NVML_ERROR_FUNCTION_NOT_FOUND,
+    NVML_ERROR_GPU_IS_LOST,
+    NVML_ERROR_INVALID_ARGUMENT,
+    NVML_ERROR_NOT_SUPPORTED,
+    error_code,
+    load_nvml,
 )
 from gna_sdk import CollectorSettings, Emitter, HostPaths, plural
 from gna_sdk.hostroot import HostRoot

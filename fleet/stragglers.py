@@ -127,7 +127,7 @@ def signal_value(vec: dict[str, Any], sig: Signal, partial: frozenset[str] | Non
     """The value of ``sig`` the fleet may compare: a full-window rate as measured; a rate the vector marks
     ``partial`` only as its counted increase spread over the whole window (never the extrapolated rate the
     vector shows); None when it is not measured, or partial without its count. The one place this rule
-    lives on the fleet side (the node side's is collectors/counter_window.py WindowStats.sure_per).
+    lives on the fleet side (the node side's is collectors/shared/counter_window.py WindowStats.sure_per).
     ``partial``: the vector's partial list, when the caller has it already."""
     v = _num(vec.get(sig.key))
     if v is None or sig.window <= 0:

@@ -15,7 +15,7 @@ from msgspec import UNSET, Meta, UnsetType
 __all__ = ["UNSET", "UnsetType"]
 
 # Text --------------------------------------------------------------------------------------------------
-KMSG_TEXT_MAX: Final = 4096  # collectors/kmsg_parse.py MAX_MESSAGE: a record's text is cut there
+KMSG_TEXT_MAX: Final = 4096  # collectors/formats/kmsg_records.py MAX_MESSAGE: a record's text is cut there
 PATH_MAX: Final = 4096  # Linux PATH_MAX (include/uapi/linux/limits.h)
 ERROR_MAX: Final = 500  # agent/framework.py cuts a collector's last error there
 CITATION_MAX: Final = 512  # a source reference ("NVIDIA/DCGM v4.6.0 dcgmlib/src/DcgmHealthWatch.cpp ...")

@@ -1,5 +1,5 @@
 """The ``details`` of the node's GPU messages, as typed, bounded Structs: Xids and SXids from the kernel log
-(collectors/kmsg_xid.py, collectors/xid_catalog.py), NVML's health findings and straggler vector
+(collectors/kmsg_xid.py, collectors/formats/xid_catalog.py), NVML's health findings and straggler vector
 (collectors/nvml.py), the GPU device nodes and PCIe AER (collectors/gpu_devices.py), and the PCIe/NVLink
 topology and NVSwitch fabric (collectors/topology.py).
 
@@ -49,7 +49,7 @@ NvLinks = Annotated[int, Meta(ge=0, le=64)]  # NVML_NVLINK_MAX_LINKS (18 on Hopp
 GpuVectors = Annotated[dict[Pci, Vector], Meta(max_length=64)]  # collectors/nvml.py MAX_SIGNAL_GPUS
 
 
-# -- the kernel log (collectors/kmsg_xid.py, collectors/xid_catalog.py) ------------------------------------
+# -- the kernel log (collectors/kmsg_xid.py, collectors/formats/xid_catalog.py) ------------------------------------
 
 class WindowSummary(msgspec.Struct, kw_only=True, omit_defaults=True):
     """What a kernel-log summary adds to its type's details (collectors/kmsg_xid.py ``flush``: one per key and
@@ -63,7 +63,7 @@ class WindowSummary(msgspec.Struct, kw_only=True, omit_defaults=True):
 
 
 class XidEvidence(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """A first Xid's record (collectors/kmsg_parse.py Xid): a construction part of ``GPUXidError``."""
+    """A first Xid's record (collectors/formats/kmsg_records.py Xid): a construction part of ``GPUXidError``."""
 
     pid: Annotated[int, Meta(ge=0, le=(1 << 31) - 1)] | None
     process: Name | None
@@ -73,7 +73,7 @@ class XidEvidence(msgspec.Struct, kw_only=True, omit_defaults=True):
 
 
 class GPUXidError(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """``GPUXidError``: one Xid (NVIDIA's Xid catalog, collectors/xid_catalog.py) from the kernel log or an NVML
+    """``GPUXidError``: one Xid (NVIDIA's Xid catalog, collectors/formats/xid_catalog.py) from the kernel log or an NVML
     event: the first occurrence with its record's evidence, then one summary per window."""
 
     xid: XidCode
@@ -82,7 +82,7 @@ class GPUXidError(msgspec.Struct, kw_only=True, omit_defaults=True):
     application_error: bool
     count: Count
     source: Word  # "kmsg" | "nvml"
-    # the first occurrence from the kernel log (collectors/kmsg_parse.py Xid): NVRM's pid=, name=, MIG part
+    # the first occurrence from the kernel log (collectors/formats/kmsg_records.py Xid): NVRM's pid=, name=, MIG part
     pid: Annotated[int, Meta(ge=0, le=(1 << 31) - 1)] | UnsetType | None = UNSET
     process: Name | UnsetType | None = UNSET
     mig: Name | UnsetType | None = UNSET
@@ -111,7 +111,8 @@ class GPUFellOffBus(msgspec.Struct, kw_only=True, omit_defaults=True):
 
 
 class NVSwitchSXidError(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """``NVSwitchSXidError``: nvidia-nvswitch's "SXid (PCI:...): <n>, Fatal/Non-fatal ..." (kmsg_parse SXid)."""
+    """``NVSwitchSXidError``: nvidia-nvswitch's "SXid (PCI:...): <n>, Fatal/Non-fatal ..."
+    (formats.kmsg_records SXid)."""
 
     sxid: XidCode
     fatal: bool

@@ -48,11 +48,11 @@ class KernelModuleNotLoaded(msgspec.Struct, kw_only=True, omit_defaults=True):
     kernel_log: Texts | UnsetType = UNSET  # the last three load errors' text
 
 
-# -- the kernel log (collectors/kmsg_xid.py, collectors/kmsg_parse.py) -------------------------------------
+# -- the kernel log (collectors/kmsg_xid.py, collectors/formats/kmsg_records.py) -------------------------------------
 
 class KernelModuleLoadError(msgspec.Struct, kw_only=True, omit_defaults=True):
     """``KernelModuleLoadError``: "disagrees about version of symbol", "Unknown symbol", "could not insert"
-    for an nvidia* module (kmsg_parse ModuleError); the first occurrence, then one summary per window."""
+    for an nvidia* module (formats.kmsg_records ModuleError); the first occurrence, then one summary per window."""
 
     module: Module
     kind: Word  # version_mismatch | unknown_symbol | insert_failed
@@ -67,7 +67,7 @@ class KernelModuleLoadError(msgspec.Struct, kw_only=True, omit_defaults=True):
 
 
 class NvidiaPeermemError(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """``NvidiaPeermemError``: nvidia-peermem's peer_err lines (kmsg_parse PeermemError); ``harmless`` and
+    """``NvidiaPeermemError``: nvidia-peermem's peer_err lines (formats.kmsg_records PeermemError); ``harmless`` and
     ``fixed_in`` for "detected invalid context" (Mellanox/nv_peer_memory#120, gone in R560)."""
 
     function: Name | UnsetType = UNSET

@@ -1,5 +1,5 @@
 """The ``details`` of the node's network messages, as typed, bounded Structs: the InfiniBand/RoCE ports from
-sysfs (collectors/infiniband.py, collectors/ib_sysfs.py), a job's NCCL environment (collectors/nccl_env.py)
+sysfs (collectors/infiniband.py, collectors/formats/ib_sysfs.py), a job's NCCL environment (collectors/nccl_env.py)
 and the NCCL Inspector's per-process summary (collectors/nccl_inspector.py, docs/nccl-inspector.md).
 
 Each field names where its format comes from as the collector cites it; see gna_types/gpu_details.py for
@@ -67,7 +67,7 @@ class IBPortDegraded(IBPortState, kw_only=True, omit_defaults=True):
     """``IBPortDegraded``: the rate below ``expected_rate_gbps``; width and speed from the rate's "(4X NDR)"."""
 
     expected_gbps: Gbps
-    width: Annotated[int, Meta(ge=0, le=32)] | None  # lanes: 1, 2, 4, 8, 12 (collectors/ib_sysfs.py Rate)
+    width: Annotated[int, Meta(ge=0, le=32)] | None  # lanes: 1, 2, 4, 8, 12 (collectors/formats/ib_sysfs.py Rate)
     speed: Word  # SDR DDR QDR FDR10 FDR EDR HDR NDR XDR, "" when not given
 
 

@@ -8,7 +8,7 @@ hardware that may be at fault is `inspect_hardware`. The documentation's tables 
 these (``python -m gna_types.generate``; docs/messages.md for ``GRADED``, docs/topology.md sections 4
 and 8 for ``TOPOLOGY_FINDINGS`` and ``NCCL_PATH_FINDINGS``); tests keep them equal.
 
-Not here: NVIDIA's Xid catalog (collectors/xid_catalog.py, a catalog of NVIDIA's own buckets).
+Not here: NVIDIA's Xid catalog (collectors/formats/xid_catalog.py, a catalog of NVIDIA's own buckets).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The ``details`` of the node's storage messages, as typed, bounded Structs: JuiceFS mounts and their block
-caches (collectors/juicefs.py, collectors/juicefs_parse.py).
+caches (collectors/juicefs.py, collectors/formats/juicefs_files.py).
 
-Every JuiceFS message carries its mount's settings (``JuiceFSMount``: what juicefs_parse read from the mount's
+Every JuiceFS message carries its mount's settings (``JuiceFSMount``: what formats.juicefs_files read from the mount's
 .config or the process's command line) and what its own finding adds. Each field names where its format
 comes from as the collector cites it; see gna_types/gpu_details.py for how a collector builds its details
 through them.
@@ -18,7 +18,7 @@ from gna_types.detail_fields import UNSET, Bytes, Count, FilePath, Paths, Ratio,
 
 
 class JuiceFSMount(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """A mount's settings (collectors/juicefs_parse.py ``summarize_settings``)."""
+    """A mount's settings (collectors/formats/juicefs_files.py ``summarize_settings``)."""
 
     mountpoint: FilePath
     mounted: bool

@@ -8,13 +8,10 @@ from __future__ import annotations
 import sys
 
 from agent.spool import decode_frames
-from collectors import (
-    ib_sysfs,
-    juicefs_parse,
-    kernel_modules,
-    kmsg_parse,
-    nccl_env,
-)
+from collectors import kernel_modules, nccl_env
+from collectors.formats import ib_sysfs
+from collectors.formats import juicefs_files as juicefs_parse
+from collectors.formats import kmsg_records as kmsg_parse
 from collectors.nccl import flight_recorder, line, matching, prefilter
 from collectors.nccl import ras_protocol as nccl_ras
 

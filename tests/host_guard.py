@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pytest
 
-from collectors.kmsg_parse import NvidiaLineParser, parse_record
+from collectors.formats.kmsg_records import NvidiaLineParser, parse_record
 
 SELFTEST = "gna-selftest-"  # what tests/test_kmsg.py's real-kmsg record starts with
 REAL_KMSG = "GNA_TEST_REAL_KMSG"

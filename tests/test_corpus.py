@@ -18,7 +18,7 @@ import pytest
 
 from agent import config as configmod
 from agent.check import run_check
-from collectors.juicefs_parse import parse_stats
+from collectors.formats.juicefs_files import parse_stats
 from sim.host import SimHost
 
 CORPUS = Path(__file__).parent / "corpus"

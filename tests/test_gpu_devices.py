@@ -13,7 +13,7 @@ from agent.emitter import CollectorEmitter, ConditionTracker
 from agent.facts import FactStore
 from agent.nats_server import NatsServerProcess
 from collectors import gpu_devices as gd
-from collectors import nvml_lib
+from collectors.shared import nvml_lib as nvml_lib
 from gna_sdk.hostroot import HostRoot
 from gna_sdk.udev import UdevMonitor
 from sim.host import SimHost

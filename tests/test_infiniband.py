@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from agent.emitter import CollectorEmitter, ConditionTracker
 from agent.facts import FactStore
 from collectors import infiniband as ibmod
-from collectors.ib_sysfs import (
+from collectors.formats.ib_sysfs import (
     PHYS_STATES,
     Rate,
     consistent,

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from agent.emitter import CollectorEmitter, ConditionTracker
 from agent.facts import FactStore
 from collectors import juicefs as jmod
-from collectors.juicefs_parse import (
+from collectors.formats.juicefs_files import (
     GIB,
     MIB,
     parse_config,

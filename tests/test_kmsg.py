@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from agent.emitter import CollectorEmitter, ConditionTracker
 from agent.facts import FactStore
-from collectors.kmsg_parse import (
+from collectors.formats.kmsg_records import (
     FellOffBus,
     ModuleError,
     NvidiaLineParser,
@@ -23,8 +23,8 @@ from collectors.kmsg_parse import (
     parse_record,
     parse_text_line,
 )
+from collectors.formats.xid_catalog import classify
 from collectors.kmsg_xid import KmsgXidCollector, KmsgXidConfig
-from collectors.xid_catalog import classify
 from gna_sdk.hostroot import HostRoot
 from sim.host import SimHost
 from tests.conftest import Sink

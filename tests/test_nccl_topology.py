@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from agent import config as configmod
 from agent.check import check_roots
-from collectors import pcie_paths as pp
+from collectors.formats import pcie_tree as pp
 from collectors.nccl import rank_paths as ncclp
 from collectors.nccl.line import parse_line
 from collectors.nccl.matching import match_line

@@ -8,8 +8,8 @@ import pytest
 
 from agent.emitter import CollectorEmitter, ConditionTracker
 from agent.facts import FactStore
-from collectors import nvml_lib
 from collectors.nvml import NVMLCollector, NVMLConfig
+from collectors.shared import nvml_lib as nvml_lib
 from gna_sdk.hostroot import HostRoot
 from tests.conftest import Sink, validate_message
 from tests.fake_nvml import FakeGPU, FakeNVML

@@ -17,8 +17,8 @@ from agent.emitter import CollectorEmitter, ConditionTracker
 from agent.facts import FactStore
 from agent.message import to_dict
 from collectors import infiniband as ibmod
-from collectors.counter_window import CounterWindow, WindowStats, counter_increase, valid_reading
 from collectors.nvml import NVMLCollector, NVMLConfig, pcie_replay_limit_per_min
+from collectors.shared.counter_window import CounterWindow, WindowStats, counter_increase, valid_reading
 from gna_sdk.hostroot import HostRoot
 from sim.host import SimHost
 from tests.conftest import Sink, validate_message

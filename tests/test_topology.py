@@ -31,10 +31,10 @@ from hypothesis import strategies as st
 from agent.emitter import CollectorEmitter, ConditionTracker
 from agent.facts import FactStore
 from agent.message import to_dict
-from collectors import pcie_paths as pp
 from collectors import topology as t
+from collectors.formats import pcie_tree as pp
+from collectors.formats.pcie_tree import PciNode, Topology
 from collectors.nccl import rank_paths as ncclp
-from collectors.pcie_paths import PciNode, Topology
 from collectors.topology import TopologyCollector, TopologyConfig
 from gna_sdk.hostroot import HostRoot
 from gna_types.policy import TOPOLOGY_FINDINGS

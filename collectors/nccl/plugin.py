@@ -35,7 +35,8 @@ from typing import Annotated, Any, ClassVar, Literal
 import msgspec
 import structlog
 
-from collectors.ib_sysfs import parse_enum
+from collectors.formats.ib_sysfs import parse_enum
+from collectors.formats.pcie_tree import Finding, Topology, read_topology
 from collectors.nccl import container_logs
 from collectors.nccl.container_logs import Format, pod_of_path
 from collectors.nccl.hang_evidence import FlightRecords, RasAsker, read_environ
@@ -54,7 +55,6 @@ from collectors.nccl.rank_paths import (
 )
 from collectors.nccl.rule import Heard, Said
 from collectors.nccl.rules import WARNING_RULE
-from collectors.pcie_paths import Finding, Topology, read_topology
 from gna_sdk import CollectorSettings, Emitter, HostPaths
 from gna_sdk.hostroot import HostRoot
 from gna_sdk.ids import derived_id

@@ -1,7 +1,7 @@
 """NCCL's view of the node's PCIe tree: its path ladder per release, the path it computes between a GPU and a
 NIC, how it reads NCCL_NET_GDR_LEVEL, and the checks that hold a rank's GPU and NICs against the tree
 (NCCLFarNIC, NCCLGDRLevel). Pure functions shared by the topology collector and the NCCL collectors
-(collectors/nccl/plugin.py, collectors/nccl_env.py); the tree itself is collectors/pcie_paths.py.
+(collectors/nccl/plugin.py, collectors/nccl_env.py); the tree itself is collectors/formats/pcie_tree.py.
 
 Sources, read with ``git show <tag>:<path>`` on the NVIDIA/nccl mirror (docs/topology.md has the tables):
 ``src/graph/topo.h`` / ``src/include/graph.h`` (the ladder), ``src/graph/paths.cc`` (``ncclGetLevel``,
@@ -17,7 +17,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from collectors.pcie_paths import PCIE_LADDER, Finding, PciNode, Topology, pcie_distance, rank
+from collectors.formats.pcie_tree import PCIE_LADDER, Finding, PciNode, Topology, pcie_distance, rank
 from gna_types.policy import verdict
 
 # NCCL path types up to PATH_SYS per version (src/graph/topo.h, or src/include/graph.h since 2.24):
