@@ -16,6 +16,9 @@ from collectors.formats.ib_sysfs import parse_enum
 from collectors.nccl.hca_names import exact_hca_value, natural_key
 from collectors.nccl.rank_paths import nccl_ladder, parse_gdr_level
 from gna_sdk import CollectorSettings, Emitter, HostPaths, Severity
+from gna_types.network_details import NCCLEnvMisconfigured
+from gna_types.node_details import wire
+from gna_types.policy import verdict
 
 IB_TIMEOUT_DEFAULT = 20  # NCCL >= 2.23 (18 before, 14 earlier)
 
@@ -69,17 +72,18 @@ def ifname_matches(value: str, ifaces: list[str]) -> list[str]:
 
 def lint(env: dict[str, str], *, hcas: list[str], active_ib: bool, ifaces: list[str],
          min_ib_timeout: int) -> list[tuple[str, Severity, str, str, dict[str, Any]]]:
-    """(variable, severity, reason, message, details) for each finding."""
-    out: list[tuple[str, Severity, str, str, dict[str, Any]]] = []
+    """(variable, severity, reason, message, details) for each finding; the severity is the policy table's
+    (gna_types.policy NCCL_FINDINGS, ``NCCLEnvMisconfigured``)."""
+    out: list[tuple[str, str, str, dict[str, Any]]] = []
     v = env.get("NCCL_IB_HCA")
     if v is not None and (over := hca_prefix_overmatch(v, hcas)):
         exact = exact_hca_value(v, hcas)
-        out.append(("NCCL_IB_HCA", "warning", "PrefixMatch",
+        out.append(("NCCL_IB_HCA", "PrefixMatch",
                     f"NCCL_IB_HCA={v} is a prefix match selecting "
                     f"{sorted({h for hs in over.values() for h in hs}, key=natural_key)}; set NCCL_IB_HCA to "
                     f"'{exact}' to name them exactly.", {"value": v, "matches": over, "exact": exact}))
     if "NCCL_IB_GID_INDEX" in env:
-        out.append(("NCCL_IB_GID_INDEX", "warning", "SetByHand",
+        out.append(("NCCL_IB_GID_INDEX", "SetByHand",
                     f"NCCL_IB_GID_INDEX={env['NCCL_IB_GID_INDEX']} is set by hand; NCCL >= 2.21 selects the GID "
                     f"itself and a fixed index breaks on nodes whose GID table differs.",
                     {"value": env["NCCL_IB_GID_INDEX"]}))
@@ -93,12 +97,12 @@ def lint(env: dict[str, str], *, hcas: list[str], active_ib: bool, ifaces: list[
         info = {"value": v[:200], "valid": names, "parsed_as": gdr.form, "effective_level": gdr.effective,
                 "note": gdr.note}
         if gdr.form == "integer":
-            out.append(("NCCL_NET_GDR_LEVEL", "warning", "IntegerLevel",
+            out.append(("NCCL_NET_GDR_LEVEL", "IntegerLevel",
                         f"NCCL_NET_GDR_LEVEL={v[:60]} is a legacy integer ({gdr.note}); the numbers NCCL logs as "
                         f"'distance %d' are path types that moved with each release: write the name "
                         f"({', '.join(names)}).", info))
         elif gdr.form == "ignored":
-            out.append(("NCCL_NET_GDR_LEVEL", "warning", "InvalidLevel",
+            out.append(("NCCL_NET_GDR_LEVEL", "InvalidLevel",
                         f"NCCL_NET_GDR_LEVEL={v[:60]!r} is not a level NCCL reads ({gdr.note}): it keeps its default "
                         f"{gdr.effective}; use one of {', '.join(names)}.", info))
     v = env.get("NCCL_IB_TIMEOUT")
@@ -108,30 +112,33 @@ def lint(env: dict[str, str], *, hcas: list[str], active_ib: bool, ifaces: list[
         except ValueError:
             t = -1
         if t < min_ib_timeout:
-            out.append(("NCCL_IB_TIMEOUT", "warning", "TooShort",
+            out.append(("NCCL_IB_TIMEOUT", "TooShort",
                         f"NCCL_IB_TIMEOUT={v} is below {min_ib_timeout} (4.096 us x 2^{min_ib_timeout} ~ 4.3 s): on a "
                         f"large fabric transient congestion becomes retry-exceeded errors.",
                         {"value": v, "default": IB_TIMEOUT_DEFAULT}))
     v = env.get("NCCL_IB_RETRY_CNT")
     if v is not None and not (v.strip().isdigit() and 0 <= int(v) <= 7):
-        out.append(("NCCL_IB_RETRY_CNT", "warning", "OutOfRange", f"NCCL_IB_RETRY_CNT={v} is outside 0-7.",
+        out.append(("NCCL_IB_RETRY_CNT", "OutOfRange", f"NCCL_IB_RETRY_CNT={v} is outside 0-7.",
                     {"value": v}))
     v = env.get("NCCL_SOCKET_IFNAME")
     if v is not None and ifaces and not ifname_matches(v, ifaces):
-        out.append(("NCCL_SOCKET_IFNAME", "warning", "NoSuchInterface",
+        out.append(("NCCL_SOCKET_IFNAME", "NoSuchInterface",
                     f"NCCL_SOCKET_IFNAME={v} selects no interface on this node ({', '.join(ifaces)}): bootstrap "
                     f"will hang or use the wrong network.", {"value": v, "interfaces": ifaces}))
     if env.get("NCCL_IB_DISABLE", "").strip() == "1" and active_ib:
-        out.append(("NCCL_IB_DISABLE", "warning", "IBDisabledOnIBNode",
+        out.append(("NCCL_IB_DISABLE", "IBDisabledOnIBNode",
                     "NCCL_IB_DISABLE=1 on a node with ACTIVE IB/RoCE ports: NCCL will use TCP sockets.",
                     {"value": "1"}))
     level = env.get("NCCL_DEBUG", "").strip().upper()
     if level in ("", "WARN", "VERSION"):
-        out.append(("NCCL_DEBUG", "info", "FallbackInvisible",
+        out.append(("NCCL_DEBUG", "FallbackInvisible",
                     f"NCCL_DEBUG is {level or 'unset'}: an IB-to-socket fallback or missing GPUDirect RDMA is "
                     f"invisible; set NCCL_DEBUG=INFO with NCCL_DEBUG_FILE=/var/log/nccl/%h.%p.log.",
                     {"value": level or None}))
-    return out
+    graded: list[tuple[str, Severity, str, str, dict[str, Any]]] = []
+    for var, reason, message, details in out:
+        graded.append((var, verdict("NCCLEnvMisconfigured", reason).severity, reason, message, details))
+    return graded
 
 
 class NCCLEnvCollector:
@@ -191,6 +198,6 @@ class NCCLEnvCollector:
                                                                 min_ib_timeout=self.config.min_ib_timeout):
                 await self.emit.condition(
                     "NCCLEnvMisconfigured", firing=True, severity=severity, entity=f"proc:{pid}/{var}",
-                    reason=reason, message=f"Process {pid}: {message}", details={"pid": pid, "variable": var,
-                                                                               **details},
-                    suggested_action="fix_config")
+                    reason=reason, message=f"Process {pid}: {message}",
+                    details=wire(NCCLEnvMisconfigured(pid=pid, variable=var, **details)),
+                    suggested_action=verdict("NCCLEnvMisconfigured", reason).action)

@@ -39,6 +39,9 @@ from gna_sdk import CollectorSettings, Emitter, HostPaths, plural
 from gna_sdk.hostroot import HostRoot
 from gna_sdk.tailer import TailedFile, Tailer
 from gna_types import entities
+from gna_types.network_details import NCCLInspectorSummary
+from gna_types.node_details import wire
+from gna_types.policy import verdict
 
 log = structlog.get_logger(__name__)
 
@@ -556,12 +559,14 @@ class NCCLInspectorCollector:
     async def _publish(self, proc: _Process) -> bool:
         details = self.summary_of(proc)
         n_ops = sum(c["records"] for c in details["comms"])
+        v = verdict("NCCLInspectorSummary", "Periodic")
         ok = await self.emit.event(
-            "NCCLInspectorSummary", severity="info", entity=proc.entity, reason="Periodic",
+            "NCCLInspectorSummary", severity=v.severity, entity=proc.entity, reason="Periodic",
+            suggested_action=v.action,
             message=f"NCCL Inspector: {plural(n_ops, 'operation')} of "
                     f"{plural(len(details['comms']), 'communicator rank')} in "
                     f"{proc.host}:{proc.pid} over the last {self.config.window:g} s.",
-            details=details)
+            details=wire(NCCLInspectorSummary(**details)))
         if ok:
             proc.new = 0
         return ok

@@ -199,6 +199,27 @@ NCCL_FINDINGS: dict[tuple[str, str], Verdict] = {
         "warning", "fix_config", "NCCL_IB_HCA without '=' is a prefix: it selected HCAs it did not name"),
     ("NCCLHCASelection", "StorageNIC"): Verdict(
         "warning", "fix_config", "NCCL selected a NIC the configuration reserves for storage"),
+    ("NCCLInspectorSummary", "Periodic"): Verdict(
+        "info", "none", "NCCL Inspector's per-communicator performance over the window: straggler evidence"),
+    # a running job's environment (/proc/<pid>/environ) as NCCL will read it (collectors/nccl_env.py lint)
+    ("NCCLEnvMisconfigured", "PrefixMatch"): Verdict(
+        "warning", "fix_config", "NCCL_IB_HCA without '=' also selects HCAs whose names it prefixes"),
+    ("NCCLEnvMisconfigured", "SetByHand"): Verdict(
+        "warning", "fix_config", "NCCL_IB_GID_INDEX fixed by hand (NCCL >= 2.21 selects the GID itself)"),
+    ("NCCLEnvMisconfigured", "IntegerLevel"): Verdict(
+        "warning", "fix_config", "NCCL_NET_GDR_LEVEL as a legacy integer whose meaning moved between releases"),
+    ("NCCLEnvMisconfigured", "InvalidLevel"): Verdict(
+        "warning", "fix_config", "NCCL_NET_GDR_LEVEL that NCCL ignores (not an exact name, not a number)"),
+    ("NCCLEnvMisconfigured", "TooShort"): Verdict(
+        "warning", "fix_config", "NCCL_IB_TIMEOUT below the configured minimum: congestion becomes retry errors"),
+    ("NCCLEnvMisconfigured", "OutOfRange"): Verdict(
+        "warning", "fix_config", "NCCL_IB_RETRY_CNT outside the 3-bit field's 0-7"),
+    ("NCCLEnvMisconfigured", "NoSuchInterface"): Verdict(
+        "warning", "fix_config", "NCCL_SOCKET_IFNAME selects no interface of this node"),
+    ("NCCLEnvMisconfigured", "IBDisabledOnIBNode"): Verdict(
+        "warning", "fix_config", "NCCL_IB_DISABLE=1 where IB/RoCE ports are ACTIVE: sockets by the job's choice"),
+    ("NCCLEnvMisconfigured", "FallbackInvisible"): Verdict(
+        "info", "fix_config", "NCCL_DEBUG below INFO: a fallback to sockets or lost GPUDirect RDMA goes unseen"),
 }
 
 # the page and marker name each table is generated into (gna_types/generate.py)
