@@ -34,7 +34,7 @@ ARG CREATED=unknown
 # The name the manifests use (deploy/kubernetes/): tag what you build as ${IMAGE}:${VERSION}.
 ARG IMAGE=ghcr.io/gpu-node-agent/gpu-node-agent
 RUN apt-get update \
- && apt-get install -y --no-install-recommends python3 ca-certificates \
+ && apt-get install -y --no-install-recommends python3 ca-certificates libstdc++6 \
  && rm -rf /var/lib/apt/lists/*
 # The same script `make image` runs in its mmdebstrap root filesystem.
 RUN --mount=type=bind,from=wheels,source=/wheels,target=/wheels \

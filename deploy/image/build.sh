@@ -1,11 +1,13 @@
 #!/bin/sh
 # `make image`: the Dockerfile's image, built without Docker and without a registry base image.
 # Debian's mmdebstrap makes a minimal bookworm root filesystem (Essential packages, python3,
-# ca-certificates) from the Debian archive, deploy/image/install.sh installs the wheelhouse into it
+# ca-certificates, libstdc++6) from the Debian archive, deploy/image/install.sh installs the wheelhouse into it
 # (the same script the Dockerfile runs), and umoci packs it as a one-layer OCI image with the
 # Dockerfile's config (entrypoint, user, labels). Output, under OUT (default build/image):
 #   wheels/   the project's wheel and its dependencies' (this machine's architecture)
-#   rootfs/   the root filesystem (tests chroot into it and run `gpu-node-agent check`)
+#   rootfs.tar  the root filesystem (the slow test unpacks it, chroots into it and runs `gpu-node-agent check`;
+#               a tarball, not a directory: setuptools walks the source tree following symbolic links, and
+#               a root filesystem's absolute links lead it into the host's /proc)
 #   oci/      the OCI image layout, tag $VERSION: push with skopeo (docs/install.md)
 # Root runs mmdebstrap in its root mode; another user in its unshare mode (needs /etc/subuid).
 #   deploy/image/build.sh [wheels|rootfs|oci]    (default: all three, in that order)
@@ -36,11 +38,11 @@ wheels() {
 }
 
 rootfs() {
-    rm -rf "$OUT/rootfs"
+    rm -f "$OUT/rootfs.tar"
     mode=root
     [ "$(id -u)" = 0 ] || mode=unshare
     # Documentation, man pages and locales are left out (copyright files kept), as in Debian's slim images.
-    mmdebstrap --mode="$mode" --variant=essential --include=python3,ca-certificates \
+    mmdebstrap --mode="$mode" --variant=essential --include=python3,ca-certificates,libstdc++6 \
         --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-include=/usr/share/doc/*/copyright' \
         --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/locale/*' \
         --dpkgopt='path-exclude=/usr/share/info/*' \
@@ -49,19 +51,20 @@ rootfs() {
         --customize-hook="upload '$here/install.sh' /var/cache/gna-wheels/install.sh" \
         --customize-hook="chroot \"\$1\" sh /var/cache/gna-wheels/install.sh /var/cache/gna-wheels '$EXTRAS'" \
         --customize-hook='rm -rf "$1/var/cache/gna-wheels" "$1/var/cache/apt/"*.bin "$1/var/log/"*.log' \
-        "$SUITE" "$OUT/rootfs" \
+        "$SUITE" "$OUT/rootfs.tar" \
         "deb $MIRROR $SUITE main" "deb $MIRROR $SUITE-updates main" "deb $SECURITY_MIRROR $SUITE-security main"
 }
 
 oci() {
-    rm -rf "$OUT/oci" "$OUT/bundle"
+    rm -rf "$OUT/oci"
     ref="$OUT/oci:$VERSION"
+    bundle=$(mktemp -d "${TMPDIR:-/var/tmp}/gna-bundle.XXXXXX")
+    trap 'rm -rf "$bundle"' EXIT
     umoci init --layout "$OUT/oci"
     umoci new --image "$ref"
-    umoci unpack --image "$ref" "$OUT/bundle"
-    cp -a "$OUT/rootfs/." "$OUT/bundle/rootfs/"
-    umoci repack --image "$ref" "$OUT/bundle"
-    rm -rf "$OUT/bundle"
+    umoci unpack --image "$ref" "$bundle/b"
+    tar -xf "$OUT/rootfs.tar" -C "$bundle/b/rootfs" --numeric-owner
+    umoci repack --image "$ref" "$bundle/b"
     # The Dockerfile's ENTRYPOINT, USER, ENV and LABELs (tests/test_deploy_manifests.py compares them).
     umoci config --image "$ref" --os linux --architecture "$(dpkg --print-architecture)" \
         --config.user 65532:65532 --config.workingdir / \
