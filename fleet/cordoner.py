@@ -239,8 +239,9 @@ class Cordoner:
             node=c["node"], collector="correlator", kind="condition", type="IncidentCulprit",
             severity="critical" if firing else "info", status="firing" if firing else "resolved",
             entity=str(c.get("entity", "node"))[:200], reason=str(c.get("kind", "culprit"))[:64],
-            message=f"culprit of job {rec['job']}: {str(rec.get('reason', ''))[:300]}",
-            details={"job": rec["job"], "confidence": rec.get("confidence"), "victims": len(rec.get("victims", [])),
+            message=f"culprit of job {rec.get('job_name') or rec['job']}: {str(rec.get('reason', ''))[:300]}",
+            details={"job": rec["job"], "job_name": rec.get("job_name"), "confidence": rec.get("confidence"),
+                     "victims": len(rec.get("victims", [])),
                      "actionable": culprit_actionable(rec) if firing else None})
         try:
             await self.engine.handle(to_dict(trigger))

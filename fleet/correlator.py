@@ -103,9 +103,10 @@ class Incident:
     contested: bool = False
     findings: list[dict[str, Any]] = field(default_factory=list)
     culprits: list[dict[str, str]] = field(default_factory=list)  # every culprit (hardware on up to 2 nodes)
+    job_name: str | None = None  # "team-a/llama-70b (PyTorchJob)", "slurm:1234 (llama)": display; job is the key
 
     def to_dict(self) -> dict[str, Any]:
-        return {"job": self.job, "culprit": self.culprit, "culprits": self.culprits or
+        return {"job": self.job, "job_name": self.job_name, "culprit": self.culprit, "culprits": self.culprits or
                 ([self.culprit] if self.culprit else []), "confidence": round(self.confidence, 2),
                 "actionable": self.actionable, "corroboration": self.corroboration, "reporters": self.reporters,
                 "contested": self.contested, "findings": self.findings,
@@ -276,6 +277,7 @@ def incident(f: JobFacts, v: _Verdict) -> Incident:
     inc.reporters = sorted(v.reporters)[:64]
     inc.contested, inc.findings = ms.contested, ms.findings
     inc.culprits = v.culprits or ([v.culprit] if v.culprit else [])
+    inc.job_name = f.name()
     return inc
 
 

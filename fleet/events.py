@@ -38,7 +38,7 @@ FETCH_WAIT_S = 0.5  # how long one fetch waits for new messages: the follower's 
 @dataclass
 class EventsQuery:
     node: str | None = None
-    job: str | None = None  # only messages about this job (details.job: its ranks' symptoms, as incidents name it)
+    job: str | None = None  # only messages about this job: its commId (details.job) or its name (details.job_name)
     collector: str | None = None
     severity: str | None = None
     follow: bool = False
@@ -82,7 +82,8 @@ class _Printer:
             # is counted and summarised on stderr, and its bytes (terminal escapes) never printed raw
             self.rejections.record(exc.reason, subject, data, str(exc))
             return
-        if self.job is not None and (msg.get("details") or {}).get("job") != self.job:
+        details = msg.get("details") or {}
+        if self.job is not None and self.job not in (details.get("job"), details.get("job_name")):
             return
         sys.stdout.write(json.dumps(msg, separators=(",", ":")) + "\n")
         sys.stdout.flush()

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import re
 import sys
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Collection
 from typing import Any
 
@@ -355,6 +355,7 @@ class JobFacts:
         self.timed_out_ranks: set[int] = set()
         self.self_reported_ranks: set[int] = set()
         self._generation = 0
+        self.names: dict[str, str] = {}  # node -> the job's name as that node's lookup gave it (display only)
 
     def add(self, m: dict[str, Any], order: int, d: ProcessSummary | None = None) -> bool:
         """One of the job's NCCL messages (collector nccl_logs, details.job this job), with its typed details
@@ -368,6 +369,8 @@ class JobFacts:
         if mem is None:
             return False
         key = (node, str(m.get("entity", ""))[:600])
+        if d.job_name is not None and self.names.get(node) != d.job_name:
+            self.names[node] = sys.intern(d.job_name)
         self._file(m, d, node, key)
         if key in self.procs or self._generation != self.ms.generation:
             self._derive(key)  # its numbers, or its binding, may have changed
@@ -375,6 +378,14 @@ class JobFacts:
         if own != key and own in self.procs:
             self._derive(own)  # the process's binding came with a message filed under another entity
         return True
+
+    def name(self) -> str | None:
+        """The job's name as operators know it: the one most of its nodes give (each node's lookup is its own
+        word; a node naming the job otherwise is outvoted, and a name changes no verdict)."""
+        if not self.names:
+            return None
+        votes = Counter(self.names.values())
+        return min(votes, key=lambda n: (-votes[n], n))
 
     def _file(self, m: dict[str, Any], d: ProcessSummary, node: str, key: tuple[str, str]) -> None:
         type_ = m.get("type")

@@ -188,7 +188,8 @@ def decode_incident(data: bytes | str | dict[str, Any], *, job: str | None = Non
         raise Rejected("schema", f"evidence_total {str(total)[:40]!r}")
     updated = _epoch_seconds(doc.get("updated", 0.0), "updated")
     opened = _epoch_seconds(doc.get("opened", updated), "opened")
-    return {"status": status, "job": name, "culprit": culprit, "culprits": culprits, "confidence": float(confidence),
+    return {"status": status, "job": name, "job_name": _text(doc.get("job_name"), "job_name", optional=True) or None,
+            "culprit": culprit, "culprits": culprits, "confidence": float(confidence),
             "actionable": doc.get("actionable", False), "contested": doc.get("contested", False),
             "corroboration": _text(doc.get("corroboration"), "corroboration", optional=True),
             "reporters": _names(doc.get("reporters", []), "reporters"),
@@ -508,7 +509,7 @@ class FleetState:
             culprits = r.get("culprits") or ([r["culprit"]] if r.get("culprit") else [])
             mine = [c for c in culprits if c.get("node") == name]
             if mine or name in r.get("victims", ()):
-                out.append({"job": r["job"], "role": "culprit" if mine else "victim",
+                out.append({"job": r["job"], "job_name": r.get("job_name"), "role": "culprit" if mine else "victim",
                             "entity": mine[0].get("entity") if mine else None,
                             "confidence": r.get("confidence"), "actionable": r.get("actionable", False),
                             "reason": r.get("reason", ""), "opened": r.get("opened"), "updated": r.get("updated")})

@@ -95,7 +95,8 @@ def render_incidents(state: FleetState, *, limit: int = INCIDENT_ROWS, fit: bool
     for r in open_[:limit]:
         c = r["culprit"]
         kind = "" if c is None else c["kind"] + (f" rank {c['rank']}" if c.get("rank") is not None else "")
-        t.add_row(plain(r["job"]), plain(c["node"] if c else "none named"), plain(c["entity"] if c else ""),
+        t.add_row(plain(r.get("job_name") or r["job"]), plain(c["node"] if c else "none named"),
+                  plain(c["entity"] if c else ""),
                   plain(kind), _standing(r), str(len(r["victims"])), plain(r["reason"]))
     if len(open_) > limit:
         t.caption = f"{plural(len(open_) - limit, 'more open incident')} (the dashboard's /incidents lists them all)"

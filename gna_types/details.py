@@ -41,7 +41,7 @@ PgId = Annotated[str, Meta(max_length=128)]
 # fleet keeps one per message it files (fleet/typed_details.py; issue 21: the cycle collector's pauses)
 class ProcessSummary(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
     """What every NCCL message's details carry about the process that wrote the line
-    (collectors/nccl_parse.py ``ProcessState.summary``)."""
+    (collectors/nccl/process.py ``ProcessState.summary``; the job's name from collectors/nccl/job_identity.py)."""
 
     job: JobId | None = None
     host: Host | None = None
@@ -53,6 +53,10 @@ class ProcessSummary(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False)
     nics: Words | None = None  # the NICs this process's channels really use
     transport: Annotated[str, Meta(max_length=32)] | None = None
     oob: Annotated[str, Meta(max_length=256)] | None = None
+    # the job as operators name it, once the node's lookup answered: "team-a/llama-70b (PyTorchJob)",
+    # "slurm:1234 (llama)"; shown beside the commId, never a key (a node's word about a job is not evidence)
+    job_name: Annotated[str, Meta(max_length=JOB_MAX)] | None = None
+    job_kind: Annotated[str, Meta(max_length=64)] | None = None
 
 
 class JobMember(ProcessSummary, kw_only=True, omit_defaults=True):

@@ -116,8 +116,8 @@ def test_views_list_a_named_culprit_above_a_newer_job_with_none() -> None:
     assert [r["job"] for r in state.incidents(status="open")] == ["named", "shown", "nothing"]
     # the culprit's node page names its incident; a victim's says which job's hang it suffers
     assert state.node_incidents("gpu-007") == [
-        {"job": "named", "role": "culprit", "entity": "ib:mlx5_0/1", "confidence": 0.97, "actionable": True,
-         "reason": "r", "opened": now - 5, "updated": now}]
+        {"job": "named", "job_name": None, "role": "culprit", "entity": "ib:mlx5_0/1", "confidence": 0.97,
+         "actionable": True, "reason": "r", "opened": now - 5, "updated": now}]
     assert [(i["job"], i["role"]) for i in state.node_incidents("v1")] == [
         ("named", "victim"), ("shown", "victim"), ("nothing", "victim")]
     assert state.node_incidents("gpu-009") == []  # its incident resolved

@@ -83,7 +83,7 @@ def test_kept_record_is_the_validated_one() -> None:
     rec["evidence"][0]["unknown"] = "dropped"
     assert st.apply_incident(_b(rec), key=encode_token(JOB))
     kept = st.incidents()[0]
-    assert set(kept) == {"status", "job", "culprit", "culprits", "confidence", "actionable", "contested",
+    assert set(kept) == {"status", "job", "job_name", "culprit", "culprits", "confidence", "actionable", "contested",
                          "corroboration", "reporters", "findings", "reason", "evidence", "evidence_total", "victims",
                          "nodes", "first_evidence", "last_evidence", "evidence_counts", "opened", "updated"}, \
         "unknown fields are not carried to the views"
@@ -292,7 +292,7 @@ async def test_dashboard_api_serves_the_kv_bucket(nats_server: NatsServerProcess
                 got = d["incidents"][0]
                 # what the record left out, the decoder fills with its defaults (issue 22's fields)
                 assert got == {**rec, "updated": pytest.approx(rec["updated"]),
-                               "opened": pytest.approx(rec["updated"]), "last_evidence": None,
+                               "opened": pytest.approx(rec["updated"]), "last_evidence": None, "job_name": None,
                                "evidence_counts": {"by_type": {}, "by_node": {}, "nodes": 0}}
                 frame = b""
                 while b"event: incidents" not in frame:
