@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -387,3 +388,71 @@ async def test_the_kubelets_rotation_while_the_agent_was_down_is_read_once(tmp_p
         assert len(timeouts) == 1 and timeouts[0].details["seq_num"] == 4712, (compress, second.messages)
         third = await run(compress)  # and never again
         assert not third.of("NCCLCollectiveTimeout")
+
+
+# -- issue 24 (3): the verdicts hold for every layout -----------------------------------------------------------
+
+def _pytorch_timeout(rank: int, seq: int = 40) -> str:
+    # torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp (2.5+ prefix), torchrun's [rankN]: per-rank prefix
+    return (f"[rank{rank}]:[E1203 10:30:00.100000 77 ProcessGroupNCCL.cpp:632] [PG ID 0 PG GUID 0(default_pg) Rank "
+            f"{rank}] Watchdog caught collective operation timeout: WorkNCCL(SeqNum={seq}, OpType=ALLREDUCE, "
+            f"NumelIn=262144, NumelOut=262144, Timeout(ms)=600000) ran for 600081 milliseconds before timing out.")
+
+
+def _init(host: str, pid: int, rank: int, size: int, dev: int) -> str:
+    # src/init.cc Init COMPLETE (2.21): "comm %p rank %d nranks %d cudaDev %d nvmlDev %d busId %lx commId 0x%llx"
+    bus = ["18000", "2a000"][dev]
+    return (f"{host}:{pid}:{pid + 9} [{dev}] NCCL INFO comm 0x55d0c8a{rank:x} rank {rank} nranks {size} cudaDev {dev} "
+            f"nvmlDev {dev} busId {bus} commId 0x8b1f2e3d4c5b6a79 - Init COMPLETE")
+
+
+def _layout_nodes(tmp_path: Path, layout: str, hung: int) -> list[Path]:
+    """Four nodes, two ranks each (8 ranks), NCCL's lines in NCCL_DEBUG_FILE, PyTorch's where the layout puts
+    them: the pod's container log (Kubernetes) or the job's output file on each node (Slurm)."""
+    roots = []
+    for n in range(4):
+        root = tmp_path / f"n{n}"
+        host = SimHost.gpu_node(root, gpus=2)
+        host.write("/etc/hostname", f"n{n}\n")
+        host.write("/proc/sys/kernel/hostname", f"n{n}\n")
+        pod = f"llama-70b-worker-{n}"
+        uid = f"5f0c2f52-3a0e-4c1e-9a77-0c3f1b7d2e1{n}"
+        nccl_host = pod if layout == "kubernetes" else f"n{n}"
+        records: list[bytes] = []
+        out: list[str] = []
+        for local in range(2):
+            rank, pid = 2 * n + local, 42 + local if layout == "kubernetes" else 4000 + local
+            host.write(f"/var/log/nccl/{nccl_host}.{pid}.log", _init(nccl_host, pid, rank, 8, local) + "\n")
+            if layout == "slurm":
+                host.write(f"/proc/{pid}/environ", f"SLURM_JOB_ID=1234\0SLURM_PROCID={rank}\0")
+                host.write(f"/proc/{pid}/cgroup", f"0::/system.slice/slurmstepd.scope/job_1234/step_0/task_{local}\n")
+            if rank != hung:
+                records.append(cri("stderr", "F", _pytorch_timeout(rank)))
+                out.append(_pytorch_timeout(rank))
+        if layout == "kubernetes":
+            d = host.p(f"/var/log/pods/team-a_{pod}_{uid}/pytorch")
+            d.mkdir(parents=True)
+            (d / "0.log").write_bytes(cri("stdout", "F", "step 100 loss 1.2") + b"".join(records))
+        else:
+            host.write("/home/alice/logs/llama-pretrain-1234.out", "step 100 loss 1.2\n" + "\n".join(out) + "\n")
+        roots.append(root)
+    return roots
+
+
+@pytest.mark.parametrize("layout", ["kubernetes", "slurm"])
+def test_the_hung_rank_is_named_whatever_file_pytorch_wrote_to(tmp_path: Path, layout: str) -> None:
+    """On a held-out set, every hung rank with NCCL_DEBUG_FILE and PyTorch's lines in another file got "no
+    resource of the job stands out": the watchdog lines were not tied to their process. Now they are."""
+    import asyncio
+
+    from agent import config as configmod
+    from agent.check import check_roots
+    from fleet.correlator import correlate
+
+    base = configmod.parse('[collectors.nccl_logs]\nglobs = ["/var/log/nccl/*.log", "/home/*/logs/*.out"]\n'
+                           'slurm = "no"\nkube_api = "no"\n', file="<test>")
+    reports = asyncio.run(check_roots(_layout_nodes(tmp_path, layout, hung=5), base))
+    incidents = correlate([m for r in reports for m in r["conditions"] + r["events"]])
+    (inc,) = incidents
+    assert inc.culprit is not None, inc.reason
+    assert (inc.culprit["node"], inc.culprit["entity"]) == ("n2", "rank:5"), inc.reason
