@@ -50,6 +50,9 @@ KUBERNETES_CALLS = {
     ("", "nodes/status", "patch", None),
     ("", "events", "create", EVENT_NAMESPACE),
 }
+# ... and the one read the nccl_logs collector makes to name a pod's job (collectors/nccl/job_identity.py
+# JobNames._pod -> client.get(Pod, name, namespace)): node agents with a token only (the per-node variant)
+JOB_NAME_CALLS = {("", "pods", "get", None)}
 
 
 # -- loading ------------------------------------------------------------------------------
@@ -238,7 +241,7 @@ def test_no_wildcards_or_escalation_verbs_anywhere() -> None:
 
 
 def test_roles_grant_exactly_what_the_kubernetes_remediation_calls() -> None:
-    assert _grants(variant("per-node"), AGENT_SA) == KUBERNETES_CALLS
+    assert _grants(variant("per-node"), AGENT_SA) == KUBERNETES_CALLS | JOB_NAME_CALLS
     assert _grants(variant("central"), CORDONER_SA) == KUBERNETES_CALLS
 
 
