@@ -130,10 +130,15 @@ class PluginMetrics:
         return []
 
 
-class MetricsServer:
-    """HTTP/1.0-style responder: enough for Prometheus and a liveness probe, no extra dependency."""
+class Renders(Protocol):
+    def render(self) -> bytes: ...
 
-    def __init__(self, metrics: AgentMetrics, listen: str, health: Callable[[], tuple[bool, str]],
+
+class MetricsServer:
+    """HTTP/1.0-style responder: enough for Prometheus and a liveness probe, no extra dependency (the node
+    agent's, and the correlator's and cordoner's: fleet/metrics.py)."""
+
+    def __init__(self, metrics: Renders, listen: str, health: Callable[[], tuple[bool, str]],
                  refresh: Callable[[], None] | None = None) -> None:
         self.metrics = metrics
         host, _, port = listen.rpartition(":")

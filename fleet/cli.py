@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import sys
 import time
 from typing import Any
@@ -37,6 +38,24 @@ NO_FLEET_EXTRA = "or the [fleet] extra is not installed (the line says what to i
 STOPPED = "stopped by SIGTERM/SIGINT or after --duration"
 EX_OSERR = 71  # fleet/dashboard.py: cannot listen on --listen (the dashboard module imports aiohttp)
 CONFIG = "a configuration error (file, line, key, the closest valid key), or no NATS URL"
+LISTEN = "cannot listen on metrics.listen (--metrics-listen) for /metrics (one line on stderr)"
+HOST_PORT = re.compile(r"^[^:]+:\d+$|^\[[0-9a-fA-F:]+\]:\d+$")  # agent/config.py's check of metrics.listen
+
+
+def add_metrics_listen(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--metrics-listen", help="HOST:PORT for /metrics and /healthz, '' disables (default: the "
+                   "config's metrics.listen, 127.0.0.1:9465, as the node agent's; give each service on one host "
+                   "its own port: the shipped units and manifests use 9466 for the correlator, 9467 for the "
+                   "cordoner)")
+
+
+def metrics_listen(args: argparse.Namespace, cfg: configmod.AgentConfig) -> str | None:
+    """The address /metrics is served on ("" none), or None (printed) when --metrics-listen is not HOST:PORT."""
+    listen = cfg.metrics.listen if args.metrics_listen is None else args.metrics_listen
+    if listen and not HOST_PORT.match(listen):
+        print(f"gpu-node-agent: --metrics-listen wants HOST:PORT, got {listen!r}", file=sys.stderr)
+        return None
+    return str(listen)
 
 
 def add_commands(sub: argparse._SubParsersAction[Parser]) -> None:
@@ -95,7 +114,8 @@ def add_commands(sub: argparse._SubParsersAction[Parser]) -> None:
                           exit_codes={0: STOPPED,
                                       EX_UNAVAILABLE: "NATS JetStream unreachable at start within --connect-timeout "
                                                       "(one line on stderr)",
-                                      EX_TEMPFAIL: CLOSED,
+                                      EX_TEMPFAIL: CLOSED, EX_OSERR: LISTEN,
+                                      EX_USAGE: f"{USAGE_ERROR}; --metrics-listen is not HOST:PORT",
                                       EX_CONFIG: "a configuration error (file, line, key, the closest valid key), or "
                                                  "neither --nats nor nats.servers"})
     add_nats(cord, state_dir=False, nats_default="the config's nats.servers; one of the two is required, the "
@@ -103,6 +123,7 @@ def add_commands(sub: argparse._SubParsersAction[Parser]) -> None:
     cord.add_argument("--enforce", action="store_true", help="act (default: dry-run, every decision audited)")
     cord.add_argument("--duration", type=positive_float, help="stop by itself after this many seconds (default: "
                       "run until SIGTERM/SIGINT)")
+    add_metrics_listen(cord)
     cord.set_defaults(handler=cmd_cordoner)
 
     dash = sub.add_parser("dashboard", help="central fleet dashboard (web, live over SSE)",
@@ -128,8 +149,10 @@ def add_commands(sub: argparse._SubParsersAction[Parser]) -> None:
                           "(docs/correlator.md). Replicas split the jobs: --partitions N, each with its own "
                           "--partition.",
                           exit_codes={0: STOPPED,
-                                      EX_USAGE: f"{USAGE_ERROR}; --partition is not in 0..--partitions - 1",
-                                      EX_UNAVAILABLE: UNREACHABLE, EX_TEMPFAIL: CLOSED, EX_CONFIG: CONFIG})
+                                      EX_USAGE: f"{USAGE_ERROR}; --partition is not in 0..--partitions - 1; "
+                                                "--metrics-listen is not HOST:PORT",
+                                      EX_UNAVAILABLE: UNREACHABLE, EX_TEMPFAIL: CLOSED, EX_CONFIG: CONFIG,
+                                      EX_OSERR: LISTEN})
     add_nats(corr)
     corr.add_argument("--partitions", type=positive_int, default=1, help="replicas sharing the jobs (default 1)")
     corr.add_argument("--partition", type=int, default=0, help="this replica's index, 0..partitions-1 (default 0)")
@@ -146,6 +169,7 @@ def add_commands(sub: argparse._SubParsersAction[Parser]) -> None:
                       help="a job quiet this many seconds resolves its incident (default 600)")
     corr.add_argument("--duration", type=positive_float, help="stop by itself after this many seconds (default: "
                       "run until SIGTERM/SIGINT)")
+    add_metrics_listen(corr)
     corr.set_defaults(handler=cmd_correlator)
 
     export_codes = {0: STOPPED, EX_UNAVAILABLE: f"{UNREACHABLE}, or the [cloudevents] extra is not installed (the "
@@ -292,6 +316,7 @@ def _serve(make: Any, ncfg: Any, duration: float | None) -> int:
     """A central service (``make()``: an object with async ``start`` and ``stop``) until SIGTERM/SIGINT,
     ``duration`` seconds, or its NATS connection closing for good (exit 75)."""
     from agent.natsclient import run_until_closed_or_stopped, watching
+    from fleet.metrics import ListenError
     from gna_sdk.aio import within
 
     start = time.monotonic()
@@ -299,7 +324,12 @@ def _serve(make: Any, ncfg: Any, duration: float | None) -> int:
     async def go() -> int:
         watch = watching()  # the service's natsclient.connect() registers with it: closed for good -> exit 75
         svc = make()
-        await within(svc.start(), ncfg.connect_timeout + 1)
+        try:
+            await within(svc.start(), ncfg.connect_timeout + 1)
+        except ListenError as exc:
+            print(f"gpu-node-agent: {exc}", file=sys.stderr)
+            await svc.stop()
+            return EX_OSERR
         rc = await run_until_closed_or_stopped(
             watch, None if duration is None else max(0.0, start + duration - time.monotonic()))
         await svc.stop()
@@ -323,10 +353,14 @@ def cmd_correlator(args: argparse.Namespace) -> int:
         print(f"gpu-node-agent: --partitions must be at most {JOB_BUCKETS} (the jobs stream's buckets)",
               file=sys.stderr)
         return EX_USAGE
+    listen = metrics_listen(args, cfg)
+    if listen is None:
+        return EX_USAGE
     return _serve(lambda: IncidentService(nats_servers(args), nats_cfg=ncfg, partitions=args.partitions,
                                           partition=args.partition, history_s=args.history_hours * 3600,
                                           resolve_after=args.resolve_after, lease_ttl=max(0.0, args.lease_ttl),
-                                          straggler_interval=args.straggler_interval), ncfg, args.duration)
+                                          straggler_interval=args.straggler_interval, metrics_listen=listen),
+                  ncfg, args.duration)
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -406,10 +440,15 @@ def cmd_cordoner(args: argparse.Namespace) -> int:
     from agent.logsetup import HeldLog, configure
     from agent.natsclient import NatsUnavailable
     from fleet.cordoner import run_cordoner
+    from fleet.metrics import ListenError
 
     cfg = configmod.load(args.config).agent
     if args.enforce:
         cfg.remediations.enforce = True
+    listen = metrics_listen(args, cfg)
+    if listen is None:
+        return EX_USAGE
+    cfg.metrics.listen = listen
     held = HeldLog(sys.stderr)  # what it logs while connecting: shown once started; NATS unreachable is one line
     configure(cfg.log.level, cfg.log.format, stream=held)
     if args.connect_timeout:
@@ -419,6 +458,10 @@ def cmd_cordoner(args: argparse.Namespace) -> int:
         raise configmod.ConfigError("the cordoner needs --nats or nats.servers")
     try:
         return asyncio.run(run_cordoner(cfg, servers, args.duration, started=held.release))
+    except ListenError as exc:
+        held.drop()
+        print(f"gpu-node-agent: {exc}", file=sys.stderr)
+        return EX_OSERR
     except NatsUnavailable:
         held.drop()  # main() prints the one line that says it all
         raise

@@ -52,7 +52,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, KeyValueConfig
 
 from agent import config as configmod
 from agent.message import encode, make_message, to_dict
-from agent.metrics import AgentMetrics
+from agent.metrics import AgentMetrics, MetricsServer
 from agent.nats_link import NatsLink, open_kv
 from agent.natsclient import ConnectionWatch, NatsUnavailable, redact, run_until_closed_or_stopped
 from agent.remediation.budget import FleetBudget
@@ -67,6 +67,7 @@ from agent.remediation.incidents import (
     culprit_actionable,
 )
 from agent.remediation.loader import load_plugins
+from fleet.metrics import CordonerMetrics, serve_metrics
 from fleet.wire import Rejected, Rejections, decode_event
 from gna_sdk import plural
 from gna_sdk.aio import within
@@ -93,7 +94,8 @@ NO_ROOM = ("no verdict for job {job} yet and no room to wait for it ({why}): a j
 class Cordoner:
     def __init__(self, cfg: configmod.AgentConfig, servers: list[str], *, durable: str = CORDONER_DURABLE,
                  queue: str = CORDONER_DURABLE, name: str = "cordoner", watch: ConnectionWatch | None = None,
-                 max_waiting: int = MAX_WAITING, max_waiting_per_node: int = MAX_WAITING_PER_NODE) -> None:
+                 max_waiting: int = MAX_WAITING, max_waiting_per_node: int = MAX_WAITING_PER_NODE,
+                 metrics_listen: str = "") -> None:
         self.cfg = cfg
         self.servers = servers
         self.durable = durable
@@ -121,8 +123,19 @@ class Cordoner:
         self.no_room = 0  # symptoms decided without their wait: no room
         self._waiters: set[asyncio.Task[None]] = set()
         self._unjudged: set[int] = set()  # id() of messages being decided after finding no room to wait
+        # /metrics (fleet/metrics.py): decisions counted as audited, the rest read at scrape time; "" serves none
+        self.metrics = CordonerMetrics()
+        self.metrics.attach(self)
+        self.metrics_listen = metrics_listen
+        self.metrics_server: MetricsServer | None = None
+
+    def _health(self) -> tuple[bool, str]:
+        ok = self.link.nc is not None and bool(self.link.nc.is_connected)
+        return ok, "ok" if ok else "not connected to NATS"
 
     async def start(self) -> None:
+        if self.metrics_listen and self.metrics_server is None:  # first: a port in use fails at once (ListenError)
+            self.metrics_server = await serve_metrics(self.metrics, self.metrics_listen, self._health)
         await self.link.connect()
         assert self.link.nc is not None
         self.watch.track(self.link.nc, f"cordoner {self.name}")
@@ -132,6 +145,7 @@ class Cordoner:
         budget = FleetBudget.for_agent(js, self.cfg)
 
         async def audit(record: dict[str, Any]) -> None:
+            self.metrics.audited(record)
             await js.publish(action_subject(record["node"] or "unknown", record["remediation"]),
                              json.dumps(record, separators=(",", ":")).encode(), headers={"Nats-Msg-Id": record["id"]})
 
@@ -366,6 +380,9 @@ class Cordoner:
                 await self._sub.unsubscribe()
         with contextlib.suppress(Exception):
             await self.link.close()
+        if self.metrics_server is not None:
+            await self.metrics_server.stop()
+            self.metrics_server = None
 
 
 async def run_cordoner(cfg: configmod.AgentConfig, servers: list[str], duration: float | None = None, *,
@@ -375,7 +392,7 @@ async def run_cordoner(cfg: configmod.AgentConfig, servers: list[str], duration:
     stream) cannot be had within the connect timeout. ``started`` is called once it has started."""
     start = time.monotonic()
     timeout = cfg.nats.connect_timeout if duration is None else min(cfg.nats.connect_timeout, duration)
-    c = Cordoner(cfg, servers)
+    c = Cordoner(cfg, servers, metrics_listen=cfg.metrics.listen)
     try:
         await within(c.start(), timeout)
     except TimeoutError:

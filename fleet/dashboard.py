@@ -74,7 +74,11 @@ def for_view(value: Any) -> Any:
     return value
 
 
-def make_app(state: FleetState) -> web.Application:
+def make_app(state: FleetState, feed: FleetFeed | None = None) -> web.Application:
+    from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+    from fleet.metrics import DashboardMetrics
+
     app = web.Application()
     index, node_page, incidents_page = _page("dashboard.html"), _page("node.html"), _page("incidents.html")
     headers = {p: {"Content-Security-Policy": csp(p), "X-Content-Type-Options": "nosniff",
@@ -167,6 +171,11 @@ def make_app(state: FleetState) -> web.Application:
         return resp
 
     subscribers: set[Subscriber] = set()
+    metrics = DashboardMetrics(state, feed, subscribers=lambda: len(subscribers))
+
+    async def prometheus(_req: web.Request) -> web.Response:
+        """Counts only (fleet/metrics.py): no node or job is named here."""
+        return web.Response(body=metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def fan_out(_app: web.Application) -> Any:
         async def loop() -> None:
@@ -202,6 +211,7 @@ def make_app(state: FleetState) -> web.Application:
     app.router.add_get("/api/node/{name}/timeline.svg", api_timeline)
     app.router.add_get("/api/stream", api_stream)
     app.router.add_get("/api/stats", api_stats)
+    app.router.add_get("/metrics", prometheus)
     return app
 
 
@@ -230,7 +240,7 @@ async def serve(servers: list[str], host: str, port: int, *, duration: float | N
     feed = FleetFeed(state, servers, nats_cfg=cfg,
                      connect_timeout=cfg.connect_timeout if duration is None else min(cfg.connect_timeout, duration))
     await feed.start()
-    runner = web.AppRunner(make_app(state), access_log=None)
+    runner = web.AppRunner(make_app(state, feed), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     try:

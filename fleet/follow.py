@@ -93,6 +93,7 @@ class Follower:
         self.resubscribes = 0
         self.failures = 0
         self.unanswered = 0  # checks of the consumer nobody answered in time (then replaced)
+        self.pending = 0  # messages its consumer had not delivered yet, at the last check (fleet/metrics.py)
         self.done = asyncio.Event()
         self.ready = asyncio.Event()  # subscribed at least once
         # what the stream held when the follower began has been handed on (a service judges only then:
@@ -226,7 +227,7 @@ class Follower:
             return False, None  # nobody answers for it: a new one, on a server that is there
         d = info.delivered
         delivered, cseq = (d.stream_seq or 0, d.consumer_seq or 0) if d is not None else (0, 0)
-        pending = info.num_pending or 0
+        pending = self.pending = info.num_pending or 0
         now = (delivered, self.last, pending)
         if pending == 0 and (cseq == 0 or delivered <= self.last):
             self.caught_up.set()

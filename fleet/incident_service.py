@@ -24,6 +24,7 @@ from nats.js.api import KeyValueConfig
 
 from agent import natsclient
 from agent.config import NatsConfig
+from agent.metrics import MetricsServer
 from agent.nats_link import StreamRefused, await_stream, open_kv, stream_configs
 from fleet.follow import Follower
 from fleet.incidents import (
@@ -36,6 +37,7 @@ from fleet.incidents import (
     same_version,
 )
 from fleet.leases import DEFAULT_TTL, Leases, open_bucket
+from fleet.metrics import CorrelatorMetrics, serve_metrics
 from fleet.stragglers import STRAGGLERS_BUCKET, StragglerWatch
 from fleet.wire import Rejected, Rejections, decode_event, decode_job, decode_signals
 from gna_sdk.aio import wait_event, within
@@ -67,7 +69,7 @@ class IncidentService:
     def __init__(self, servers: list[str], *, nats_cfg: NatsConfig | None = None, partitions: int = 1,
                  partition: int = 0, history_s: float = 6 * 3600.0, resolve_after: float = 600.0,
                  debounce: float = 0.05, lease_ttl: float = DEFAULT_TTL, straggler_interval: float = 10.0,
-                 stats_interval: float = STATS_INTERVAL_S) -> None:
+                 stats_interval: float = STATS_INTERVAL_S, metrics_listen: str = "") -> None:
         self.servers = servers
         self.nats_cfg = nats_cfg or NatsConfig()
         self.tracker = IncidentTracker(partitions=partitions, partition=partition, resolve_after=resolve_after)
@@ -125,6 +127,13 @@ class IncidentService:
         self.gc_max_ms = 0.0
         self.gc_full = 0
         self._gc_t0 = 0.0
+        # /metrics (fleet/metrics.py): read from the state above at scrape time; "" serves none
+        self.published_by_status: dict[str, int] = {}
+        self.handed_retired: dict[str, int] = {}  # stream -> messages handed on by followers since removed
+        self.metrics = CorrelatorMetrics()
+        self.metrics.attach(self)
+        self.metrics_listen = metrics_listen
+        self.metrics_server: MetricsServer | None = None
 
     def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
@@ -134,7 +143,19 @@ class IncidentService:
         if info.get("generation") == 2:
             self.gc_full += 1
 
+    def _health(self) -> tuple[bool, str]:
+        ok = self.nc is not None and bool(self.nc.is_connected)
+        return ok, "ok" if ok else "not connected to NATS"
+
+    def _retire(self, f: Follower) -> None:
+        """A follower leaves: what it handed on stays counted (gna_correlator_messages_total)."""
+        if f in self.followers:
+            self.followers = [x for x in self.followers if x is not f]
+            self.handed_retired[f.stream] = self.handed_retired.get(f.stream, 0) + f.handed
+
     async def start(self) -> None:
+        if self.metrics_listen and self.metrics_server is None:  # first: a port in use fails at once (ListenError)
+            self.metrics_server = await serve_metrics(self.metrics, self.metrics_listen, self._health)
         if self._on_gc not in gc.callbacks:
             gc.callbacks.append(self._on_gc)
         self.nc = await natsclient.connect(self.servers, cfg=self.nats_cfg, name="gpu-node-agent-correlator",
@@ -214,7 +235,7 @@ class IncidentService:
             await runner
         finally:
             runner.cancel()
-            self.followers = [x for x in self.followers if x is not f]
+            self._retire(f)
 
     async def _loss(self, partition: int) -> None:
         self.tracker.lose(partition)
@@ -247,7 +268,7 @@ class IncidentService:
                 try:
                     await f.run()  # retries inside; after FAIL_S it ends the process (75) and raises
                 finally:
-                    self.followers = [x for x in self.followers if x is not f]
+                    self._retire(f)
                 complete = f.done.is_set()
         except asyncio.CancelledError:
             raise
@@ -278,6 +299,9 @@ class IncidentService:
         if self.nc is not None:
             with contextlib.suppress(Exception):
                 await within(self.nc.close(), 5.0)
+        if self.metrics_server is not None:
+            await self.metrics_server.stop()
+            self.metrics_server = None
 
     def accept(self, subject: str, data: bytes) -> None:
         """One message from the wire, live or replayed: filed, skipped unread (not this replica's, or
@@ -583,6 +607,7 @@ class IncidentService:
             raise RuntimeError(f"{INCIDENTS_BUCKET}: the key of job {record['job'][:100]!r} kept changing")
         await self.nc.publish(f"{INCIDENTS_PREFIX}.{token}", data)  # after the KV: whoever hears it finds it there
         self.published += 1
+        self.published_by_status[record["status"]] = self.published_by_status.get(record["status"], 0) + 1
         log.info("incident", job=record["job"], status=record["status"], culprit=record.get("culprit"),
                  victims=len(record.get("victims", [])), confidence=record.get("confidence"))
 
@@ -618,6 +643,7 @@ class IncidentService:
             last, last_cpu = now, cpu
             window_max, window_cpu = max(window_max, stall), max(window_cpu, own)
             self.loop_stall_max_ms = max(self.loop_stall_max_ms, stall)
+            self.metrics.loop_stall.observe(stall / 1000.0)
             self.loop_stall_cpu_max_ms = max(self.loop_stall_cpu_max_ms, own)
             if now >= next_line:
                 log.info("correlator_stats", **{**self.stats(), "loop_stall_window_ms": round(window_max, 1),

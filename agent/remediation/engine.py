@@ -67,6 +67,11 @@ class Engine:
         self._lock = asyncio.Lock()
         self._budget_alerted = False
 
+    @property
+    def budget_exhausted(self) -> bool:
+        """A cordon was refused for the spent fleet budget, and none has been granted since."""
+        return self._budget_alerted
+
     def would_take_budget(self, msg: dict[str, Any]) -> bool:
         """A rule matches ``msg`` whose plugin cordons or drains (needs a fleet budget slot)."""
         for rule in self.rules:
