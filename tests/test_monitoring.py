@@ -1,9 +1,9 @@
 """Day-one alerts and dashboard (deploy/monitoring/): promtool checks the rules and runs their unit tests;
 every metric, label and label value the rules and the dashboard's queries use is one a real agent serves
-on /metrics (scraped here from an agent running on a simulated GPU node); runbooks match the alerts.
-
-The central services (correlator, cordoner, dashboard) serve no /metrics today, so an agent's scrape is
-all there is to compare with; ``up`` and ``ALERTS`` are the two series Prometheus itself writes.
+on /metrics (scraped here from an agent running on a simulated GPU node), or one the central services
+serve (the correlator, the cordoner and the dashboard, run here in-process on a real nats-server through a
+simulated fleet's incident); runbooks match the alerts. ``up`` and ``ALERTS`` are the two series
+Prometheus itself writes.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ SUFFIXES = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_sum", 
             "summary": ("_sum", "_count", "_created"), "gauge": ("",), "info": ("_info",)}
 
 
-def _parse_exposition(text: str, metrics: AgentMetrics) -> Exported:
+def _parse_exposition(text: str, metrics: AgentMetrics | None) -> Exported:
     out = Exported(text=text)
     for fam in text_string_to_metric_families(text):
         names = {fam.name + s for s in SUFFIXES.get(fam.type, ("",))} | {s.name for s in fam.samples}
@@ -73,7 +73,7 @@ def _parse_exposition(text: str, metrics: AgentMetrics) -> Exported:
             for k, v in s.labels.items():
                 out.values.setdefault((s.name, k), set()).add(v)
     # the agent's own labelled metrics without a child yet still declare their label names
-    for m in vars(metrics).values():
+    for m in vars(metrics).values() if metrics is not None else ():
         declared, base = getattr(m, "_labelnames", None), getattr(m, "_name", None)
         if declared is None or base is None:
             continue
@@ -112,15 +112,126 @@ async def _scrape(tmp: Path) -> tuple[str, AgentMetrics]:
         return body, agent.metrics
 
 
+FLEET_RULES = """[remediations]
+cordon_with = "slurm"
+[[remediations.rules]]
+name = "cordon-on-timeout"
+action = "cordon"
+[remediations.rules.match]
+type = ["NCCLCollectiveTimeout"]
+status = ["event"]
+"""
+
+
+async def _scrape_fleet(tmp: Path) -> dict[str, str]:
+    """The correlator's, the cordoner's and the dashboard's /metrics, scraped after a simulated fleet's
+    port-down stall went through them: an open incident with an actionable culprit, the cordoner's (dry-run)
+    decisions, and a message each service refused at the wire."""
+    import nats
+    from aiohttp import web
+    from nats.js.api import StreamConfig
+
+    from agent import config as configmod
+    from agent.nats_link import JOBS_STREAM_SUBJECTS, JOBS_STREAM_TRANSFORM, STREAM_SUBJECTS
+    from agent.nats_server import NatsServerProcess
+    from fleet.cordoner import Cordoner
+    from fleet.dashboard import make_app
+    from fleet.incident_service import IncidentService
+    from fleet.state import FleetFeed, FleetState
+    from gna_types.subjects import subjects_for
+    from sim.scenarios import generate
+
+    sc = generate(tmp / "fleet", seed=11, nodes=4, fault="ib_port_down", job_nodes=3, second_job=False)
+    msgs = await sc.messages()
+    server = NatsServerProcess(tmp / "nats-server")
+    server.start()
+    nc = svc = cord = feed = runner = None
+    try:
+        nc = await nats.connect(server.url)
+        js = nc.jetstream()
+        await js.add_stream(StreamConfig(name="GNA_EVENTS", subjects=STREAM_SUBJECTS))
+        await js.add_stream(StreamConfig(name="GNA_JOBS", subjects=JOBS_STREAM_SUBJECTS,
+                                         subject_transform=JOBS_STREAM_TRANSFORM))
+        records: list[dict[str, Any]] = []
+        audits: list[dict[str, Any]] = []
+
+        async def on_incident(m: Any) -> None:
+            records.append(json.loads(m.data))
+
+        async def on_audit(m: Any) -> None:
+            audits.append(json.loads(m.data))
+
+        await nc.subscribe("gna.incidents.>", cb=on_incident)
+        await nc.subscribe("gna.actions.>", cb=on_audit)
+        svc = IncidentService([server.url], debounce=0.02, metrics_listen="127.0.0.1:0")
+        cord = Cordoner(configmod.parse(FLEET_RULES, file="<t>").agent, [server.url], metrics_listen="127.0.0.1:0")
+        state = FleetState()
+        feed = FleetFeed(state, [server.url])
+        await svc.start()
+        await cord.start()
+        await feed.start()
+        runner = web.AppRunner(make_app(state, feed), access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        dash_port = runner.addresses[0][1]
+
+        async def publish(batch: list[dict[str, Any]]) -> None:
+            for m in batch:
+                for subject in subjects_for(m["node"], m["collector"], m["severity"], m["type"], m["details"]):
+                    await js.publish(subject, json.dumps(m).encode(), headers={"Nats-Msg-Id": m["id"]})
+
+        await publish([m for m in msgs if m["type"] == "NCCLJobMember"])
+        await asyncio.sleep(0.3)
+        await publish([m for m in msgs if m["type"] != "NCCLJobMember"])
+        await js.publish("gna.events.liar.nvml.critical", b"not json")  # refused by every reader: not_json
+        for _ in range(400):
+            if (records and any(a["trigger"]["type"] == "IncidentCulprit" for a in audits)
+                    and svc.rejections.counts and cord.rejections.counts and state.rejections.counts):
+                break
+            await asyncio.sleep(0.05)
+        assert svc.metrics_server is not None and cord.metrics_server is not None
+        out = {}
+        for name, port in (("correlator", svc.metrics_server.port), ("cordoner", cord.metrics_server.port),
+                           ("dashboard", dash_port)):
+            out[name] = await asyncio.to_thread(_get, f"http://127.0.0.1:{port}/metrics")
+        return out
+    finally:
+        if runner is not None:
+            await runner.cleanup()
+        for s in (feed, cord, svc):
+            if s is not None:
+                await s.stop()
+        if nc is not None:
+            await nc.close()
+        server.stop(kill=True)
+
+
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Exported]:
+def fleet_scrape(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    import os
+    import stat
+
+    tmp = tmp_path_factory.mktemp("fleet")
+    bindir = tmp / "bin"
+    bindir.mkdir()
+    fake = bindir / "scontrol"  # the slurm plugin needs its binary; the cordoner only dry-runs it here
+    fake.write_text("#!/bin/sh\nexit 0\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
+        return asyncio.run(_scrape_fleet(tmp))
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory: pytest.TempPathFactory, fleet_scrape: dict[str, str]) -> Iterator[Exported]:
     import collectors.nvml as nvml
 
     fake = FakeNVML([FakeGPU("00000000:18:00.0"), FakeGPU("00000000:2A:00.0")])
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(nvml, "load_nvml", lambda: (fake, ""))  # the agent's NVML collector reads these two GPUs
         text, metrics = asyncio.run(_scrape(tmp_path_factory.mktemp("scrape")))
-    yield _parse_exposition(text, metrics)
+    yield _parse_exposition(text + "".join(fleet_scrape.values()), metrics)
 
 
 # -- a small PromQL reader: selectors (metric, matchers) and grouping labels ----------------------------
@@ -233,6 +344,8 @@ def _allowed_values(exp: Exported) -> dict[str, set[str]]:
     return {"type": _known_types(), "category": {*CATEGORIES, ""}, "severity": {*SEVERITIES, "corrupted"},
             "decision": {"executed", "dry_run", "skipped", "failed"}, "action": {"apply", "uncordon"},
             "alertname": _alert_names(), "alertstate": {"firing", "pending"},
+            "culprit": {"named", "none"}, "actionable": {"true", "false"}, "status": {"open", "resolved"},
+            "why": {"exhausted", "unavailable"}, "reason": seen.get("reason", set()),
             "counter": seen.get("counter", set()), "signal": seen.get("signal", set()),
             "collector": seen.get("collector", set()) | {"agent"}}
 
@@ -521,3 +634,47 @@ def test_events_by_type_are_counted_and_bounded() -> None:
         m.observe_message("event", "evil", f"Made{i}", "info")
     types = {dict(k)["type"] for k in _samples(m, "gna_events_total")}
     assert len(types) == MAX_TYPES + 1 and OTHER_TYPE in types
+
+
+# -- the central services' /metrics -----------------------------------------------------------------------
+def _families(text: str) -> dict[str, list[Any]]:
+    return {f.name: f.samples for f in text_string_to_metric_families(text)}
+
+
+def test_the_central_services_serve_their_state(fleet_scrape: dict[str, str]) -> None:
+    """The simulated fleet's port-down stall, as each central service counts it: no node or job label."""
+    corr = _families(fleet_scrape["correlator"])
+    opened = {(s.labels["culprit"], s.labels["actionable"]): s.value for s in corr["gna_correlator_incidents_open"]}
+    assert opened == {("named", "true"): 1, ("named", "false"): 0, ("none", "false"): 0}
+    assert {s.labels["status"]: s.value for s in corr["gna_correlator_incidents_published"]
+            if s.name.endswith("_total")}["open"] >= 1
+    assert [s.value for s in corr["gna_correlator_nats_connected"]] == [1.0]
+    assert [s.value for s in corr["gna_correlator_judging"]] == [1.0]
+    consumed = {s.labels["stream"]: s.value for s in corr["gna_correlator_messages"] if s.name.endswith("_total")}
+    assert consumed["GNA_EVENTS"] > 0 and consumed["GNA_JOBS"] > 0
+    assert any(s.labels == {"reason": "not_json"} and s.value >= 1 for s in corr["gna_correlator_rejected"])
+    assert any(s.name == "gna_correlator_loop_stall_seconds_count" and s.value > 0
+               for s in corr["gna_correlator_loop_stall_seconds"])
+    cord = _families(fleet_scrape["cordoner"])
+    decisions = {(s.labels["action"], s.labels["decision"]) for s in cord["gna_cordoner_decisions"]}
+    assert ("apply", "dry_run") in decisions
+    assert [s.value for s in cord["gna_cordoner_enforcing"]] == [0.0]
+    assert {s.labels["actionable"]: s.value for s in cord["gna_cordoner_incidents_open"]} == {"true": 1, "false": 0}
+    assert any(s.labels == {"reason": "not_json"} for s in cord["gna_cordoner_rejected"])
+    dash = _families(fleet_scrape["dashboard"])
+    assert [s.value for s in dash["gna_dashboard_incidents_open"]] == [1.0]
+    assert any(s.labels == {"reason": "not_json"} for s in dash["gna_dashboard_rejected"])
+    for text in fleet_scrape.values():  # low cardinality: nothing names a node or a job
+        for fam in text_string_to_metric_families(text):
+            for s in fam.samples:
+                assert not {"node", "job", "entity"} & set(s.labels), (s.name, s.labels)
+
+
+def test_rejection_reasons_are_bounded() -> None:
+    from fleet.metrics import MAX_REASONS, OTHER, reasons
+
+    counts = {f"unhandled:E{i}": 1 for i in range(MAX_REASONS + 10)}
+    out = reasons(counts)
+    assert len(out) == MAX_REASONS + 1 and out[-1] == (OTHER, 10)
+    counts["unhandled:E0"] += 5  # a reason seen first keeps its name: every series only grows
+    assert reasons(counts)[0] == ("unhandled:E0", 6) and reasons(counts)[-1] == (OTHER, 10)
