@@ -88,8 +88,10 @@ def test_a_conflicting_claim_after_the_verdict_flags_it_and_never_moves_it() -> 
     t = IncidentTracker(settle=0)
     (rec,) = t.judge(_honest_hang(t, 100.0), now=101.0)
     assert rec["culprit"]["node"] == "n1" and not rec["contested"]
-    # n3 now claims the hung rank and another size: first claim and the most nodes' size stand
-    touched = t.add(_member("n3", 13, pid=7777), now=102.0) | t.add(_member("n3", 5, size=10**6, pid=7778), now=102.0)
+    # n3 now claims the hung rank and another size: first claim and the most nodes' size stand (a size within
+    # the typed bound: one past it is refused at the wire and, off the wire, read as absent -- fleet/typed_details.py)
+    touched = t.add(_member("n3", 13, pid=7777), now=102.0) | t.add(_member("n3", 5, size=SIZE * 4, pid=7778),
+                                                                    now=102.0)
     (after,) = t.judge(touched, now=103.0)
     assert after["culprit"]["node"] == "n1" and after["culprit"]["rank"] == "13"
     assert after["contested"] and after["confidence"] < 0.85 and not after["actionable"]
