@@ -609,15 +609,22 @@ def test_every_rendered_object_validates_against_the_kubernetes_schemas(tmp_path
     # the objects skipped above, counted, and what stands in for their schema: each selects a pod whose
     # container has the named port
     crds = [o for o in objs if o["apiVersion"].split("/")[0] in CRD_GROUPS]
-    assert skipped == ({"PodMonitor": 2 * len(SCHEMA_VERSIONS)} if "prometheus-operator" in name else {}), skipped
+    # the node agents, the NATS exporters and the central services (gna-central)
+    assert skipped == ({"PodMonitor": 3 * len(SCHEMA_VERSIONS)} if "prometheus-operator" in name else {}), skipped
     for mon in crds:
         assert mon["kind"] == "PodMonitor" and mon["apiVersion"] == "monitoring.coreos.com/v1"
         pods = [t for w, t in _pod_specs(objs) if w["metadata"]["namespace"] == mon["metadata"]["namespace"]
                 and mon["spec"]["selector"]["matchLabels"].items() <= t["metadata"]["labels"].items()]
-        assert len(pods) == 1, (mon["metadata"]["name"], len(pods))
-        ports = {p["name"] for c in pods[0]["spec"]["containers"] for p in c.get("ports", [])}
+        assert len(pods) == (1 if mon["metadata"]["name"] != "gna-central" else 2 if name.startswith("per-node")
+                             else 3), (mon["metadata"]["name"], len(pods))
+        endpoints = {ep["port"] for ep in mon["spec"]["podMetricsEndpoints"]}
         for ep in mon["spec"]["podMetricsEndpoints"]:
-            assert ep["port"] in ports and ep["path"] == "/metrics", (mon["metadata"]["name"], ep, ports)
+            assert ep["path"] == "/metrics", (mon["metadata"]["name"], ep)
+        for pod in pods:  # every pod selected is scraped on a port it has, and every endpoint has a pod
+            ports = {p["name"] for c in pod["spec"]["containers"] for p in c.get("ports", [])}
+            assert ports & endpoints, (mon["metadata"]["name"], pod["metadata"]["labels"], ports)
+        assert all(any(ep in {p["name"] for c in pod["spec"]["containers"] for p in c.get("ports", [])}
+                       for pod in pods) for ep in endpoints), (mon["metadata"]["name"], endpoints)
 
 
 def test_the_schema_check_catches_a_typo() -> None:
@@ -683,6 +690,12 @@ def test_central_services_run_their_commands_unprivileged() -> None:
             port = int(args.listen.rpartition(":")[2])
             assert args.listen.startswith("0.0.0.0:") and {"name": "http", "containerPort": port,
                                                           "protocol": "TCP"} in c["ports"]
+        else:  # /metrics on the pod's address, each service on its own port (fleet/metrics.py)
+            port = {"correlator": 9466, "cordoner": 9467}[svc]
+            assert args.metrics_listen == f"$(POD_IP):{port}"
+            assert {"name": "metrics", "containerPort": port, "protocol": "TCP"} in c["ports"]
+            assert {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}} in c["env"]
+        assert dep["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"] == "fleet-service"
     # the node agent: root for its capabilities, said so explicitly; reachable cluster DNS from the host network
     ds = _find(objs, "DaemonSet", "gpu-node-agent")["spec"]["template"]["spec"]
     assert ds["securityContext"] == {"runAsUser": 0, "runAsGroup": 0, "runAsNonRoot": False}
