@@ -678,3 +678,21 @@ def test_rejection_reasons_are_bounded() -> None:
     assert len(out) == MAX_REASONS + 1 and out[-1] == (OTHER, 10)
     counts["unhandled:E0"] += 5  # a reason seen first keeps its name: every series only grows
     assert reasons(counts)[0] == ("unhandled:E0", 6) and reasons(counts)[-1] == (OTHER, 10)
+
+
+@pytest.mark.parametrize("command", ["correlator", "cordoner"])
+def test_a_central_service_that_cannot_listen_for_metrics_exits_71_and_a_bad_address_64(command: str) -> None:
+    """Checked before NATS is tried: a port taken by another service on the host is one line and exit 71 (as
+    the dashboard's --listen), an address that is not HOST:PORT is a usage error."""
+    import socket
+    import sys
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for listen, code, says in ((f"127.0.0.1:{port}", 71, "cannot listen on"), ("nonsense", 64, "HOST:PORT")):
+            res = subprocess.run([sys.executable, "-m", "agent", command, "--nats", "nats://127.0.0.1:9",
+                                  "--connect-timeout", "2", "--metrics-listen", listen],
+                                 capture_output=True, text=True, timeout=60)
+            assert res.returncode == code and says in res.stderr, (listen, res.returncode, res.stderr[-500:])
