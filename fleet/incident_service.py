@@ -349,7 +349,7 @@ class IncidentService:
             self.skipped += 1
             return
         try:
-            self.stragglers.add(decode_job(subject, data))
+            self.stragglers.add(decode_job(subject, data, typed=True))  # the boundary's Struct kept: read once
         except Rejected as exc:
             self.rejections.record(exc.reason, subject, data, str(exc))
             return

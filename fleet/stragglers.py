@@ -46,6 +46,7 @@ from collections.abc import Generator, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from fleet.typed_details import nccl
 from gna_types import entities, subjects
 
 MIN_PEERS = 8  # below this many devices (with any one node set aside) a job's group borrows the class's peers
@@ -218,18 +219,18 @@ def parse_vector(msg: dict[str, Any]) -> tuple[str, str, dict[str, Device], int]
 def parse_member(msg: dict[str, Any]) -> tuple[str, str, str, tuple[str, ...]] | None:
     """(node, process entity, job, device entities its rank uses) of an NCCLJobMember, None when it is not
     one or is malformed. The devices are the publishing node's own (``gpu:<pci>``, ``ib:<hca>/<port>``)."""
-    node, d = _text(msg.get("node")), msg.get("details")
-    if node is None or msg.get("type") != "NCCLJobMember" or not isinstance(d, dict):
+    node = _text(msg.get("node"))
+    if node is None or msg.get("type") != "NCCLJobMember" or not isinstance(msg.get("details"), dict):
         return None
-    job, entity = _text(d.get("job")), msg.get("entity")
+    d = nccl(msg)  # typed at the fleet's boundary (fleet/typed_details.py)
+    job, entity = _text(d.job), msg.get("entity")
     if job is None or not isinstance(entity, str) or not 0 < len(entity) <= 2 * MAX_TEXT:
         return None
     devs: list[str] = []
-    if isinstance(d.get("pci"), str) and _PCI.fullmatch(d["pci"]):
-        devs.append(entities.gpu(d['pci']))
-    nics = d.get("nics") if isinstance(d.get("nics"), list) else d.get("hcas")
-    for nic in (nics if isinstance(nics, list) else [])[:MAX_PORTS_PER_NODE]:
-        if isinstance(nic, str) and _PORT.fullmatch(nic):
+    if d.pci is not None and _PCI.fullmatch(d.pci):
+        devs.append(entities.gpu(d.pci))
+    for nic in (d.nics if d.nics is not None else d.hcas or [])[:MAX_PORTS_PER_NODE]:
+        if _PORT.fullmatch(nic):
             devs.append(f"ib:{nic}")
     return node, entity, job, tuple(dict.fromkeys(devs))
 

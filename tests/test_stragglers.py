@@ -315,10 +315,10 @@ def test_membership_binds_only_the_publishing_nodes_devices() -> None:
 def test_the_watch_is_bounded_and_a_node_evicts_only_its_own() -> None:
     watch = StragglerWatch(max_members=100)
     for i in range(50):
-        assert watch.add({"node": "b", "type": "NCCLJobMember", "entity": f"nccl:b:{i}",
+        assert watch.add({"node": "b", "collector": "nccl_logs", "type": "NCCLJobMember", "entity": f"nccl:b:{i}",
                           "details": {"job": "0x1", "pci": "0000:18:00.0"}})
     for i in range(5000):  # A floods: its own oldest go first, then A gives up processes to stay under the total
-        watch.add({"node": "a", "type": "NCCLJobMember", "entity": f"nccl:a:{i}",
+        watch.add({"node": "a", "collector": "nccl_logs", "type": "NCCLJobMember", "entity": f"nccl:a:{i}",
                    "details": {"job": f"0x{i:x}", "pci": "0000:18:00.0"}})
     assert len(watch.members["b"]) == 50 and watch.member_count <= 100
     assert len(watch.members["a"]) <= MAX_MEMBERS_PER_NODE
@@ -326,14 +326,14 @@ def test_the_watch_is_bounded_and_a_node_evicts_only_its_own() -> None:
     assert watch.rejected["members_total"] > 0
     roomy = StragglerWatch()
     for i in range(1000):
-        roomy.add({"node": "a", "type": "NCCLJobMember", "entity": f"nccl:a:{i}",
+        roomy.add({"node": "a", "collector": "nccl_logs", "type": "NCCLJobMember", "entity": f"nccl:a:{i}",
                    "details": {"job": f"0x{i:x}", "pci": "0000:18:00.0"}})
     assert len(roomy.members["a"]) == MAX_MEMBERS_PER_NODE == len(roomy.job_devs)
     assert roomy.rejected["members_per_node"] == 1000 - MAX_MEMBERS_PER_NODE
     for bad in ({"job": "x" * 5000, "pci": "0000:18:00.0"}, {"job": "0x1", "pci": "../../etc"},
                 {"job": "bad job", "pci": "0000:18:00.0"}):
-        assert not watch.add({"node": "b", "type": "NCCLJobMember", "entity": "nccl:b:x", "details": bad}) or \
-            bad["pci"] == "../../etc"
+        assert not watch.add({"node": "b", "collector": "nccl_logs", "type": "NCCLJobMember", "entity": "nccl:b:x",
+                              "details": bad}) or bad["pci"] == "../../etc"
     assert ("b", "gpu:../../etc") not in watch.uses
     small = StragglerWatch(max_nodes=4)
     for i in range(20):
