@@ -148,10 +148,12 @@ class MetricsServer:
         self.refresh = refresh
         self._server: asyncio.Server | None = None
 
-    async def start(self) -> None:
+    async def start(self, *, quiet: bool = False) -> None:
+        """Listen (an OSError when the address cannot be bound); ``quiet``: the address is logged at debug
+        (a central command promises one stderr line when NATS is unreachable, and binds before connecting)."""
         self._server = await asyncio.start_server(self._handle, self.host, self.port)
         self.port = self._server.sockets[0].getsockname()[1]
-        log.info("metrics_listening", address=f"{self.host}:{self.port}")
+        (log.debug if quiet else log.info)("metrics_listening", address=f"{self.host}:{self.port}")
 
     async def stop(self) -> None:
         if self._server:

@@ -42,16 +42,25 @@ LISTEN = "cannot listen on metrics.listen (--metrics-listen) for /metrics (one l
 HOST_PORT = re.compile(r"^[^:]+:\d+$|^\[[0-9a-fA-F:]+\]:\d+$")  # agent/config.py's check of metrics.listen
 
 
-def add_metrics_listen(p: argparse.ArgumentParser) -> None:
+# each central service's own default port: beside the node agent (9465) on one host, none takes another's
+SERVICE_PORTS = {"correlator": 9466, "cordoner": 9467}
+
+
+def add_metrics_listen(p: argparse.ArgumentParser, service: str) -> None:
     p.add_argument("--metrics-listen", help="HOST:PORT for /metrics and /healthz, '' disables (default: the "
-                   "config's metrics.listen, 127.0.0.1:9465, as the node agent's; give each service on one host "
-                   "its own port: the shipped units and manifests use 9466 for the correlator, 9467 for the "
-                   "cordoner)")
+                   "config's metrics.listen when it is set to other than the node agent's default, else "
+                   f"127.0.0.1:{SERVICE_PORTS[service]}, this service's own port)")
+    p.set_defaults(metrics_service=service)
 
 
 def metrics_listen(args: argparse.Namespace, cfg: configmod.AgentConfig) -> str | None:
-    """The address /metrics is served on ("" none), or None (printed) when --metrics-listen is not HOST:PORT."""
+    """The address /metrics is served on ("" none), or None (printed) when --metrics-listen is not HOST:PORT.
+    A config whose metrics.listen is the node agent's default (127.0.0.1:9465, the same file a node uses)
+    gives the service its own port on that host, so a correlator and a cordoner beside an agent never
+    take each other's."""
     listen = cfg.metrics.listen if args.metrics_listen is None else args.metrics_listen
+    if args.metrics_listen is None and listen == configmod.MetricsConfig().listen:
+        listen = f"127.0.0.1:{SERVICE_PORTS[args.metrics_service]}"
     if listen and not HOST_PORT.match(listen):
         print(f"gpu-node-agent: --metrics-listen wants HOST:PORT, got {listen!r}", file=sys.stderr)
         return None
@@ -123,7 +132,7 @@ def add_commands(sub: argparse._SubParsersAction[Parser]) -> None:
     cord.add_argument("--enforce", action="store_true", help="act (default: dry-run, every decision audited)")
     cord.add_argument("--duration", type=positive_float, help="stop by itself after this many seconds (default: "
                       "run until SIGTERM/SIGINT)")
-    add_metrics_listen(cord)
+    add_metrics_listen(cord, "cordoner")
     cord.set_defaults(handler=cmd_cordoner)
 
     dash = sub.add_parser("dashboard", help="central fleet dashboard (web, live over SSE)",
@@ -169,7 +178,7 @@ def add_commands(sub: argparse._SubParsersAction[Parser]) -> None:
                       help="a job quiet this many seconds resolves its incident (default 600)")
     corr.add_argument("--duration", type=positive_float, help="stop by itself after this many seconds (default: "
                       "run until SIGTERM/SIGINT)")
-    add_metrics_listen(corr)
+    add_metrics_listen(corr, "correlator")
     corr.set_defaults(handler=cmd_correlator)
 
     export_codes = {0: STOPPED, EX_UNAVAILABLE: f"{UNREACHABLE}, or the [cloudevents] extra is not installed (the "

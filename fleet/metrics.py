@@ -48,7 +48,7 @@ async def serve_metrics(metrics: ServiceMetrics, listen: str, health: Callable[[
     """/metrics and /healthz on ``listen`` (HOST:PORT; port 0: any free one), or ListenError."""
     server = MetricsServer(metrics, listen, health)
     try:
-        await server.start()
+        await server.start(quiet=True)  # bound before NATS is reached: an unreachable NATS stays one line
     except OSError as exc:
         raise ListenError(f"cannot listen on {listen} for /metrics: {exc.strerror or exc}") from None
     return server

@@ -442,7 +442,7 @@ def test_d12_credentials_in_a_url_never_reach_output(tmp_path: Path) -> None:
                 "dead": f"nats://u:{secret}@127.0.0.1:{free_port()}"}
         commands = {"events": ["events"], "top": ["top", "--once"],
                     "dashboard": ["dashboard", "--listen", "127.0.0.1:0", "--duration", "2"],
-                    "cordoner": ["cordoner", "--duration", "2"]}
+                    "cordoner": ["cordoner", "--duration", "2", "--metrics-listen", ""]}  # three at once
         procs = {}
         for case, url in urls.items():
             for name, argv in commands.items():
