@@ -406,7 +406,22 @@ def _init(host: str, pid: int, rank: int, size: int, dev: int) -> str:
             f"nvmlDev {dev} busId {bus} commId 0x8b1f2e3d4c5b6a79 - Init COMPLETE")
 
 
-def _layout_nodes(tmp_path: Path, layout: str, hung: int) -> list[Path]:
+def _progress(rank: int, seq: int = 40) -> str:
+    # PyTorch 2.6+ (ProcessGroupNCCL.cpp, docs/formats.md "PyTorch PG status"): where the group failed
+    return (f"[rank{rank}]:[E1203 10:30:00.200000 77 ProcessGroupNCCL.cpp:1684] [PG ID 0 PG GUID 0(default_pg) Rank "
+            f"{rank}]  failure detected by watchdog at work sequence id: {seq} PG status: last enqueued work: {seq}, "
+            f"last completed work: {seq - 1}")
+
+
+def _dump_signal(rank: int, enq: int = 39) -> str:
+    # HeartbeatMonitor (2.4+): a rank that never entered the collective hears of the others' timeout
+    return (f"[rank{rank}]:[E1203 10:30:01.000000 88 ProcessGroupNCCL.cpp:1431] [PG ID 0 PG GUID 0(default_pg) Rank "
+            f"{rank}] Received a dump signal due to a collective timeout from rank 0 and we will try our best to dump "
+            f"the debug info. Last enqueued NCCL work: {enq}, last completed NCCL work: {enq}.This is most likely "
+            f"caused by incorrect usages of collectives, e.g., wrong sizes used across ranks.")
+
+
+def _layout_nodes(tmp_path: Path, layout: str, hung: int, *, behind: bool = False) -> list[Path]:
     """Four nodes, two ranks each (8 ranks), NCCL's lines in NCCL_DEBUG_FILE, PyTorch's where the layout puts
     them: the pod's container log (Kubernetes) or the job's output file on each node (Slurm)."""
     roots = []
@@ -426,9 +441,12 @@ def _layout_nodes(tmp_path: Path, layout: str, hung: int) -> list[Path]:
             if layout == "slurm":
                 host.write(f"/proc/{pid}/environ", f"SLURM_JOB_ID=1234\0SLURM_PROCID={rank}\0")
                 host.write(f"/proc/{pid}/cgroup", f"0::/system.slice/slurmstepd.scope/job_1234/step_0/task_{local}\n")
-            if rank != hung:
-                records.append(cri("stderr", "F", _pytorch_timeout(rank)))
-                out.append(_pytorch_timeout(rank))
+            if behind:  # every rank speaks; the one behind never entered collective 40
+                lines = [_dump_signal(rank)] if rank == hung else [_pytorch_timeout(rank), _progress(rank)]
+            else:  # the hung rank says nothing
+                lines = [] if rank == hung else [_pytorch_timeout(rank)]
+            records += [cri("stderr", "F", text) for text in lines]
+            out += lines
         if layout == "kubernetes":
             d = host.p(f"/var/log/pods/team-a_{pod}_{uid}/pytorch")
             d.mkdir(parents=True)
@@ -439,8 +457,10 @@ def _layout_nodes(tmp_path: Path, layout: str, hung: int) -> list[Path]:
     return roots
 
 
-@pytest.mark.parametrize("layout", ["kubernetes", "slurm"])
-def test_the_hung_rank_is_named_whatever_file_pytorch_wrote_to(tmp_path: Path, layout: str) -> None:
+@pytest.mark.parametrize(("layout", "behind"), [("kubernetes", False), ("slurm", False), ("kubernetes", True),
+                                               ("slurm", True)], ids=["k8s-hung", "slurm-hung", "k8s-behind",
+                                                                      "slurm-behind"])
+def test_the_hung_rank_is_named_whatever_file_pytorch_wrote_to(tmp_path: Path, layout: str, behind: bool) -> None:
     """On a held-out set, every hung rank with NCCL_DEBUG_FILE and PyTorch's lines in another file got "no
     resource of the job stands out": the watchdog lines were not tied to their process. Now they are."""
     import asyncio
@@ -451,8 +471,10 @@ def test_the_hung_rank_is_named_whatever_file_pytorch_wrote_to(tmp_path: Path, l
 
     base = configmod.parse('[collectors.nccl_logs]\nglobs = ["/var/log/nccl/*.log", "/home/*/logs/*.out"]\n'
                            'slurm = "no"\nkube_api = "no"\n', file="<test>")
-    reports = asyncio.run(check_roots(_layout_nodes(tmp_path, layout, hung=5), base))
+    reports = asyncio.run(check_roots(_layout_nodes(tmp_path, layout, hung=5, behind=behind), base))
     incidents = correlate([m for r in reports for m in r["conditions"] + r["events"]])
     (inc,) = incidents
     assert inc.culprit is not None, inc.reason
     assert (inc.culprit["node"], inc.culprit["entity"]) == ("n2", "rank:5"), inc.reason
+    if behind:  # named by PyTorch's own numbers, not by its silence
+        assert "never joined it" in inc.reason, inc.reason
