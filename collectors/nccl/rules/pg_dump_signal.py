@@ -11,28 +11,19 @@ from collectors.nccl.rules.pytorch_prefix import (
     PG,
     PG_FIELDS,
     SEQ_BOUND,
+    progress_said,
     record_progress,
     seq,
     torch_fields,
     torchrun_rank,
 )
-from gna_types.details import WatchdogProgress
 
 
 def _say(f: Fields, h: Heard) -> Said:
-    typed = WatchdogProgress(rank=f.get("rank"), pg_id=f.get("pg"), last_enqueued=f.get("enq"),
-                             last_completed=f.get("done"), signal_from_rank=f.get("src"),
-                             implausible=bool(f.get("implausible")))
-    pg = f.get("desc") or typed.pg_id or "0"
-    heard = f"rank {typed.signal_from_rank}" if typed.signal_from_rank is not None else "this local rank"
-    text = (f"{h.process} heard of a collective timeout from {heard}; its own progress in process group {pg}: last "
-            f"enqueued work {typed.last_enqueued}, last completed {typed.last_completed}.")
-    if typed.implausible:
-        text += " (some of PyTorch's numbers are impossible and were dropped)"
-    return Said("NCCLWatchdogProgress", "DumpSignal", text,
-                {"rank": typed.rank, "pg_id": typed.pg_id, "pg_desc": f.get("desc"), "pg_rank": f.get("pg_rank"),
-                 "at_seq": None, "last_enqueued": typed.last_enqueued, "last_completed": typed.last_completed,
-                 "signal_from_rank": typed.signal_from_rank, "implausible": typed.implausible})
+    pg = f.get("desc") or f.get("pg") or "0"
+    heard = f"rank {f['src']}" if f.get("src") is not None else "this local rank"
+    return progress_said(f, "DumpSignal", f"{h.process} heard of a collective timeout from {heard}; its own progress "
+                         f"in process group {pg}: last enqueued work {f.get('enq')}, last completed {f.get('done')}.")
 
 
 RULE = Rule("pg_dump_signal", compile_rule(PG + r"Received a dump signal due to a collective timeout from\s+(?:rank "

@@ -11,26 +11,18 @@ from collectors.nccl.rules.pytorch_prefix import (
     PG,
     PG_FIELDS,
     SEQ_BOUND,
+    progress_said,
     record_progress,
     seq,
     torch_fields,
     torchrun_rank,
 )
-from gna_types.details import WatchdogProgress
 
 
 def _say(f: Fields, h: Heard) -> Said:
-    typed = WatchdogProgress(rank=f.get("rank"), pg_id=f.get("pg"), at_seq=f.get("at"), last_enqueued=f.get("enq"),
-                             last_completed=f.get("done"), implausible=bool(f.get("implausible")))
-    pg = f.get("desc") or typed.pg_id or "0"
-    text = (f"{h.process}: process group {pg} failed at work {typed.at_seq}; last enqueued work {typed.last_enqueued}, "
-            f"last completed {typed.last_completed}.")
-    if typed.implausible:
-        text += " (some of PyTorch's numbers are impossible and were dropped)"
-    return Said("NCCLWatchdogProgress", "WatchdogProgress", text,
-                {"rank": typed.rank, "pg_id": typed.pg_id, "pg_desc": f.get("desc"), "pg_rank": f.get("pg_rank"),
-                 "at_seq": typed.at_seq, "last_enqueued": typed.last_enqueued, "last_completed": typed.last_completed,
-                 "signal_from_rank": None, "implausible": typed.implausible})
+    pg = f.get("desc") or f.get("pg") or "0"
+    return progress_said(f, "WatchdogProgress", f"{h.process}: process group {pg} failed at work {f.get('at')}; last "
+                         f"enqueued work {f.get('enq')}, last completed {f.get('done')}.")
 
 
 _PATTERN = (PG + r"(?P<what>Timeout at NCCL work|Exception (?:\(either an error or timeout\) )?detected by watchdog "

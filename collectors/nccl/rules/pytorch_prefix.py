@@ -13,7 +13,8 @@ import re
 from typing import TYPE_CHECKING, Final
 
 from collectors.nccl.bounds import INT_DIGITS, SEQ_MAX, U64_DIGITS
-from collectors.nccl.rule import Fields
+from collectors.nccl.rule import Fields, Said
+from gna_types.details import WatchdogProgress
 
 if TYPE_CHECKING:
     from collectors.nccl.process import ProcessState
@@ -74,3 +75,18 @@ def record_progress(st: ProcessState, f: Fields) -> bool:
         st.progress[pg] = {"enqueued": f.get("enq"), "completed": f.get("done"), "at": f.get("at"),
                            "world_rank": f.get("rank")}
     return False
+
+
+def progress_said(f: Fields, reason: str, text: str) -> Said:
+    """An ``NCCLWatchdogProgress`` message (rules pg_progress and pg_dump_signal): the group's numbers as the
+    fleet reads them (gna_types.details.WatchdogProgress), ``text`` with a note when some were impossible."""
+    typed = WatchdogProgress(rank=f.get("rank"), pg_id=f.get("pg"), at_seq=f.get("at"), last_enqueued=f.get("enq"),
+                             last_completed=f.get("done"), signal_from_rank=f.get("src"),
+                             implausible=bool(f.get("implausible")))
+    if typed.implausible:
+        text += " (some of PyTorch's numbers are impossible and were dropped)"
+    return Said("NCCLWatchdogProgress", reason, text,
+                {"rank": typed.rank, "pg_id": typed.pg_id, "pg_desc": f.get("desc"), "pg_rank": f.get("pg_rank"),
+                 "at_seq": typed.at_seq, "last_enqueued": typed.last_enqueued,
+                 "last_completed": typed.last_completed, "signal_from_rank": typed.signal_from_rank,
+                 "implausible": typed.implausible})
