@@ -99,7 +99,8 @@ async def main() -> None:
         work = Path(tmp)
         server = NatsServerProcess(work / "nats")
         server.start()
-        proc = subprocess.Popen([sys.executable, "-m", "agent", "correlator", "--nats", server.url],
+        proc = subprocess.Popen([sys.executable, "-m", "agent", "correlator", "--nats", server.url,
+                                 "--metrics-listen", ""],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp,
                                 env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
         nc = await nats.connect(server.url)

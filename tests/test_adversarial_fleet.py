@@ -169,7 +169,8 @@ async def start_cordoner(tmp_path: Path, url: str, env: dict[str, str], bus: Bus
                          enforce: bool) -> Central:
     cfg = tmp_path / "cordoner.toml"
     cfg.write_text(SLURM_CONFIG)
-    argv = ["cordoner", "--config", str(cfg), "--nats", url, "--duration", "60", *(["--enforce"] if enforce else [])]
+    argv = ["cordoner", "--config", str(cfg), "--nats", url, "--duration", "60", "--metrics-listen", "",
+            *(["--enforce"] if enforce else [])]
     c = Central(tmp_path, "cordoner", argv, env)
     centrals.append(c)
     # Ready when its durable consumer exists (it delivers only messages published after that).

@@ -252,7 +252,8 @@ async def test_a_flood_of_unjudged_jobs_never_delays_another_nodes_hardware_cord
     try:
         cfg = tmp_path / "rules.toml"
         cfg.write_text(RULES)
-        argv = ["cordoner", "--config", str(cfg), "--nats", nats_server.url, "--duration", "60", "--enforce"]
+        argv = ["cordoner", "--config", str(cfg), "--nats", nats_server.url, "--duration", "60", "--enforce",
+                "--metrics-listen", ""]
         cord = Central(tmp_path, "cordoner", argv, tool_env)
         centrals.append(cord)
         deadline = time.monotonic() + 30

@@ -540,7 +540,8 @@ def test_cordoner_before_the_admin_step_exits_69_and_says_why(tmp_path: Path, fl
 
     conf = tmp_path / "cordoner.toml"
     conf.write_text(f'[nats]\nnkey_seed = "{fleet.seeds["cordoner"]}"\npublish_timeout = 1.0\nconnect_timeout = 5.0\n')
-    r = subprocess.run([*AGENT_CMD, "cordoner", "--config", str(conf), "--nats", fleet.url, "--duration", "5"],
+    r = subprocess.run([*AGENT_CMD, "cordoner", "--config", str(conf), "--nats", fleet.url, "--duration", "5",
+                        "--metrics-listen", ""],
                        capture_output=True, text=True, timeout=60)
     err = r.stderr
     assert r.returncode == 69, err

@@ -188,7 +188,7 @@ async def admin_setup(admin: Client) -> None:
 async def start_correlator(w: World, name: str = "correlator") -> Central:
     assert w.admin is not None
     c = Central(w.tmp, name, ["correlator", "--config", str(w.config("correlator")), "--nats", w.url,
-                              "--duration", "600"], python_env())
+                              "--duration", "600", "--metrics-listen", ""], python_env())  # replicas side by side
     w.centrals[name] = c
     js = w.admin.jetstream()
     deadline = time.monotonic() + 30
@@ -204,7 +204,7 @@ async def start_cordoner(w: World) -> Central:
     extra = f'[remediations]\ncordon_with = "slurm"\nenforce = true\n[remediations.budget]\nmax_nodes = {BUDGET}\n' \
             'max_percent = 0.0\n'
     c = Central(w.tmp, "cordoner", ["cordoner", "--config", str(w.config("cordoner", extra)), "--nats", w.url,
-                                    "--enforce", "--duration", "600"], w.env)
+                                    "--enforce", "--duration", "600", "--metrics-listen", ""], w.env)
     w.centrals["cordoner"] = c
     deadline = time.monotonic() + 30
     while True:
@@ -581,7 +581,7 @@ async def test_a_stream_precreated_with_republish_is_refused_loudly(
     conf = tmp_path / "correlator.toml"
     conf.write_text(f'[nats]\nnkey_seed = "{seeds["correlator"]}"\nconnect_timeout = 5.0\n')
     proc = await asyncio.create_subprocess_exec(
-        *AGENT_CMD, "correlator", "--config", str(conf), "--nats", server.url, "--duration", "8",
+        *AGENT_CMD, "correlator", "--config", str(conf), "--nats", server.url, "--duration", "8", "--metrics-listen", "",
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=python_env())
     out_b, err_b = await asyncio.wait_for(proc.communicate(), 30)
     journal = (out_b + err_b).decode(errors="replace")
