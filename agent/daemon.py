@@ -43,6 +43,8 @@ from agent.spool import SEVERITY_NAMES, Spool
 from gna_sdk import ExportsMetrics, plural
 from gna_sdk.aio import cancel_and_wait, within
 from gna_sdk.hostroot import HostRoot
+from gna_types.host_details import SpoolCorrupted, SpoolOverflow
+from gna_types.node_details import wire
 from gna_types.subjects import encode_token
 
 log = structlog.get_logger(__name__)
@@ -122,7 +124,7 @@ class Agent:
             message=f"The spool was full during a NATS outage: {plural(total, 'message')} "
                     f"{'was' if total == 1 else 'were'} dropped by policy "
                     f"{self.spool.policy}.",
-            details={"dropped": counts, "policy": self.spool.policy, "max_bytes": self.spool.max_bytes})
+            details=wire(SpoolOverflow(dropped=counts, policy=self.spool.policy, max_bytes=self.spool.max_bytes)))
         return await self._sink(msg)
 
     async def _announce_corruption(self) -> None:
@@ -135,7 +137,7 @@ class Agent:
             message=f"The spool had damaged frames in {plural(c['segments'], 'segment')}: "
                     f"{plural(c['bytes'], 'byte')} skipped, {plural(c['records'], 'record')} lost; every intact "
                     f"record after them was kept.",
-            details=dict(c)))
+            details=wire(SpoolCorrupted(segments=c["segments"], bytes=c["bytes"], records=c["records"]))))
 
     def _on_spool_drop(self, sev: int, n: int) -> None:
         self.metrics.spool_dropped.labels(SEVERITY_NAMES[sev]).inc(n)

@@ -25,6 +25,8 @@ from agent.facts import FactStore
 from agent.message import Message, make_message
 from gna_sdk import Details, Severity, SuggestedAction, plural, severity_rank
 from gna_sdk.statefile import write_state
+from gna_types.host_details import ConditionCleared, ConditionsAggregated
+from gna_types.node_details import wire
 
 log = structlog.get_logger(__name__)
 
@@ -227,7 +229,7 @@ class CollectorEmitter:
             type, firing=True, severity=worst, entity=agg, reason="Aggregated",
             message=f"{plural(len(folded), f'more {type} condition')} beyond the cap of {self.max_conditions} for "
                     f"{self.collector} (e.g. {', '.join(sample[:3])}): {message[:200]}",
-            details={"aggregated": len(folded), "cap": self.max_conditions, "entities_sample": sample},
+            details=wire(ConditionsAggregated(aggregated=len(folded), cap=self.max_conditions, entities_sample=sample)),
             suggested_action=suggested_action)
 
     async def _transition(self, type: str, *, firing: bool, severity: Severity, entity: str, reason: str,
@@ -288,4 +290,4 @@ class CollectorEmitter:
                 cond.type, firing=False, severity=cond.severity,  # type: ignore[arg-type]
                 entity=cond.entity, reason="NoLongerObserved",
                 message=f"{cond.type} on {cond.entity} is no longer observed.",
-                details={"firing_since": cond.since, "firing_message_id": cond.message_id})
+                details=wire(ConditionCleared(firing_since=cond.since, firing_message_id=cond.message_id)))

@@ -21,6 +21,8 @@ from agent.metrics import AgentMetrics
 from gna_sdk import Emitter, LongRunning, Periodic, auto_resolves
 from gna_sdk.aio import wait_event, within
 from gna_sdk.retry import Backoff, delay_after
+from gna_types.host_details import CollectorFailing
+from gna_types.node_details import wire
 
 log = structlog.get_logger(__name__)
 
@@ -163,7 +165,8 @@ class CollectorRunner:
                 "CollectorFailing", firing=True, severity="warning", entity=f"collector:{self.name}",
                 reason=kind.capitalize(),
                 message=f"Collector {self.name} failed {self.streaks[part]} times in a row ({part}): {error}.",
-                details={"consecutive_failures": self.streaks[part], "part": part, "last_error": error[:500]})
+                details=wire(CollectorFailing(consecutive_failures=self.streaks[part], part=part,
+                                              last_error=error[:500])))
 
     async def _succeeded(self, part: str) -> None:
         self.streaks[part] = 0

@@ -22,6 +22,8 @@ from agent.remediation.policy import RemediationsConfig, Rule, effective_rules
 from gna_sdk import Result, Uncordons
 from gna_sdk.ids import new_id
 from gna_sdk.retry import delay_after
+from gna_types.host_details import RemediationBudgetExhausted
+from gna_types.node_details import wire
 
 log = structlog.get_logger(__name__)
 
@@ -187,8 +189,9 @@ class Engine:
             await self.alert("RemediationBudgetExhausted",
                              f"The fleet cordon budget is spent ({slot.used}/{slot.limit} in the window): "
                              f"{msg.get('node')} was not cordoned for {msg.get('type')}.",
-                             {"used": slot.used, "limit": slot.limit, "node": msg.get("node"),
-                              "trigger": msg.get("type")})
+                             wire(RemediationBudgetExhausted(used=slot.used, limit=slot.limit,
+                                                             node=_str_or_none(msg.get("node")),
+                                                             trigger=_str_or_none(msg.get("type")))))
         return await self._audit(msg, rule, name, "skipped", f"fleet budget exhausted ({slot.used}/{slot.limit})",
                                  args=args)
 
@@ -243,3 +246,7 @@ class Engine:
             await self._audit(msg, None, name, "executed" if result.outcome == "executed" else "skipped",
                               "uncordoned: every trigger resolved for the hold-down" if result.outcome == "executed"
                               else f"not uncordoned: {result.detail}", result=result, action="uncordon")
+
+
+def _str_or_none(v: object) -> str | None:
+    return v if isinstance(v, str) else None
