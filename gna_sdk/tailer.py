@@ -153,6 +153,10 @@ class Tailer:
                       "files_reopened": 0, "runs_ended": 0, "bad_checkpoints": 0, "rotated_resumed": 0,
                       "gz_resumed": 0, "gz_errors": 0}
 
+    def wake(self) -> None:
+        """Rescan at once (a consumer added a glob)."""
+        self._wake.set()
+
     # -- checkpoints ------------------------------------------------------------------
     def load(self) -> None:
         if self.state_file is None:

@@ -478,3 +478,42 @@ def test_the_hung_rank_is_named_whatever_file_pytorch_wrote_to(tmp_path: Path, l
     assert (inc.culprit["node"], inc.culprit["entity"]) == ("n2", "rank:5"), inc.reason
     if behind:  # named by PyTorch's own numbers, not by its silence
         assert "never joined it" in inc.reason, inc.reason
+
+
+async def test_a_slurm_job_s_output_files_are_followed_if_they_are_its_user_s(tmp_path: Path,
+                                                                                monkeypatch: object) -> None:
+    """scontrol's StdOut/StdErr (an sbatch pattern left unexpanded becomes a glob) are read without a glob for
+    them in the configuration -- only files the job's user owns: a job pointing --output at another's file
+    (or /etc/shadow) gets nothing read."""
+    import os
+
+    if os.geteuid() != 0:
+        pytest.skip("giving the output file to another user (chown) needs root")
+    host, _calls = _slurm_node(tmp_path, monkeypatch)
+    out = host.p("/home/alice/logs/llama-pretrain-1234.out")
+    out.parent.mkdir(parents=True)
+    out.write_text(WATCHDOG + "\n")
+    os.chown(out, 1000, 1000)  # alice's
+    c, sink = await _collector(host, pod_logs="no")
+    c.tailer.rescan()
+    await c.tailer.pump(c._handle)
+    await c.jobs.settle()
+    (job,) = [j for k in ("slurm:1234",) if (j := c.jobs.get(k)) is not None]
+    assert job.uid == 1000 and job.outputs == ("/home/alice/logs/llama-pretrain-1234.out",)
+    with open(host.p("/var/log/nccl/gpu-0001.4242.log"), "a") as fh:  # a later message looks the files up
+        fh.write("gpu-0001:4242:4250 [3] NCCL INFO NCCL_IB_HCA set to mlx5_0\n")
+    await c.tailer.pump(c._handle)
+    assert "/home/alice/logs/llama-pretrain-1234.out" in c.tailer.globs
+    c.tailer.rescan()
+    await c.tailer.pump(c._handle)
+    (timeout,) = sink.of("NCCLCollectiveTimeout")
+    assert timeout.entity == "nccl:gpu-0001:4242" and timeout.details["job_name"] == "slurm:1234 (llama-pretrain)"
+    # the same job pointing at a file its user does not own: not followed, counted
+    os.chown(out, 0, 0)
+    c2, _sink2 = await _collector(host, pod_logs="no")
+    c2.tailer.rescan()
+    await c2.tailer.pump(c2._handle)
+    await c2.jobs.settle()
+    c2._follow_outputs(c2.jobs.get("slurm:1234"))  # type: ignore[arg-type]
+    assert "/home/alice/logs/llama-pretrain-1234.out" not in c2.tailer.globs
+    assert c2.jobs.errors.get("output_not_the_users") == 1

@@ -45,6 +45,8 @@ class JobName:
     name: str  # "team-a/llama-70b (PyTorchJob)", "slurm:1234 (llama)"
     kind: str  # "PyTorchJob", "JobSet", ..., "slurm"
     owner: str | None = None  # Slurm's user
+    uid: int | None = None  # Slurm's user's uid ("UserId=alice(1000)")
+    outputs: tuple[str, ...] = ()  # Slurm's StdOut/StdErr: where the job's tasks print (absolute paths)
 
 
 def job_of_pod(namespace: str, labels: dict[str, Any], owners: list[dict[str, Any]]) -> JobName | None:
@@ -72,10 +74,26 @@ def parse_scontrol(text: str) -> dict[str, str]:
     return {k: v[:4096] for k, v in _SCONTROL_KV.findall(first[:65536])}
 
 
+_UID = re.compile(r"\((\d{1,10})\)")
+OUTPUT_MAX = 4096  # PATH_MAX
+
+
 def slurm_job(job_id: str, fields: dict[str, str]) -> JobName:
+    """The job's name, user and output files. A file name pattern scontrol left unexpanded (``%t``: the task,
+    ``%N``: the node, ... in sbatch's filename patterns) becomes a glob of its place."""
     name = fields.get("JobName", "")[:128]
-    user = fields.get("UserId", "").split("(")[0][:64] or None
-    return JobName(f"slurm:{job_id}" + (f" ({name})" if name else ""), "slurm", user)
+    user_field = fields.get("UserId", "")
+    user = user_field.split("(")[0][:64] or None
+    uid_m = _UID.search(user_field)
+    outputs: list[str] = []
+    for key in ("StdOut", "StdErr"):
+        path = fields.get(key, "")
+        if path.startswith("/") and len(path) <= OUTPUT_MAX and path != "/dev/null" and "\0" not in path:
+            path = re.sub(r"%%", "%", re.sub(r"%[A-Za-z]", "*", path)) if "%" in path else path
+            if path not in outputs and not any(c in path for c in "[]?"):
+                outputs.append(path)
+    return JobName(f"slurm:{job_id}" + (f" ({name})" if name else ""), "slurm", user,
+                   int(uid_m.group(1)) if uid_m else None, tuple(outputs))
 
 
 class JobNames:

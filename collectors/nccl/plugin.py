@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import glob
 import hashlib
 import os
 import re
 import shutil
+import stat
 import time
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
@@ -41,7 +43,7 @@ from collectors.nccl import container_logs
 from collectors.nccl.container_logs import Format, pod_of_path
 from collectors.nccl.hang_evidence import FlightRecords, RasAsker, read_environ
 from collectors.nccl.hca_names import exact_hca_value, hca_prefix_surprises
-from collectors.nccl.job_identity import JobNames
+from collectors.nccl.job_identity import JobName, JobNames
 from collectors.nccl.line import PREFIX_MAX, parse_line
 from collectors.nccl.matching import REJECTED_SOURCE, Match, Rejected, match_or_reject
 from collectors.nccl.prefilter import PREFILTER, candidate_lines
@@ -70,6 +72,7 @@ _HOST_PID_NAME = re.compile(r"(?P<host>[^/.]+)\.(?P<pid>\d+)\.[^/]*$")  # NCCL_D
 # ".../kubepods-burstable-pod<uid with _ for ->.slice/cri-containerd-<id>.scope" (kubelet cm/cgroup_manager_linux.go)
 _CGROUP_POD = re.compile(r"kubepods[^\n]*?[/-]pod([0-9a-f]{8}(?:[-_][0-9a-f]{4}){3}[-_][0-9a-f]{12})")
 POD_LOGS = "/var/log/pods"
+MAX_OUTPUTS = 256  # Slurm output files followed (two per job on the node at most)
 _NUMBERS = re.compile(r"(?<![0-9])[0-9]{1,12}(?![0-9])")
 
 Tri = Literal["auto", "yes", "no"]
@@ -155,6 +158,7 @@ class NCCLLogsCollector:
         self.jobs = JobNames(kube=None, scontrol="scontrol" if self._tri(config.slurm, bool(shutil.which("scontrol")))
                              else None, timeout=config.lookup_timeout)
         self._kube_tried = False
+        self._outputs: dict[str, float] = {}  # a Slurm job's output file -> when to look again (inf: followed)
         # container logs: partial runs joined, runs cut at their bound, candidate records not in their format
         self.container_stats = {"joined": 0, "cut": 0, "bad_records": 0}
 
@@ -243,8 +247,8 @@ class NCCLLogsCollector:
             owner = (line.host, line.pid) if line.host else self._owner(tf.path, m)
             if owner is None:
                 self.foreign_lines += 1
-                self.emit.unparsed(f"{tf.path}: lines of the job's ranks on other nodes (their agents judge them)",
-                                   line.raw[:200])
+                self.emit.unparsed(f"{tf.path}: lines of the job's ranks on other nodes, or of no rank (their "
+                                   f"agents judge them)", line.raw[:200])
                 continue
             host, pid = owner
             key = f"{host}:{pid}"
@@ -313,12 +317,41 @@ class NCCLLogsCollector:
         job = self.jobs.get(f"pod:{st.pod_uid}") if st.pod_uid else None
         if job is None and st.slurm_job:
             job = self.jobs.get(f"slurm:{st.slurm_job}")
+            if job is not None and job.outputs:
+                self._follow_outputs(job)
         if job is not None:
             summary["job_name"] = job.name
             summary["job_kind"] = job.kind
             if job.owner:
                 summary["job_owner"] = job.owner
         return summary
+
+    def _follow_outputs(self, job: JobName) -> None:
+        """A Slurm job running here prints where scontrol says (StdOut/StdErr): those files are read too, if
+        they are the job user's own regular files -- a path the job chose is never a way to make this agent read
+        someone else's file (a link swapped in later is refused by the tailer: its roots are the files'
+        directories; a hard link to another's file is the kernel's to refuse, fs.protected_hardlinks). A file not
+        there yet is looked for again every ``interval``."""
+        now = time.monotonic()
+        for path in job.outputs:
+            if self._outputs.get(path, 0.0) > now or (path not in self._outputs and len(self._outputs) >= MAX_OUTPUTS):
+                continue
+            files = glob.glob(str(self.host.path(path)))[:64] if "*" in path else [str(self.host.path(path))]
+            owned = mine = False
+            for f in files:
+                with contextlib.suppress(OSError):
+                    st = os.lstat(f)
+                    mine = True
+                    owned |= stat.S_ISREG(st.st_mode) and job.uid is not None and st.st_uid == job.uid
+            if owned:
+                self._outputs[path] = float("inf")
+                if path not in self.tailer.globs:
+                    self.tailer.globs.append(path)
+                    self.tailer.wake()
+            else:
+                self._outputs[path] = now + self.config.interval
+                if mine:  # there, but not the user's own regular file
+                    self.jobs.errors["output_not_the_users"] = self.jobs.errors.get("output_not_the_users", 0) + 1
 
     def _kube(self) -> Any:
         """The API client for pod lookups, made on first need (lightkube; None without it or a cluster)."""
@@ -384,6 +417,8 @@ class NCCLLogsCollector:
                 return None  # a rank of the job that runs on another node: its agent judges it
         if len(here) == 1 and job is None:
             return here[0].host, here[0].pid
+        if job is not None:
+            return None  # a Slurm job's file: a line that names no rank of this node is evidence for nobody here
         return self._from_name(path)
 
     def _slurm_job_of(self, path: str) -> str | None:
