@@ -107,6 +107,14 @@ class IBCompletionError(ProcessSummary, kw_only=True, omit_defaults=True):
     hca: Word | None = None
 
 
+class SocketError(ProcessSummary, kw_only=True, omit_defaults=True):
+    """``NCCLSocketError``: a socket NCCL used failed (src/misc/socket.cc WARN lines); ``peer`` the other end as
+    ncclSocketToString printed it (a host name or an address), ``peer_port`` its port."""
+
+    peer: Host | None = None
+    peer_port: Annotated[int, Meta(ge=0, le=65535)] | None = None
+
+
 class RasSuspect(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
     """One process NCCL's RAS points at (collectors/nccl_ras.py ``RasSuspect``)."""
 
@@ -139,6 +147,7 @@ DETAILS_BY_TYPE: Final[dict[str, type[ProcessSummary]]] = {
     "NCCLWatchdogProgress": WatchdogProgress,
     "NCCLIBAsyncEvent": IBAsyncEvent,
     "NCCLIBCompletionError": IBCompletionError,
+    "NCCLSocketError": SocketError,
     "NCCLRASReport": RASReport,
     "TorchFlightRecord": FlightRecord,
 }

@@ -176,3 +176,19 @@ def test_the_policy_grades_every_reason_the_plugin_emits_itself() -> None:
             "NCCLRASReport", "TorchFlightRecord"} <= types, types
     missing = {k for k in named if k not in POLICY}
     assert not missing, missing
+
+
+@pytest.mark.parametrize(("text", "peer", "port"), [
+    # NCCL 2.18-2.21 src/misc/socket.cc ncclSocketProgress: WARN("Net : Connection closed by remote peer %s", ...)
+    ("Net : Connection closed by remote peer gpu-0042.cluster.local<43211>", "gpu-0042.cluster.local", 43211),
+    # 2.22+: WARN("socketProgress: Connection closed by remote peer %s", ncclSocketToString(&sock->addr, line, 0))
+    ("socketProgress: Connection closed by remote peer 10.0.0.7<52314>", "10.0.0.7", 52314),
+    ("Net : Call to recv from fe80::5a2f:1<6000> failed : Connection reset by peer", "fe80::5a2f:1", 6000),
+    ("Net : Connection closed by remote peer", None, None),  # a build that printed no address
+])
+def test_a_socket_error_keeps_the_peer_it_names(text: str, peer: str | None, port: int | None) -> None:
+    m = match_or_reject(parse_line(0, f"gpu-0001:4242:4250 [3] misc/socket.cc:50 NCCL WARN {text}".encode()))
+    assert isinstance(m, Match) and m.rule.name == "socket_error" and m.rule.say is not None
+    said = m.rule.say(m.fields, Heard("gpu-0001:4242", m.line.msg, {}, False))
+    assert said is not None and (said.details["peer"], said.details["peer_port"]) == (peer, port)
+    assert verdict(said.type, said.reason).severity == "warning"
