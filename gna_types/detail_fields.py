@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Final
 
+import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
 __all__ = ["UNSET", "UnsetType"]
@@ -38,6 +39,7 @@ Count = Annotated[int, Meta(ge=0)]
 U64 = Annotated[int, Meta(ge=0)]  # a kernel/firmware u64 counter (msgspec bounds stop at int64: no upper bound)
 Pid = Annotated[int, Meta(ge=0, le=(1 << 22))]  # Linux PID_MAX_LIMIT (include/linux/threads.h)
 Seconds = Annotated[float, Meta(ge=0)]
+Timestamp = Annotated[str, Meta(max_length=32, description="RFC 3339 UTC, milliseconds: 2026-01-02T03:04:05.678Z")]
 Ratio = Annotated[float, Meta(ge=0, le=1)]
 Bytes = Annotated[float, Meta(ge=0)]  # JuiceFS's and statvfs's byte counts (JuiceFS reports float64)
 Celsius = Annotated[float, Meta(ge=-273, le=1000)]  # NVML temperatures (plausible_temp keeps far less)
@@ -50,3 +52,16 @@ Texts = Annotated[list[KmsgText], Meta(max_length=16)]
 # an open vector of named values (a straggler signal vector, a counter map): values carried as they came
 Vector = Annotated[dict[Annotated[str, Meta(max_length=128)], Any], Meta(max_length=256)]
 Numbers = Annotated[dict[Annotated[str, Meta(max_length=128)], float | None], Meta(max_length=256)]
+
+
+class Occurrences(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """What every kernel-log finding counted per window carries (collectors/kmsg_xid.py, gna_sdk.Window): how
+    many, the record's own time, and -- in a window's summary -- the window, the first record's wall time and
+    the records' own span. The finding's Struct adds what it is about."""
+
+    count: Count
+    logged_at: Timestamp | UnsetType = UNSET  # the record's own time (uptime stamp + /proc/stat btime)
+    window_s: Seconds | UnsetType = UNSET
+    aggregated: bool | UnsetType = UNSET
+    first_seen: float | UnsetType = UNSET
+    span_s: Seconds | UnsetType = UNSET

@@ -27,10 +27,12 @@ from gna_types.detail_fields import (
     Label,
     Name,
     Numbers,
+    Occurrences,
     Pci,
     Rule,
     Seconds,
     Severity,
+    Timestamp,
     UnsetType,
     Vector,
     Word,
@@ -38,7 +40,6 @@ from gna_types.detail_fields import (
 )
 
 XidCode = Annotated[int, Meta(ge=0, le=(1 << 32) - 1)]  # NVRM "Xid (PCI:...): <n>"; NVML's eventData (u32 Xid)
-Timestamp = Annotated[str, Meta(max_length=32, description="RFC 3339 UTC, milliseconds: 2026-01-02T03:04:05.678Z")]
 NvmlIndex = Annotated[int, Meta(ge=0, le=1023)]  # nvmlDeviceGetCount's index
 Lanes = Annotated[int, Meta(ge=0, le=32)]  # PCIe link width x1..x32 (PCIe Base Spec, Link Capabilities)
 PcieGen = Annotated[int, Meta(ge=0, le=16)]  # PCIe generation (NVML CurrPcieLinkGeneration; Gen6 today)
@@ -72,7 +73,7 @@ class XidEvidence(msgspec.Struct, kw_only=True, omit_defaults=True):
     logged_at: Timestamp | UnsetType = UNSET
 
 
-class GPUXidError(msgspec.Struct, kw_only=True, omit_defaults=True):
+class GPUXidError(Occurrences, kw_only=True, omit_defaults=True):
     """``GPUXidError``: one Xid (NVIDIA's Xid catalog, collectors/formats/xid_catalog.py) from the kernel log or an NVML
     event: the first occurrence with its record's evidence, then one summary per window."""
 
@@ -80,19 +81,12 @@ class GPUXidError(msgspec.Struct, kw_only=True, omit_defaults=True):
     name: Name  # the catalog's short name ("Xid <n>" for an unknown code)
     nvidia_action: Word  # NVIDIA's resolution bucket: RESET_GPU, REBOOT_SYSTEM, RESTART_APP, IGNORE, ...
     application_error: bool
-    count: Count
     source: Word  # "kmsg" | "nvml"
     # the first occurrence from the kernel log (collectors/formats/kmsg_records.py Xid): NVRM's pid=, name=, MIG part
     pid: Annotated[int, Meta(ge=0, le=(1 << 31) - 1)] | UnsetType | None = UNSET
     process: Name | UnsetType | None = UNSET
     mig: Name | UnsetType | None = UNSET
     text: KmsgText | UnsetType = UNSET
-    logged_at: Timestamp | UnsetType = UNSET  # the record's own time (uptime stamp + /proc/stat btime)
-    # a summary (gna_sdk.Window): the window, the first record's wall time, the records' own span
-    window_s: Seconds | UnsetType = UNSET
-    aggregated: bool | UnsetType = UNSET
-    first_seen: float | UnsetType = UNSET
-    span_s: Seconds | UnsetType = UNSET
 
 
 class GPUFatalXid(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -110,7 +104,7 @@ class GPUFellOffBus(msgspec.Struct, kw_only=True, omit_defaults=True):
     logged_at: Timestamp | UnsetType = UNSET
 
 
-class NVSwitchSXidError(msgspec.Struct, kw_only=True, omit_defaults=True):
+class NVSwitchSXidError(Occurrences, kw_only=True, omit_defaults=True):
     """``NVSwitchSXidError``: nvidia-nvswitch's "SXid (PCI:...): <n>, Fatal/Non-fatal ..."
     (formats.kmsg_records SXid)."""
 
@@ -118,12 +112,6 @@ class NVSwitchSXidError(msgspec.Struct, kw_only=True, omit_defaults=True):
     fatal: bool
     switch: Name | None  # "nvidia-nvswitch3"; None in a summary
     text: KmsgText | None
-    count: Count
-    logged_at: Timestamp | UnsetType = UNSET
-    window_s: Seconds | UnsetType = UNSET
-    aggregated: bool | UnsetType = UNSET
-    first_seen: float | UnsetType = UNSET
-    span_s: Seconds | UnsetType = UNSET
 
 
 # -- NVML (collectors/nvml.py) -------------------------------------------------------------------------------

@@ -22,13 +22,12 @@ from gna_types.detail_fields import (
     KmsgText,
     Module,
     Name,
+    Occurrences,
     Paths,
-    Seconds,
     Texts,
     UnsetType,
     Word,
 )
-from gna_types.gpu_details import Timestamp
 
 Entity = Annotated[str, Meta(max_length=512)]  # fleet/wire.py FIELD_MAX["entity"]
 
@@ -50,7 +49,7 @@ class KernelModuleNotLoaded(msgspec.Struct, kw_only=True, omit_defaults=True):
 
 # -- the kernel log (collectors/kmsg_xid.py, collectors/formats/kmsg_records.py) -------------------------------------
 
-class KernelModuleLoadError(msgspec.Struct, kw_only=True, omit_defaults=True):
+class KernelModuleLoadError(Occurrences, kw_only=True, omit_defaults=True):
     """``KernelModuleLoadError``: "disagrees about version of symbol", "Unknown symbol", "could not insert"
     for an nvidia* module (formats.kmsg_records ModuleError); the first occurrence, then one summary per window."""
 
@@ -58,29 +57,17 @@ class KernelModuleLoadError(msgspec.Struct, kw_only=True, omit_defaults=True):
     kind: Word  # version_mismatch | unknown_symbol | insert_failed
     symbol: Name | UnsetType = UNSET
     text: KmsgText | UnsetType = UNSET
-    count: Count
-    logged_at: Timestamp | UnsetType = UNSET
-    window_s: Seconds | UnsetType = UNSET
-    aggregated: bool | UnsetType = UNSET
-    first_seen: float | UnsetType = UNSET
-    span_s: Seconds | UnsetType = UNSET
 
 
-class NvidiaPeermemError(msgspec.Struct, kw_only=True, omit_defaults=True):
+class NvidiaPeermemError(Occurrences, kw_only=True, omit_defaults=True):
     """``NvidiaPeermemError``: nvidia-peermem's peer_err lines (formats.kmsg_records PeermemError); ``harmless`` and
     ``fixed_in`` for "detected invalid context" (Mellanox/nv_peer_memory#120, gone in R560)."""
 
     function: Name | UnsetType = UNSET
     kind: Word  # invalid_context | registration_failed | p2p_error
     text: KmsgText | UnsetType = UNSET
-    count: Count
     harmless: bool | UnsetType = UNSET
     fixed_in: Word | UnsetType = UNSET
-    logged_at: Timestamp | UnsetType = UNSET
-    window_s: Seconds | UnsetType = UNSET
-    aggregated: bool | UnsetType = UNSET
-    first_seen: float | UnsetType = UNSET
-    span_s: Seconds | UnsetType = UNSET
 
 
 class KernelLogUnparsable(msgspec.Struct, kw_only=True, omit_defaults=True):

@@ -59,7 +59,8 @@ def test_wire_keeps_a_null_and_leaves_out_what_was_not_given() -> None:
     assert wire(first) == {"xid": 79, "name": "GPU has fallen off the bus", "nvidia_action": "REBOOT_SYSTEM",
                            "application_error": False, "count": 1, "source": "kmsg", "pid": None, "process": None,
                            "mig": None, "text": "t"}
-    assert list(wire(first))[:6] == ["xid", "name", "nvidia_action", "application_error", "count", "source"]
+    # what every kernel-log finding counts (detail_fields.Occurrences) first, then what it is about
+    assert list(wire(first))[:6] == ["count", "xid", "name", "nvidia_action", "application_error", "source"]
     summary = GPUXidError(xid=13, name="n", nvidia_action="IGNORE", application_error=True, count=4, source="nvml")
     assert "pid" not in wire(summary) and "window_s" not in wire(summary)
     assert msgspec.convert(wire(first), GPUXidError) == first
