@@ -38,8 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from fleet.incidents import IncidentTracker
 from fleet.typed_details import TYPED
-from fleet.wire import decode_event, decode_job
-from gna_types.subjects import subjects_for
+from fleet.wire import as_received
 
 
 def scenario(nodes: int, fault: str, seed: int) -> list[dict[str, Any]]:
@@ -51,14 +50,8 @@ def scenario(nodes: int, fault: str, seed: int) -> list[dict[str, Any]]:
 
 
 def decoded(msgs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    out = []
-    for m in msgs:
-        subject = subjects_for(m["node"], m["collector"], m["severity"], m["type"], m["details"])[0]
-        data = json.dumps(m).encode()
-        # as the incident service decodes them: the typed details kept for the correlator (fleet/typed_details.py)
-        out.append(decode_job(subject, data, typed=True) if subject.startswith("gna.jobs.")
-                   else decode_event(subject, data, typed=True))
-    return out
+    # as the incident service decodes them: the typed details kept for the correlator (fleet/typed_details.py)
+    return [as_received(m) for m in msgs]
 
 
 def traced(build: Any) -> tuple[int, Any, float]:

@@ -77,6 +77,14 @@ def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
     return CounterMetricFamily(name, doc, value=value)
 
 
+def _rejected(name: str, doc: str, counts: dict[str, int]) -> CounterMetricFamily:
+    """Refusals by reason (fleet/wire.py Rejections.counts), the reasons bounded by ``reasons``."""
+    family = CounterMetricFamily(name, doc, labels=["reason"])
+    for reason, n in reasons(counts):
+        family.add_metric([reason], n)
+    return family
+
+
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, doc, value=value)
 
@@ -157,16 +165,10 @@ class CorrelatorMetrics(ServiceMetrics):
         yield _counter("gna_correlator_accepted", "Messages decoded and filed", svc.accepted)
         yield _counter("gna_correlator_skipped", "Messages read off their subject as another replica's and not "
                        "decoded", svc.skipped)
-        rejected = CounterMetricFamily("gna_correlator_rejected", "Messages refused at the wire (fleet/wire.py) "
-                                       "or that tripped a bug, by reason", labels=["reason"])
-        for reason, n in reasons(svc.rejections.counts):
-            rejected.add_metric([reason], n)
-        yield rejected
-        refused = CounterMetricFamily("gna_correlator_refused", "Messages refused by a per-reporter share "
-                                      "(fleet/incidents.py), by reason", labels=["reason"])
-        for reason, n in reasons(svc.tracker.refused):
-            refused.add_metric([reason], n)
-        yield refused
+        yield _rejected("gna_correlator_rejected", "Messages refused at the wire (fleet/wire.py) "
+                                       "or that tripped a bug, by reason", svc.rejections.counts)
+        yield _rejected("gna_correlator_refused", "Messages refused by a per-reporter share "
+                                      "(fleet/incidents.py), by reason", svc.tracker.refused)
         yield from self._incidents(svc)
         published = CounterMetricFamily("gna_correlator_incidents_published", "Incident records written (KV and "
                                         "subject), by status: open (a new or changed verdict) or resolved",
@@ -274,11 +276,8 @@ class CordonerMetrics(ServiceMetrics):
         yield _gauge("gna_cordoner_budget_exhausted", "1 from a cordon refused for the spent fleet budget until "
                      "one is granted again", 1.0 if c.engine is not None and c.engine.budget_exhausted else 0.0)
         yield _counter("gna_cordoner_handled", "Messages decided and acknowledged", c.handled)
-        rejected = CounterMetricFamily("gna_cordoner_rejected", "Messages or incident records refused at the wire "
-                                       "(fleet/wire.py) or that tripped a bug, by reason", labels=["reason"])
-        for reason, n in reasons(c.rejections.counts):
-            rejected.add_metric([reason], n)
-        yield rejected
+        yield _rejected("gna_cordoner_rejected", "Messages or incident records refused at the wire "
+                                       "(fleet/wire.py) or that tripped a bug, by reason", c.rejections.counts)
         yield _gauge("gna_cordoner_queued_messages", "Messages filed in the reporting nodes' lanes, not decided "
                      "yet", sum(len(lane) for lane in list(c.lanes.values())))
         yield _gauge("gna_cordoner_waiting_messages", "Messages waiting for the correlator's verdict",
@@ -311,11 +310,8 @@ class DashboardMetrics(ServiceMetrics):
             yield _gauge("gna_dashboard_nats_connected", "1 while connected to NATS", _connected(self.feed.nc))
         yield _gauge("gna_dashboard_nodes", "Nodes the dashboard knows", len(s.nodes))
         yield _counter("gna_dashboard_messages", "Messages applied to the view", s.messages_seen)
-        rejected = CounterMetricFamily("gna_dashboard_rejected", "Messages refused at the wire (fleet/wire.py) or "
-                                       "unusable by a view, by reason", labels=["reason"])
-        for reason, n in reasons(s.rejections.counts):
-            rejected.add_metric([reason], n)
-        yield rejected
+        yield _rejected("gna_dashboard_rejected", "Messages refused at the wire (fleet/wire.py) or "
+                                       "unusable by a view, by reason", s.rejections.counts)
         yield _gauge("gna_dashboard_incidents_open", "Open incidents shown",
                      sum(1 for r in list(s.incidents_by_job.values()) if r.get("status") == "open"))
         yield _counter("gna_dashboard_incidents_dropped", "Incident records dropped to keep within the view's "

@@ -34,6 +34,7 @@ from gna_types.subjects import (
     encode_token,
     is_valid_token,
     job_bucket,
+    subjects_for,
 )
 
 log = structlog.get_logger(__name__)
@@ -127,6 +128,15 @@ def decode_event(subject: str, data: bytes, *, typed: bool = False) -> dict[str,
     if msg["collector"] != collector or msg["severity"] != severity:
         raise Rejected("subject_mismatch", f"payload {msg['collector']}/{msg['severity']} on {subject[:120]}")
     return msg
+
+
+def as_received(m: dict[str, Any]) -> dict[str, Any]:
+    """A message dict as the incident service receives it: published on its first subject and decoded at this
+    boundary with its typed details kept (offline tools and tests; Rejected where the wire refuses it)."""
+    subject = subjects_for(m["node"], m["collector"], m["severity"], m["type"], m["details"])[0]
+    data = json.dumps(m).encode()
+    return decode_job(subject, data, typed=True) if subject.startswith(JOBS_PREFIX + ".") \
+        else decode_event(subject, data, typed=True)
 
 
 def decode_job(subject: str, data: bytes, *, typed: bool = False) -> dict[str, Any]:

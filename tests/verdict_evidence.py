@@ -10,12 +10,10 @@ depends on which path a message took."""
 from __future__ import annotations
 
 import itertools
-import json
 from typing import Any
 
 from fleet.correlator import VERDICT_RULES, Incident, _Verdict, correlate, facts_of, fast_verdict, slow_verdict
-from fleet.wire import decode_event, decode_job
-from gna_types.subjects import subjects_for
+from fleet.wire import as_received
 
 JOB = "0x00000000000000a5"  # NCCL's commId as the node prints it
 T0 = "2026-12-03T07:00:00.000Z"
@@ -93,13 +91,7 @@ def finding(node: str, collector: str, type_: str, entity: str, *, severity: str
 def through_wire(msgs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The messages as the incident service takes them: each published on its subject and decoded at the
     fleet's boundary, its typed details kept (a message the boundary refuses raises ``Rejected``)."""
-    out = []
-    for m in msgs:
-        subject = subjects_for(m["node"], m["collector"], m["severity"], m["type"], m["details"])[0]
-        data = json.dumps(m).encode()
-        out.append(decode_job(subject, data, typed=True) if subject.startswith("gna.jobs.")
-                   else decode_event(subject, data, typed=True))
-    return out
+    return [as_received(m) for m in msgs]
 
 
 def _one(msgs: list[dict[str, Any]]) -> _Verdict | None:

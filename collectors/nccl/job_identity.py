@@ -193,6 +193,3 @@ class JobNames:
             self._error("scontrol_other_job")
             return
         self._put(f"slurm:{job_id}", slurm_job(job_id, fields))
-
-    def pod_key(self, uid: str) -> str:
-        return f"pod:{uid}"

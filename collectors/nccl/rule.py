@@ -70,6 +70,3 @@ class Rule:
         field-by-field check (the hot path of a channel line)."""
         return min(self.fields.values(), default=1 << 30)
 
-
-def compile_rule(pattern: str) -> re.Pattern[str]:
-    return re.compile(pattern)

@@ -4,9 +4,11 @@ sendSetup, 2.12+). Which NIC each channel uses (NET/IB/<n>) is the rank's real N
 
 from __future__ import annotations
 
+import re
+
 from collectors.nccl.bounds import INT_DIGITS
 from collectors.nccl.process import ProcessState
-from collectors.nccl.rule import Fields, Rule, compile_rule
+from collectors.nccl.rule import Fields, Rule
 from collectors.nccl.rules.channel_prefix import CHANNEL, CHANNEL_FIELDS
 
 
@@ -23,7 +25,7 @@ def _update(st: ProcessState, f: Fields) -> bool:
     return False
 
 
-RULE = Rule("channel_net", compile_rule(CHANNEL + r"\[(?P<dir>send|receive)\] via NET/(?P<net>\w+)/(?P<dev>\d+)"
+RULE = Rule("channel_net", re.compile(CHANNEL + r"\[(?P<dir>send|receive)\] via NET/(?P<net>\w+)/(?P<dev>\d+)"
                                                   r"(?:\((?P<proxy>\d+)\))?(?P<flags>\S*)"),
             "NCCLNoGDRDMA",
             {**CHANNEL_FIELDS, "dir": 8, "net": 64, "dev": INT_DIGITS, "proxy": INT_DIGITS, "flags": 64},

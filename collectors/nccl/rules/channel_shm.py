@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import re
+
 from collectors.nccl.process import ProcessState
-from collectors.nccl.rule import Fields, Rule, compile_rule
+from collectors.nccl.rule import Fields, Rule
 from collectors.nccl.rules.channel_prefix import CHANNEL, CHANNEL_FIELDS
 
 
@@ -13,5 +15,5 @@ def _update(st: ProcessState, _f: Fields) -> bool:
     return False
 
 
-RULE = Rule("channel_shm", compile_rule(CHANNEL + r"via (?:SHM/(?P<mode>\S+)|direct shared memory)"), "NCCLP2PViaHost",
+RULE = Rule("channel_shm", re.compile(CHANNEL + r"via (?:SHM/(?P<mode>\S+)|direct shared memory)"), "NCCLP2PViaHost",
             {**CHANNEL_FIELDS, "mode": 64}, needles=(b"via SHM/", b"via direct shared memory"), update=_update)

@@ -3,8 +3,10 @@ default from 2.17): the job's HCA selection as NCCL read it."""
 
 from __future__ import annotations
 
+import re
+
 from collectors.nccl.process import ProcessState
-from collectors.nccl.rule import Fields, Rule, compile_rule
+from collectors.nccl.rule import Fields, Rule
 
 
 def _update(st: ProcessState, f: Fields) -> bool:
@@ -12,5 +14,5 @@ def _update(st: ProcessState, f: Fields) -> bool:
     return False
 
 
-RULE = Rule("env_hca", compile_rule(r"\bNCCL_IB_HCA set to (?P<value>\S+)"), "NCCLHCASelection", {"value": 1024},
+RULE = Rule("env_hca", re.compile(r"\bNCCL_IB_HCA set to (?P<value>\S+)"), "NCCLHCASelection", {"value": 1024},
             needles=(b"NCCL_IB_HCA set",), update=_update)

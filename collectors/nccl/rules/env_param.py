@@ -4,8 +4,10 @@ the job's own settings, which decide whose fault a fallback is."""
 
 from __future__ import annotations
 
+import re
+
 from collectors.nccl.process import ProcessState
-from collectors.nccl.rule import Fields, Rule, compile_rule
+from collectors.nccl.rule import Fields, Rule
 
 
 def _update(st: ProcessState, f: Fields) -> bool:
@@ -13,5 +15,5 @@ def _update(st: ProcessState, f: Fields) -> bool:
     return False
 
 
-RULE = Rule("env_param", compile_rule(r"\b(?P<name>NCCL_[A-Z0-9_]+) set by environment to (?P<value>[^\s]+?)\.?\s*$"),
+RULE = Rule("env_param", re.compile(r"\b(?P<name>NCCL_[A-Z0-9_]+) set by environment to (?P<value>[^\s]+?)\.?\s*$"),
             "", {"name": 64, "value": 1024}, needles=(b"set by environment to",), update=_update)

@@ -7,8 +7,10 @@ for HCA %d '%s'"; the Mellanox plugin: "GPU Direct RDMA (nvidia-peermem) enabled
 
 from __future__ import annotations
 
+import re
+
 from collectors.nccl.process import ProcessState
-from collectors.nccl.rule import Fields, Rule, compile_rule
+from collectors.nccl.rule import Fields, Rule
 
 
 def _update(st: ProcessState, f: Fields) -> bool:
@@ -17,7 +19,7 @@ def _update(st: ProcessState, f: Fields) -> bool:
     return False
 
 
-RULE = Rule("gdr", compile_rule(r"NET/\w+ : GPU Direct RDMA (?:\((?P<how>[\w-]+)\) )?(?P<state>[Ee]nabled|[Dd]isabled) "
+RULE = Rule("gdr", re.compile(r"NET/\w+ : GPU Direct RDMA (?:\((?P<how>[\w-]+)\) )?(?P<state>[Ee]nabled|[Dd]isabled) "
                                 r"for (?:GPU \S+ / )?HCA (?P<hca>[0-9a-f]+)(?: '(?P<name>[^'\s]+)'?)?"),
             "NCCLNoGDRDMA",
             # "HCA %d" held to an HCA name's bound like every "hca"; ibv_get_device_name (IBV_SYSFS_NAME_MAX 64)

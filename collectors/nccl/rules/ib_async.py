@@ -5,8 +5,10 @@ async fatal event[ on CQ/QP/SRQ (...)]: %s" (2.24+), "NET/IB : %s:%d Got non-fat
 
 from __future__ import annotations
 
+import re
+
 from collectors.nccl.bounds import INT_DIGITS
-from collectors.nccl.rule import Fields, Heard, Rule, Said, compile_rule
+from collectors.nccl.rule import Fields, Heard, Rule, Said
 from gna_types.details import IBAsyncEvent
 
 _BENIGN = ("PORT_ACTIVE", "PORT ACTIVE", "LID_CHANGE", "GID_CHANGE")
@@ -22,7 +24,7 @@ def _say(f: Fields, h: Heard) -> Said:
                 {"hca": typed.hca, "port": typed.port, "event": what, "fatal": not benign})
 
 
-RULE = Rule("ib_async", compile_rule(r"NET/IB ?: (?:(?P<hca>[\w.-]+):(?P<port>\d+) )?(?P<kind>Got async event|Got "
+RULE = Rule("ib_async", re.compile(r"NET/IB ?: (?:(?P<hca>[\w.-]+):(?P<port>\d+) )?(?P<kind>Got async event|Got "
                                      r"non-fatal async event|async fatal event)[^:]*?: ?(?P<what>.*?)\s*$"),
             "NCCLIBAsyncEvent",
             # the HCA's name (IBV_SYSFS_NAME_MAX 64), "%d" port; the event's name, free text kept bounded

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 
 from collectors.nccl.bounds import INT_DIGITS
-from collectors.nccl.rule import Fields, Heard, Rule, Said, compile_rule
+from collectors.nccl.rule import Fields, Heard, Rule, Said
 from gna_types.details import IBCompletionError
 
 # ibv_wc_status (rdma-core libibverbs/verbs.h)
@@ -48,7 +48,7 @@ def _say(f: Fields, h: Heard) -> Said:
                  "hca": typed.hca})
 
 
-RULE = Rule("ib_completion", compile_rule(r"NET/IB(?:/GIN)? ?: Got completion (?:from peer (?P<peer>\S+) )?with "
+RULE = Rule("ib_completion", re.compile(r"NET/IB(?:/GIN)? ?: Got completion (?:from peer (?P<peer>\S+) )?with "
                                           r"(?:status=(?:(?P<sname>[A-Z_]+)\()?(?P<status>\d+)\)?|error (?P<err>\d+))"),
             "NCCLIBCompletionError",
             # "from peer %s": ncclSocketToString, an address and "<port>" (INET6_ADDRSTRLEN 46 + 8); statuses "%d";

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
+
 from collectors.nccl.process import ProcessState
-from collectors.nccl.rule import Fields, Rule, compile_rule
+from collectors.nccl.rule import Fields, Rule
 
 
 def _update(st: ProcessState, _f: Fields) -> bool:
@@ -11,5 +13,5 @@ def _update(st: ProcessState, _f: Fields) -> bool:
     return False
 
 
-RULE = Rule("ib_no_device", compile_rule(r"NET/IB : No device found"), "NCCLSocketFallback", {},
+RULE = Rule("ib_no_device", re.compile(r"NET/IB : No device found"), "NCCLSocketFallback", {},
             needles=(b"NET/IB : ",), update=_update)

@@ -3,8 +3,10 @@ job's container, so no IB device either (NVIDIA/nccl#367, #1817)."""
 
 from __future__ import annotations
 
+import re
+
 from collectors.nccl.process import ProcessState
-from collectors.nccl.rule import Fields, Rule, compile_rule
+from collectors.nccl.rule import Fields, Rule
 
 
 def _update(st: ProcessState, _f: Fields) -> bool:
@@ -12,5 +14,5 @@ def _update(st: ProcessState, _f: Fields) -> bool:
     return False
 
 
-RULE = Rule("ib_no_verbs", compile_rule(r"Failed to open libibverbs"), "NCCLSocketFallback", {},
+RULE = Rule("ib_no_verbs", re.compile(r"Failed to open libibverbs"), "NCCLSocketFallback", {},
             needles=(b"Failed to open libibverbs",), update=_update)

@@ -4,8 +4,10 @@ bootstrap interface."""
 
 from __future__ import annotations
 
+import re
+
 from collectors.nccl.process import ProcessState, parse_ib_devices
-from collectors.nccl.rule import Fields, Rule, compile_rule
+from collectors.nccl.rule import Fields, Rule
 
 
 def _update(st: ProcessState, f: Fields) -> bool:
@@ -14,8 +16,8 @@ def _update(st: ProcessState, f: Fields) -> bool:
     return False
 
 
-RULE = Rule("ib_using", compile_rule(r"NET/IB : Using (?P<devs>.*?)\s*(?P<ro>\[RO\])?\s*; OOB (?P<oob>\S+)"),
+RULE = Rule("ib_using", re.compile(r"NET/IB : Using (?P<devs>.*?)\s*(?P<ro>\[RO\])?\s*; OOB (?P<oob>\S+)"),
             "NCCLHCASelection",
             # 32 NICs of 30-odd bytes fit in 4 KiB; "[RO]" (relaxed ordering); "ib0:10.0.0.5<0>"
             {"devs": 4096, "ro": 8, "oob": 128},
-            guard=compile_rule(r"; OOB \S"), needles=(b"NET/IB : ",), update=_update)
+            guard=re.compile(r"; OOB \S"), needles=(b"NET/IB : ",), update=_update)

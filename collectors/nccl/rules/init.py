@@ -5,9 +5,11 @@ communicator. Its first line for a communicator is the membership the fleet corr
 
 from __future__ import annotations
 
+import re
+
 from collectors.nccl.bounds import INT_DIGITS
 from collectors.nccl.process import MAX_COMMS, ProcessState
-from collectors.nccl.rule import Fields, Heard, Rule, Said, compile_rule
+from collectors.nccl.rule import Fields, Heard, Rule, Said
 from gna_types.details import JobMember
 from gna_types.entities import pci_from_nccl
 
@@ -33,7 +35,7 @@ def _say(f: Fields, h: Heard) -> Said | None:
                  "pci": member.pci})
 
 
-RULE = Rule("init", compile_rule(r"comm (?P<comm>0x[0-9a-f]+) rank (?P<rank>\d+) nranks (?P<nranks>\d+) cudaDev "
+RULE = Rule("init", re.compile(r"comm (?P<comm>0x[0-9a-f]+) rank (?P<rank>\d+) nranks (?P<nranks>\d+) cudaDev "
                                  r"(?P<cuda>\d+)(?: nvmlDev (?P<nvml>\d+))?(?: busId (?P<bus>[0-9a-f]+))?"
                                  r"(?: commId (?P<commid>0x[0-9a-f]+))?.*Init COMPLETE"),
             "NCCLJobMember",
@@ -41,5 +43,5 @@ RULE = Rule("init", compile_rule(r"comm (?P<comm>0x[0-9a-f]+) rank (?P<rank>\d+)
             # comm->commHash: 0x + at most 16); rank, nranks, cudaDev, nvmlDev "%d"
             {"comm": 18, "commid": 18, "bus": 16, "rank": INT_DIGITS, "nranks": INT_DIGITS, "cuda": INT_DIGITS,
              "nvml": INT_DIGITS},
-            guard=compile_rule(r"Init COMPLETE"), needles=(b"Init COMPLETE",), update=_update, say=_say,
+            guard=re.compile(r"Init COMPLETE"), needles=(b"Init COMPLETE",), update=_update, say=_say,
             news_only=True)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
+
 from collectors.nccl.process import ProcessState
-from collectors.nccl.rule import Fields, Rule, compile_rule
+from collectors.nccl.rule import Fields, Rule
 
 
 def _update(st: ProcessState, f: Fields) -> bool:
@@ -11,5 +13,5 @@ def _update(st: ProcessState, f: Fields) -> bool:
     return False
 
 
-RULE = Rule("network", compile_rule(r"\bUsing network (?P<net>\S[^\n]*?)\s*$"), "NCCLSocketFallback",
+RULE = Rule("network", re.compile(r"\bUsing network (?P<net>\S[^\n]*?)\s*$"), "NCCLSocketFallback",
             {"net": 64}, needles=(b"Using network ",), update=_update)

@@ -5,8 +5,10 @@ wait in has nothing in flight, never times out, and says where it stands only he
 
 from __future__ import annotations
 
+import re
+
 from collectors.nccl.bounds import INT_DIGITS
-from collectors.nccl.rule import Fields, Heard, Rule, Said, compile_rule
+from collectors.nccl.rule import Fields, Heard, Rule, Said
 from collectors.nccl.rules.pytorch_prefix import (
     PG,
     PG_FIELDS,
@@ -26,7 +28,7 @@ def _say(f: Fields, h: Heard) -> Said:
                          f"in process group {pg}: last enqueued work {f.get('enq')}, last completed {f.get('done')}.")
 
 
-RULE = Rule("pg_dump_signal", compile_rule(PG + r"Received a dump signal due to a collective timeout from\s+(?:rank "
+RULE = Rule("pg_dump_signal", re.compile(PG + r"Received a dump signal due to a collective timeout from\s+(?:rank "
                                                 r"(?P<src>\d+)|(?P<local>this local rank))?.{0,200}?Last enqueued NCCL "
                                                 r"work: " + seq("enq") + r", last completed NCCL work: " + seq("done")),
             "NCCLWatchdogProgress", {**PG_FIELDS, "src": INT_DIGITS, "local": 16, "enq": SEQ_BOUND, "done": SEQ_BOUND},

@@ -3,7 +3,9 @@ enqueued NCCL work: %d, last completed NCCL work: %d" -- the process summary's p
 
 from __future__ import annotations
 
-from collectors.nccl.rule import Rule, compile_rule
+import re
+
+from collectors.nccl.rule import Rule
 from collectors.nccl.rules.pytorch_prefix import (
                                         PG,
                                         PG_FIELDS,
@@ -14,7 +16,7 @@ from collectors.nccl.rules.pytorch_prefix import (
                                         torchrun_rank,
 )
 
-RULE = Rule("pg_periodic", compile_rule(PG + r"NCCL Work update periodically: last enqueued NCCL work: " + seq("enq")
+RULE = Rule("pg_periodic", re.compile(PG + r"NCCL Work update periodically: last enqueued NCCL work: " + seq("enq")
                                         + r", last completed NCCL work: " + seq("done")),
             "", {**PG_FIELDS, "enq": SEQ_BOUND, "done": SEQ_BOUND},
             needles=(b"ast enqueued ",), extract=torchrun_rank, convert=torch_fields, update=record_progress)

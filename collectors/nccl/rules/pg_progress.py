@@ -6,7 +6,9 @@ work: %d" (2.6+)."""
 
 from __future__ import annotations
 
-from collectors.nccl.rule import Fields, Heard, Rule, Said, compile_rule
+import re
+
+from collectors.nccl.rule import Fields, Heard, Rule, Said
 from collectors.nccl.rules.pytorch_prefix import (
     PG,
     PG_FIELDS,
@@ -29,7 +31,7 @@ _PATTERN = (PG + r"(?P<what>Timeout at NCCL work|Exception (?:\(either an error 
                  r"at work|failure detected by watchdog at work sequence id): " + seq("at")
             + r",? (?:PG status: )?last enqueued (?:NCCL )?work: " + seq("enq") + r", last completed (?:NCCL )?work: "
             + seq("done"))
-RULE = Rule("pg_progress", compile_rule(_PATTERN),
+RULE = Rule("pg_progress", re.compile(_PATTERN),
             "NCCLWatchdogProgress", {**PG_FIELDS, "what": 512, "at": SEQ_BOUND, "enq": SEQ_BOUND, "done": SEQ_BOUND},
             needles=(b"ast enqueued ",), extract=torchrun_rank, convert=torch_fields, update=record_progress, say=_say,
             hang=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from collectors.nccl.rule import Fields, Heard, Rule, Said, compile_rule
+from collectors.nccl.rule import Fields, Heard, Rule, Said
 from gna_types.details import SocketError
 
 # ncclSocketToString: "%s<%s>" of getnameinfo's host (a name, or an IPv4/IPv6 address) and port
@@ -27,7 +27,7 @@ def _say(f: Fields, h: Heard) -> Said:
                 {"error": f["what"], "peer": typed.peer, "peer_port": typed.peer_port})
 
 
-RULE = Rule("socket_error", compile_rule(r"(?P<what>Connection closed by remote peer|Connection reset by peer|Call to "
+RULE = Rule("socket_error", re.compile(r"(?P<what>Connection closed by remote peer|Connection reset by peer|Call to "
                                          r"recv from \S+ failed|Connect to \S+ failed|connect to \S+ failed|exceeded "
                                          r"retries)"),
             "NCCLSocketError",

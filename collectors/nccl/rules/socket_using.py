@@ -3,8 +3,10 @@ transport uses."""
 
 from __future__ import annotations
 
+import re
+
 from collectors.nccl.process import ProcessState
-from collectors.nccl.rule import Fields, Rule, compile_rule
+from collectors.nccl.rule import Fields, Rule
 
 
 def _update(st: ProcessState, f: Fields) -> bool:
@@ -12,5 +14,5 @@ def _update(st: ProcessState, f: Fields) -> bool:
     return False
 
 
-RULE = Rule("socket_using", compile_rule(r"NET/Socket : Using (?P<ifs>.+?)\s*$"), "NCCLSocketFallback",
+RULE = Rule("socket_using", re.compile(r"NET/Socket : Using (?P<ifs>.+?)\s*$"), "NCCLSocketFallback",
             {"ifs": 1024}, needles=(b"NET/Socket : Using",), update=_update)

@@ -3,8 +3,10 @@ VERSION_STRING). Only with NCCL's own prefix: a bare printf of the same text is 
 
 from __future__ import annotations
 
+import re
+
 from collectors.nccl.process import ProcessState
-from collectors.nccl.rule import Fields, Rule, compile_rule
+from collectors.nccl.rule import Fields, Rule
 
 
 def _update(st: ProcessState, f: Fields) -> bool:
@@ -13,5 +15,5 @@ def _update(st: ProcessState, f: Fields) -> bool:
 
 
 RULE = Rule("version",
-            compile_rule(r"^NCCL version (?P<version>[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}(?![0-9])[^\s]{0,40})"),
+            re.compile(r"^NCCL version (?P<version>[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}(?![0-9])[^\s]{0,40})"),
             "", {"version": 64}, nccl_only=True, needles=(b"NCCL INFO NCCL version ",), update=_update)

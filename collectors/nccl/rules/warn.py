@@ -5,7 +5,9 @@ match (the plugin: a WARN a state rule also reads, such as no libibverbs, is sti
 
 from __future__ import annotations
 
-from collectors.nccl.rule import Fields, Heard, Rule, Said, compile_rule
+import re
+
+from collectors.nccl.rule import Fields, Heard, Rule, Said
 
 WARN_NEEDLE = b"NCCL WARN"
 
@@ -15,4 +17,4 @@ def _say(_f: Fields, h: Heard) -> Said:
     return Said("NCCLWarning", "NCCLWarn", f"NCCL WARN in {h.process}: {text[:200]}", {"count": 1})
 
 
-RULE = Rule("warn", compile_rule(r"."), "NCCLWarning", {}, needles=(WARN_NEEDLE,), say=_say, repeats=True)
+RULE = Rule("warn", re.compile(r"."), "NCCLWarning", {}, needles=(WARN_NEEDLE,), say=_say, repeats=True)

@@ -4,8 +4,10 @@ ran for %ld milliseconds before timing out." The job hangs here."""
 
 from __future__ import annotations
 
+import re
+
 from collectors.nccl.bounds import U64_DIGITS
-from collectors.nccl.rule import Fields, Heard, Rule, Said, compile_rule
+from collectors.nccl.rule import Fields, Heard, Rule, Said
 from collectors.nccl.rules.pytorch_prefix import PG, PG_FIELDS, torch_fields, torchrun_rank
 from gna_types.details import CollectiveTimeout
 
@@ -22,9 +24,9 @@ def _say(f: Fields, h: Heard) -> Said:
 
 _PATTERN = (PG + r"Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=(?P<seq>\d+), OpType=(?P<op>\w+)"
             r"(?:.*?Timeout\(ms\)=(?P<timeout>\d+))?.*?\) ran for (?P<ran>\d+) milliseconds")
-RULE = Rule("watchdog", compile_rule(_PATTERN),
+RULE = Rule("watchdog", re.compile(_PATTERN),
             "NCCLCollectiveTimeout",
             # "SeqNum=%lu", "OpType=%s" (opTypeToString: ALLREDUCE, ...), "Timeout(ms)=%ld", "ran for %ld"
             {**PG_FIELDS, "seq": U64_DIGITS, "op": 64, "timeout": U64_DIGITS, "ran": U64_DIGITS},
-            guard=compile_rule(r"\) ran for \d+ milliseconds"), needles=(b"Watchdog caught",),
+            guard=re.compile(r"\) ran for \d+ milliseconds"), needles=(b"Watchdog caught",),
             extract=torchrun_rank, convert=torch_fields, say=_say, hang=True)
