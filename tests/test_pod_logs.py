@@ -225,7 +225,7 @@ def test_a_pods_job_comes_from_the_labels_its_controller_sets() -> None:
     assert job_of_pod("ml", {"volcano.sh/job-name": "<script>"}, []) is None
 
 
-# slurm src/api/job_info.c slurm_sprint_job_info, one line (--oneliner): Key=Value pairs separated by spaces
+# SchedMD/slurm src/scontrol/info_job.c (284c3b95f0), --oneliner: Key=Value pairs separated by one space
 SCONTROL = ("JobId=1234 JobName=llama-pretrain UserId=alice(1000) GroupId=alice(1000) MCS_label=N/A Priority=4294901 "
             "Nice=0 Account=research QOS=normal JobState=RUNNING Reason=None Dependency=(null) Requeue=1 Restarts=0 "
             "BatchFlag=1 Reboot=0 ExitCode=0:0 RunTime=01:02:03 TimeLimit=2-00:00:00 NodeList=gpu-[0001-0016] "

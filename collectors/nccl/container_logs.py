@@ -35,7 +35,8 @@ _CRI = re.compile(rb"(?P<time>\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d{1,9})?(
                   rb"(?P<stream>stdout|stderr) (?P<tag>[^ \n]{1,64}) ")
 # literal-led (a "^" in multi-line mode is tried at every byte: 10x slower on a chatty pod's log)
 _CRI_PARTIAL = re.compile(rb" (?:stdout|stderr) P[ :]")
-# json-file: moby daemon/logger/jsonfilelog/jsonlog (JSONLogs: log, stream, time in this order)
+# json-file: moby daemon/logger/jsonfilelog/jsonlog JSONLogs.MarshalJSONBuf: "log", "stream", optional "attrs",
+# "time" in this order; the log escapes '"', '\\', control bytes and also '<', '>', '&' (as \\u00XX)
 _DOCKER = re.compile(rb'\{"log":"(?P<log>(?:[^"\\\n]|\\.)*)","stream":"(?P<stream>stdout|stderr)"'
                      rb'(?:,"attrs":\{[^\n]*?\})?,"time":"(?P<time>[^"\n]{1,40})"')
 _DOCKER_PARTIAL = re.compile(rb'(?<!\\n)","stream":"(?:stdout|stderr)"')

@@ -12,8 +12,10 @@ the job controllers set on every pod they create, in this order of preference:
 - else the controller owner reference (``kind``/``name``).
 
 Slurm: ``SLURM_JOB_ID`` in the process's environment, then ``scontrol show job --oneliner <id>`` for its
-name, user and output files (slurm src/api/job_info.c slurm_sprint_job_info: ``Key=Value`` pairs,
-``JobName=``, ``UserId=user(uid)``, ``StdOut=``, ``StdErr=``), cached per job.
+name, user and output files (SchedMD/slurm src/scontrol/info_job.c, read at 284c3b95f0: with --oneliner the
+fields are separated by one space -- "JobId=%u ", "JobName=%s", "UserId=%s(%u)", and for a batch job
+"StdErr=%s"/"StdOut=%s" as slurm_get_job_stdout renders them), cached per job. A JobName with spaces is
+cut at the first one (the pairs are split on spaces).
 
 Names are ``namespace/name (Kind)`` and ``slurm:<id> (<name>)``, bounded; a lookup that fails is counted
 (``errors``) and the commId stands alone.

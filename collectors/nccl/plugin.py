@@ -131,9 +131,10 @@ class NCCLLogsCollector:
         rotated: list[str] = []
         if self._tri(config.pod_logs, host.path(POD_LOGS).is_dir()):
             globs += [g for g in config.pod_log_globs if g not in globs]
-            # the kubelet's rotation (pkg/kubelet/logs/container_log_manager.go): "0.log" renamed to
-            # "0.log.<20060102-150405>", older generations gzipped to "...gz"; read only to finish a file
-            # this agent was reading when it stopped
+            # the kubelet's rotation (pkg/kubelet/logs/container_log_manager.go: timestampFormat
+            # "20060102-150405", compressSuffix ".gz", tmpSuffix ".tmp"): "0.log" renamed to "0.log.<time>",
+            # older generations gzipped; read only to finish a file this agent was reading when it stopped (a
+            # ".gz.tmp" in progress matches no checkpoint: never read)
             rotated = [f"{g}.*" for g in config.pod_log_globs]
         self.tailer = Tailer(host if isinstance(host, HostRoot) else HostRoot(host.root), globs, state,
                              chunk_bytes=config.chunk_bytes, rescan_interval=config.rescan_interval,
