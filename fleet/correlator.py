@@ -309,7 +309,8 @@ def _socket_node(f: JobFacts, _hardware: Hardware) -> _Verdict | None:
             node = socket_nodes[0]
             own = [s for s in f.samples.get("NCCLSocketFallback", ()) if s.get("node") == node]
             return _Verdict({"node": node, "entity": "nccl:transport", "kind": "transport"}, 0.9, own, SYMPTOMS,
-                            "NCCL on this node uses sockets while the job's other nodes use IB", reporters={node})
+                            "NCCL on this node uses sockets while the job's other nodes use IB",
+                            reporters={m.reporter for m in ms.by_node.get(node, ())})
         return _Verdict(None, 0.0, [], SYMPTOMS, f"NCCL over sockets on {len(socket_nodes)} nodes")
     return None
 
@@ -328,7 +329,7 @@ def _hung_rank(f: JobFacts, _hardware: Hardware) -> _Verdict | None:
             if len(silent_nodes) == 1:
                 mem = ms.ranks[silent[0]]
                 entity = entities.ranks(silent)
-                reporters = {ms.ranks[r].node for r in timed_out}
+                reporters = {ms.ranks[r].reporter for r in timed_out}
                 return _Verdict({"node": mem.node, "entity": entity, "kind": "rank", "rank": str(silent[0])},
                                 0.85, [], ("NCCLCollectiveTimeout",),
                                 f"{len(timed_out)} of {size} ranks timed out; "
@@ -471,7 +472,10 @@ def _hardware_verdict(f: JobFacts, used: list[tuple[dict[str, Any], Member, str]
         reason += " (from the job's own log: no hardware collector of the node confirms it)"
     elif early_counters:
         reason += " (error counters only, the job not hit yet: shown, not acted on)"
-    return _Verdict(culprits[0], confidence, deciding, SYMPTOMS, reason, reporters=set(firsts), tenant=tenant,
+    # a log line's reporter is the node that published it (a relayed line: the node that read it); a
+    # hardware finding's is its own node
+    reporters = {str(fi.get("node")) if is_tenant(fi) else mem.node for fi, mem, _k in firsts.values()}
+    return _Verdict(culprits[0], confidence, deciding, SYMPTOMS, reason, reporters=reporters, tenant=tenant,
                     culprits=culprits)
 
 
@@ -590,7 +594,7 @@ def _behind(f: JobFacts) -> _Verdict | None:
     return _Verdict({"node": mem.node, "entity": entity, "kind": "rank", "rank": str(behind[0])},
                     0.9 if own else 0.85, deciding, ("NCCLCollectiveTimeout",),
                     f"{len(at[pg])} of {size} ranks failed in collective {waited} of process group {pg}; "
-                    f"{how}: {'it' if len(behind) == 1 else 'they'} never joined it", reporters={mem.node},
+                    f"{how}: {'it' if len(behind) == 1 else 'they'} never joined it", reporters={mem.reporter},
                     membership_only=True)
 
 

@@ -41,6 +41,7 @@ from gna_types.details import (
     ProcessSummary,
     WatchdogProgress,
 )
+from gna_types.policy import verdict
 
 SAMPLES_PER_TYPE = 8  # evidence messages kept per type and job (the rest counted)
 FINDINGS_MAX = 32  # conflicting claims kept per job (the rest counted)
@@ -52,6 +53,8 @@ RAS_PER_NODE = 2  # RAS reports kept per reporting node: the newest say what RAS
 PEERS_MAX = 256  # distinct peer addresses of IB completion errors kept per job
 ASYNC_PER_NODE = 16  # ports NCCL saw fail, per node
 MEMBERS_PER_NODE = 64  # processes a node may claim in one job (an HGX node runs 8 ranks)
+RELAYED_PER_REPORTER = 4096  # other nodes' processes one node may relay in one job (its job-wide file)
+HOSTS_MAX = 65536  # NCCL hostnames mapped to the nodes that claim them, per job
 
 # types whose evidence the tenant controls: its processes' log lines, its RAS port's answers, its dumps
 # (collectors/nccl_logs.py publishes every one of them, collector "nccl_logs")
@@ -108,12 +111,15 @@ def _nic_set(listed: list[str]) -> frozenset[str]:
     return got
 
 
-def brief(m: dict[str, Any]) -> dict[str, Any]:
+def brief(m: dict[str, Any], about: str | None = None) -> dict[str, Any]:
     """What an incident shows of a message (bounded: the wire bounds each field, the message is cut): its
-    details as they came, displayed, never decided on."""
+    details as they came, displayed, never decided on. ``about``: the node a relayed message is filed under
+    (the reporter shown as ``relayed_by``)."""
     d = m.get("details")
     d = d if isinstance(d, dict) else {}
-    out = {"node": m.get("node"), "type": m.get("type"), "entity": m.get("entity"), "severity": m.get("severity"),
+    relayed = about is not None and about != m.get("node")
+    out = {"node": about if relayed else m.get("node"), **({"relayed_by": m.get("node")} if relayed else {}),
+           "type": m.get("type"), "entity": m.get("entity"), "severity": m.get("severity"),
            "time": m.get("time"), "message": str(m.get("message", ""))[:300]}
     for k in ("rank", "seq_num", "op_type", "peer", "pci"):
         if d.get(k) is not None:
@@ -142,6 +148,14 @@ class Member(msgspec.Struct, gc=False, eq=False, repr_omit_defaults=True):
     nics: frozenset[str] = frozenset()  # the ones its channel lines use (empty: not known)
     transport: str | None = None
     oob_ip: str | None = None
+    # the node that relayed it (another node's process, read there in a job-wide file): that node's word, not
+    # this one's; None once the process's own node claims it
+    via: str | None = None
+
+    @property
+    def reporter(self) -> str:
+        """Whose word the member rests on."""
+        return self.via or self.node
 
 
 class Membership:
@@ -168,6 +182,9 @@ class Membership:
         self.socket_only: set[str] = set()
         self.non_socket: set[str] = set()
         self.oob_claims: dict[str, set[str]] = {}  # bootstrap address -> the nodes claiming it
+        self.hosts: dict[str, str] = {}  # NCCL hostname -> the node whose own processes print it
+        self.own_count: dict[str, int] = {}  # node -> the processes it claims itself
+        self.relayed_count: dict[str, int] = {}  # reporter -> the other nodes' processes it relays
         self.generation = 0  # bumped when every binding was rebuilt: what was derived from them is stale
 
     # -- the trust model's view ---------------------------------------------------------------
@@ -200,20 +217,35 @@ class Membership:
         return self.rank_of(self.by_entity.get((node, entity)))
 
     # -- updates ------------------------------------------------------------------------------
-    def claim(self, node: str, d: ProcessSummary, order: int) -> Member | None:
-        """One message's process summary (its node's word about its own process); None: refused."""
+    def node_of_host(self, host: str) -> str:
+        """The node whose own processes print this NCCL hostname (its agent said so), else the name itself:
+        where a relayed process is filed."""
+        return self.hosts.get(host, host)
+
+    def claim(self, node: str, d: ProcessSummary, order: int, *, via: str | None = None) -> Member | None:
+        """One message's process summary: its node's word about its own process, or (``via``) a node's word
+        about another node's process it read in a job-wide file; None: refused."""
         proc = f"{d.host}:{d.pid}"[:600]
         key = (node, proc)
         mem = self.members.get(key)
+        if via is None and d.host and d.host not in self.hosts and len(self.hosts) < HOSTS_MAX:
+            self.hosts[_intern(d.host)] = _intern(node)
         if mem is None:
-            on_node = self.by_node.setdefault(node, [])
-            if len(on_node) >= self.members_per_node:
+            share = self.relayed_count if via is not None else self.own_count
+            who = via if via is not None else node
+            if share.get(who, 0) >= (RELAYED_PER_REPORTER if via is not None else self.members_per_node):
                 self.refused += 1  # the node's known processes stand
                 return None
+            share[who] = share.get(who, 0) + 1
             node = _intern(node)
-            mem = self.members[key] = Member(node, proc, order, order)
-            on_node.append(mem)
+            mem = self.members[key] = Member(node, proc, order, order, via=_intern(via) if via else None)
+            self.by_node.setdefault(node, []).append(mem)
             self.by_entity[(node, f"nccl:{proc}")] = mem
+        elif via is None and mem.via is not None:
+            mem.via = None  # its own node claims it now: its word
+            self.own_count[node] = self.own_count.get(node, 0) + 1
+            if mem.rank is not None and self.ranks.get(mem.rank) is not mem:
+                self._bind(mem)
         rebind = bind = False
         size = d.world_size
         if mem.size is None and size is not None:
@@ -277,6 +309,9 @@ class Membership:
         holder = self.ranks.get(mem.rank)
         if holder is None:
             self.ranks[mem.rank] = mem
+        elif holder is not mem and holder.process == mem.process and (holder.via is None) != (mem.via is None):
+            if holder.via is not None:  # a relayed claim gives way to the process's own node
+                self.ranks[mem.rank] = mem
         elif holder is not mem and holder.node != mem.node:
             # one node's processes may restart; another node's claim is a conflict
             self._finding(kind="rank_conflict", node=mem.node, rank=mem.rank, holder=holder.node)
@@ -360,18 +395,23 @@ class JobFacts:
     def add(self, m: dict[str, Any], order: int, d: ProcessSummary | None = None) -> bool:
         """One of the job's NCCL messages (collector nccl_logs, details.job this job), with its typed details
         where the caller has them (fleet/typed_details.py ``nccl``); False: refused."""
-        node = m.get("node")
-        if not isinstance(node, str):
+        reporter = m.get("node")
+        if not isinstance(reporter, str):
             return False
         if d is None:
             d = nccl(m)
-        mem = self.ms.claim(node, d, order)
+        node = reporter
+        if d.relayed:  # another node's process: filed under that node, on the reporter's word
+            if not d.host:
+                return False
+            node = self.ms.node_of_host(d.host)
+        mem = self.ms.claim(node, d, order, via=reporter if d.relayed else None)
         if mem is None:
             return False
         key = (node, str(m.get("entity", ""))[:600])
         if d.job_name is not None and self.names.get(node) != d.job_name:
             self.names[node] = sys.intern(d.job_name)
-        self._file(m, d, node, key)
+        self._file(m, d, node, key, reporter)
         if key in self.procs or self._generation != self.ms.generation:
             self._derive(key)  # its numbers, or its binding, may have changed
         own = (mem.node, f"nccl:{mem.process}")
@@ -387,10 +427,13 @@ class JobFacts:
         votes = Counter(self.names.values())
         return min(votes, key=lambda n: (-votes[n], n))
 
-    def _file(self, m: dict[str, Any], d: ProcessSummary, node: str, key: tuple[str, str]) -> None:
+    def _file(self, m: dict[str, Any], d: ProcessSummary, node: str, key: tuple[str, str], reporter: str) -> None:
         type_ = m.get("type")
         if isinstance(d, IBAsyncEvent):
-            if m.get("severity") == "critical" and d.hca is not None and d.port is not None:
+            # a relayed line is graded info by its reader: graded here as the policy grades it
+            critical = m.get("severity") == "critical" or (
+                d.relayed and verdict(str(type_), str(m.get("reason"))).severity == "critical")
+            if critical and d.hca is not None and d.port is not None:
                 # NCCL saw the port fail under a rank's feet: the same entity as the port's own condition, but a
                 # log line (the tenant's word): it names the port, it does not decide a cordon alone
                 entity = entities.ib(d.hca, d.port)
@@ -407,7 +450,7 @@ class JobFacts:
         b: dict[str, Any] | None = None
         sample = self.samples.setdefault(type_, [])
         if len(sample) < SAMPLES_PER_TYPE:
-            b = brief(m)
+            b = brief(m, node)
             sample.append(b)
         if type_ == "NCCLRASReport":
             self.ras.setdefault(node, deque(maxlen=RAS_PER_NODE)).append(m)
@@ -422,7 +465,7 @@ class JobFacts:
                         return
                     seen = self.peers[ip] = set()
                 if len(seen) < 64:
-                    seen.add(node)
+                    seen.add(reporter)  # who saw the errors: the reporter, whoever's process it relays
         elif isinstance(d, CollectiveTimeout | WatchdogProgress | FlightRecord):
             self._watchdog(key, d, m, b)
         return

@@ -57,6 +57,10 @@ class ProcessSummary(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False)
     # "slurm:1234 (llama)"; shown beside the commId, never a key (a node's word about a job is not evidence)
     job_name: Annotated[str, Meta(max_length=JOB_MAX)] | None = None
     job_kind: Annotated[str, Meta(max_length=64)] | None = None
+    # the line was written by another node's process (``host``) and read here in a job-wide file (srun's
+    # forwarded output, a launcher's aggregated log): this node's word about another, shown and corroborated,
+    # never this node's own finding (collectors/nccl/writers.py; fleet/job_facts.py files it under ``host``)
+    relayed: bool = False
 
 
 class JobMember(ProcessSummary, kw_only=True, omit_defaults=True):

@@ -234,6 +234,12 @@ POLICY: dict[tuple[str, str], Verdict] = {k: v for _page, table in TABLES.values
 assert len(POLICY) == sum(len(t) for _p, t in TABLES.values()), "a (type, reason) in two tables"
 
 
+# Another node's log line, read by this node in a job-wide file (srun's forwarded output on the batch host, a
+# launcher's aggregated log) and relayed (details ``relayed``): never the reading node's own finding; the
+# fleet grades it by the row of its type and reason (fleet/job_facts.py) as one reporter's word.
+RELAYED = Verdict("info", "none", "another node's line read here: that node's finding, this node's word about it")
+
+
 def verdict(type_: str, reason: str) -> Verdict:
     """The row for (type_, reason), else the type's ``"*"`` row (every other reason of that type); KeyError
     for one no table holds (a programming error: tests cover every reason each collector emits)."""

@@ -395,7 +395,8 @@ def test_d8_four_thousand_foreign_hosts_cannot_flood_conditions_or_stop_the_hear
     Here nats-server has max_payload 16 KiB; a launcher log names this node and 4,000 other hosts (their
     socket fallbacks are not judged here) and a copied log that never names this node holds 300 hosts
     (judged, but capped: 64 conditions, then one aggregate). Heartbeats keep arriving, each within
-    max_payload, with conditions_total."""
+    max_payload, with conditions_total. (The copied log's hosts are this node's by ``own_hosts``: a log copied
+    here to be checked; without it they are other nodes' lines, never judged here.)"""
     server = NatsServerProcess(tmp_path / "nats-server", extra_config="max_payload: 16384")
     server.start()
     try:
@@ -412,7 +413,7 @@ def test_d8_four_thousand_foreign_hosts_cannot_flood_conditions_or_stop_the_hear
         (logdir / "launcher.log").write_bytes(
             lines([(b"gpu-0007", 107)] + [(b"gpu-%04d" % i, 100 + i) for i in range(1000, 5000)]))
         cfg, state = write_config(tmp_path, servers=[server.url], host_root=host.root, node="gpu-0007.cluster.local",
-                                  extra=only("nccl_logs", nccl_logs="rescan_interval = 1.0"))
+                                  extra=only("nccl_logs", nccl_logs='rescan_interval = 1.0\nown_hosts = ["node-*"]'))
         with agent_proc(cfg, state) as agent:
             stream_until(server.url, lambda m: any(x["entity"] == "nccl:gpu-0007:107" for x in m), 20,
                          "this node's own fallback")

@@ -207,6 +207,7 @@ def _check_nccl(tmp: Path, log: str, environ: str | None = None, hcas: int = 8) 
     host = SimHost.gpu_node(tmp / "host", gpus=8, hcas=hcas)
     (host.p("/var/log/nccl")).mkdir(parents=True)
     host.p("/var/log/nccl/node-a.1234.log").write_text(log)
+    host.write("/proc/sys/kernel/hostname", "node-a\n")  # the job's lines are this node's
     if environ is not None:
         host.write("/proc/1234/environ", environ)
     r = subprocess.run([*AGENT_CMD, "check", "--host-root", str(host.root), "--format", "json"],
@@ -251,7 +252,7 @@ def test_check_runs_a_copied_golden_too(tmp_path: Path) -> None:
     host.p("/var/log/nccl").mkdir(parents=True)
     shutil.copy(Path(__file__).parent / "golden" / "nccl" / "2.28.log", host.p("/var/log/nccl/node-d.55.log"))
     cfg = tmp_path / "c.toml"
-    cfg.write_text('[collectors.nccl_logs]\nnvlink = "yes"\n')
+    cfg.write_text('[collectors.nccl_logs]\nnvlink = "yes"\nown_hosts = ["*"]\n')  # copied: judged as this node's
     r = subprocess.run([*AGENT_CMD, "check", "--host-root", str(host.root), "--config", str(cfg), "--format", "json"],
                        capture_output=True, text=True, timeout=120)
     types = {c["type"] for c in json.loads(r.stdout)["conditions"]}

@@ -70,7 +70,8 @@ def _node(tmp: Path) -> SimHost:
 
 def _check(host: SimHost, tmp: Path, extra: str = "") -> dict[str, object]:
     cfg = tmp / "c.toml"
-    cfg.write_text('[collectors.nccl_logs]\nnvlink = "yes"\n' + extra)
+    # captured logs name their own hosts: copied here to be checked, every line is this node's (own_hosts)
+    cfg.write_text('[collectors.nccl_logs]\nnvlink = "yes"\nown_hosts = ["*"]\n' + extra)
     r = subprocess.run([*AGENT_CMD, "check", "--host-root", str(host.root), "--config", str(cfg), "--format", "json"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode in (0, 1, 2), r.stderr

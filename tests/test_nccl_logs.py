@@ -243,10 +243,11 @@ async def test_a_refused_warning_is_retried_not_counted_as_its_own_repeat(tmp_pa
 
 
 async def test_lines_of_other_hosts_are_attributed_not_judged_here(tmp_path: Path) -> None:
-    """#13 D8: a job log naming 4,000 other hosts' processes raised 3,602 critical conditions on this node.
-    A file that names this node and others is judged only for this node (and its own %h); a file that
-    never names this node is judged whole (a pod's hostname, a log copied here), bounded by the cap; a
-    host that turns out foreign is withdrawn; a process this host cannot check expires with its log."""
+    """#13 D8 and issue 25: a job log naming 4,000 other hosts' processes raised 3,602 critical conditions on
+    this node; per-rank files of other nodes on a shared /home were judged as this node's. A line is judged
+    only when one of this node's processes wrote it (its hostname, a pod of this node, ``own_hosts``); other
+    hosts' lines are counted (relayed from a job-wide file, never judged); with ``own_hosts`` a copied log is
+    judged whole and 300 hosts cannot flood the fleet; a process this host cannot check expires with its log."""
     from agent.emitter import CollectorEmitter, ConditionTracker, overflow_entity
     from agent.facts import FactStore
     from collectors.nccl.plugin import NCCLLogsCollector, NCCLLogsConfig
@@ -255,6 +256,7 @@ async def test_lines_of_other_hosts_are_attributed_not_judged_here(tmp_path: Pat
 
     host = SimHost.gpu_node(tmp_path / "h", gpus=8, hcas=8)
     host.write("/proc/sys/kernel/hostname", "gpu-0007.cluster.local\n")
+    host.p("/var/log/pods/team-a_trainer-0_0b1f7f0e-2d1c-4a53-9d4e-1c2b3a4d5e6f/trainer").mkdir(parents=True)
     logdir = host.p("/var/log/training")
     logdir.mkdir(parents=True)
     fallback = b"%s:%d:%d [0] NCCL INFO NET/IB : No device found.\n%s:%d:%d [0] NCCL INFO Using network Socket\n"
@@ -263,11 +265,17 @@ async def test_lines_of_other_hosts_are_attributed_not_judged_here(tmp_path: Pat
         return b"".join(fallback % (h, p, p, h, p, p) for h, p in hosts)
 
     sink = Sink()
-    em = CollectorEmitter("gpu-0007", "nccl_logs", sink, ConditionTracker(None), facts=FactStore(), max_conditions=64)
-    c = NCCLLogsCollector(NCCLLogsConfig(globs=["/var/log/training/*.log"]), HostRoot(host.root), em)
+
+    def collector(**cfg: Any) -> tuple[NCCLLogsCollector, CollectorEmitter]:
+        em = CollectorEmitter("gpu-0007", "nccl_logs", sink, ConditionTracker(None), facts=FactStore(),
+                              max_conditions=64)
+        return NCCLLogsCollector(NCCLLogsConfig(globs=["/var/log/training/*.log"], **cfg), HostRoot(host.root),
+                                 em), em
+
+    c, em = collector()
     assert c.node_host == "gpu-0007"
 
-    async def feed(name: str, data: bytes) -> None:
+    async def feed(c: NCCLLogsCollector, name: str, data: bytes) -> None:
         path = logdir / name
         base = path.stat().st_size if path.exists() else 0
         with open(path, "ab") as fh:
@@ -276,29 +284,29 @@ async def test_lines_of_other_hosts_are_attributed_not_judged_here(tmp_path: Pat
         (tf,) = [t for t in c.tailer.files.values() if t.path.endswith("/" + name)]
         assert await c._handle(tf, data, base)
 
-    # a launcher's aggregated log: this node's rank, then 4,000 other hosts' ranks
-    await feed("launcher.log", lines((b"gpu-0007", 107), *((b"gpu-%04d" % i, 100 + i) for i in range(1000, 5000))))
+    # a launcher's aggregated log: this node's rank, then 4,000 other hosts' ranks: tracked apart, never judged
+    await feed(c, "launcher.log", lines((b"gpu-0007", 107), *((b"gpu-%04d" % i, 100 + i) for i in range(1000, 5000))))
     firing = {m.entity for m in sink.of("NCCLSocketFallback") if m.status == "firing"}
     assert firing == {"nccl:gpu-0007:107"}
-    assert c.foreign_lines == 2 * 4000 and set(c.procs) == {"gpu-0007:107"}
-    ((count, sample),) = [v for k, v in em.skipped.items() if "launcher.log" in k]
-    assert count == 8000 and sample.startswith("gpu-1000:1100:1100 [0] NCCL INFO")
+    assert c.foreign_lines == 2 * 4000 and set(c.procs) == {"gpu-0007:107"} and len(c.relayed) == 4000
+    assert {m.entity for m in sink.messages} == {"nccl:gpu-0007:107"}  # nothing the fleet reads in their lines
 
-    # a pod writes its own file under its own hostname: judged (the pod runs here)
-    await feed("pod.log", lines((b"trainer-0", 11)))
+    # a pod of this node writes its own file under its own hostname: judged (its logs are this node's)
+    await feed(c, "pod.log", lines((b"trainer-0", 11)))
     assert "nccl:trainer-0:11" in {e for _t, e, _s in em.active_conditions()}
 
-    # a file that does not name this node is judged whole, and 300 hosts cannot flood the fleet
-    await feed("copied.log", lines(*((b"node-%03d" % i, i + 1) for i in range(300))))
-    assert len(em.active_conditions()) == 2 + 300
-    assert len({m.entity for m in sink.messages}) == 64 + 1  # the cap, then one aggregate
+    # another node's file on a shared filesystem: counted, never judged
+    await feed(c, "gpu-0042.77.log", lines((b"gpu-0042", 77)))
+    assert "nccl:gpu-0042:77" not in {e for _t, e, _s in em.active_conditions()}
+    ((count, sample),) = [v for k, v in em.skipped.items() if "gpu-0042.77.log" in k]
+    assert count == 2 and sample.startswith("gpu-0042:77:77 [0] NCCL INFO")
+
+    # a log copied here to be checked (own_hosts): judged whole, and 300 hosts cannot flood the fleet
+    c2, em2 = collector(own_hosts=["node-*"])
+    await feed(c2, "copied.log", lines(*((b"node-%03d" % i, i + 1) for i in range(300))))
+    assert len(em2.active_conditions()) == 300
+    assert len({m.entity for m in sink.messages if m.entity.startswith(("nccl:node-", "overflow"))}) == 64 + 1
     assert overflow_entity("nccl_logs") in {m.entity for m in sink.messages}
-    # ... until it names this node: the other hosts in it are withdrawn
-    await feed("copied.log", lines((b"gpu-0007", 999)))
-    assert {e for _t, e, _s in em.active_conditions()} == {"nccl:gpu-0007:107", "nccl:trainer-0:11",
-                                                             "nccl:gpu-0007:999"}
-    assert [m.reason for m in sink.messages if m.entity == "nccl:node-000:1"][-1] == "ForeignHost"
-    assert [m.status for m in sink.messages if m.entity == overflow_entity("nccl_logs")][-1] == "resolved"
 
     # trainer-0's pid cannot be checked here: its conditions expire when its log is deleted
     (logdir / "pod.log").unlink()

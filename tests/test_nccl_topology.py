@@ -274,6 +274,7 @@ def test_the_log_echo_is_used_when_the_environment_is_out_of_reach(pcie: SimHost
                   echo={"NCCL_NET_GDR_LEVEL": "PXB"})
     pcie.write("/var/log/nccl/trainer-0.17.log", log)
     pcie.write("/proc/sys/kernel/hostname", f"{HOST}\n")
+    pcie.p("/var/log/pods/team-a_trainer-0_5d0c8a9e-1b2f-4c3d-8e7f-0a1b2c3d4e5f/trainer").mkdir(parents=True)
     (c,) = of(check(pcie.root), "NCCLGDRLevel")
     assert c["entity"] == "nccl:trainer-0:4242" and c["reason"] == "GDRDisabledByLevel"
 

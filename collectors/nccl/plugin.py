@@ -10,13 +10,16 @@ Exactly once: before the events of a chunk are emitted the chunk is recorded as 
 checkpoint with a timestamp; event ids are derived from it (gna_sdk.ids.derived_id), so a chunk
 re-read after a crash re-sends the same ids and the NATS duplicate window drops them.
 
-Whose lines: NCCL prefixes each line with its (short) hostname. A file that names this node's
-hostname and others (a launcher's aggregated log, a shared filesystem) is judged only for this
-node and the host in its own name (%h): other hosts' lines are counted as such and never raise
-this node's conditions, since each node's agent judges its own; processes already tracked from it
-for another host are withdrawn (ForeignHost). A file that never names this node is judged whole:
-its hosts cannot be told apart from this one (a pod's hostname is not the node's; a log copied
-here for `check`). Processes whose pid cannot be checked here (another host's name) expire when
+Whose lines: the writer's, never the reader's (collectors/nccl/writers.py). NCCL prefixes each line with
+the writing process's hostname and pid; a line without the prefix (PyTorch's, torchrun's) belongs to the
+process of its file whose rank it names (torchrun's "[rankN]:", srun --label's task id), the file's only
+process, its pod (a container log), or the file's %h.%p. A line is judged here only when its writer is one of
+this node's processes (the node's hostname, a pod of this node, a containerised process found in /proc by
+its namespace pid and HOSTNAME, or ``own_hosts``). Other nodes' lines (another node's --output file on a
+shared /home) are counted and never judged here; in a job-wide file that also holds this node's lines
+(srun's forwarded output on the batch host, a launcher's aggregated log) what the fleet reads of them is
+relayed as this node's word about that host (``relayed`` in the details; graded info here). A line no writer
+can be told for is evidence for nobody (counted). Processes whose pid cannot be checked here expire when
 their log goes quiet or is deleted; the per-collector condition cap bounds what they can raise.
 """
 
@@ -57,13 +60,14 @@ from collectors.nccl.rank_paths import (
 )
 from collectors.nccl.rule import Heard, Said
 from collectors.nccl.rules import WARNING_RULE
+from collectors.nccl.writers import Writers, short_host
 from gna_sdk import CollectorSettings, Emitter, HostPaths
 from gna_sdk.hostroot import HostRoot
 from gna_sdk.ids import derived_id
 from gna_sdk.tailer import TailedFile, Tailer
 from gna_types import entities
 from gna_types.entities import pci_from_nccl
-from gna_types.policy import verdict
+from gna_types.policy import RELAYED, verdict
 
 log = structlog.get_logger(__name__)
 
@@ -73,6 +77,12 @@ _HOST_PID_NAME = re.compile(r"(?P<host>[^/.]+)\.(?P<pid>\d+)\.[^/]*$")  # NCCL_D
 _CGROUP_POD = re.compile(r"kubepods[^\n]*?[/-]pod([0-9a-f]{8}(?:[-_][0-9a-f]{4}){3}[-_][0-9a-f]{12})")
 POD_LOGS = "/var/log/pods"
 MAX_OUTPUTS = 256  # Slurm output files followed (two per job on the node at most)
+MAX_RELAYED = 4096  # other nodes' processes tracked from job-wide files (a 512-node job's ranks)
+# what the fleet correlator reads of another node's process (fleet/job_facts.py): its membership, its
+# watchdog's numbers, the errors naming peers and ports; never its warnings or conditions
+RELAYED_TYPES = frozenset({"NCCLJobMember", "NCCLCollectiveTimeout", "NCCLWatchdogProgress",
+                           "NCCLIBCompletionError", "NCCLIBAsyncEvent", "NCCLSocketError"})
+_LABEL = re.compile(r"^\s{0,7}(\d{1,7}): ")  # srun --label: "%*d: " (slurm src/common/write_labelled_message.c)
 _NUMBERS = re.compile(r"(?<![0-9])[0-9]{1,12}(?![0-9])")
 
 Tri = Literal["auto", "yes", "no"]
@@ -98,6 +108,10 @@ class NCCLLogsConfig(CollectorSettings, kw_only=True, forbid_unknown_fields=True
     gdr_available: Tri = "auto"  # auto: kernel_modules' verdict (peermem/DMA-BUF/GDR files)
     nvlink: Tri = "auto"  # auto: NVML sees NVLinks
     storage_hcas: list[str] = msgspec.field(default_factory=list)  # must never carry NCCL traffic
+    # other names (globs) this node's processes print besides the node's hostname and its pods' (a host
+    # whose NCCL hostname differs from the kernel's); ["*"]: every line is this node's (a log copied here
+    # to be checked). Lines of any other name are another node's (collectors/nccl/writers.py)
+    own_hosts: list[str] = msgspec.field(default_factory=list)
     warning_window: float = 60.0  # NCCLWarning: first per (process, text) at once, then one summary
     chunk_bytes: int = 1 << 20
     max_line: int = 65536
@@ -144,10 +158,17 @@ class NCCLLogsCollector:
         # (proc, text) -> [first, count, sample, {file key: offset of the last line counted}]
         self.warn_windows: dict[tuple[str, str], list[Any]] = {}
         self.lines_matched = 0
-        self.node_host = (host.read_text("/proc/sys/kernel/hostname") or "").strip().split(".")[0]
-        self.file_hosts: dict[str, set[str]] = {}  # tailed file key -> hosts its NCCL lines named
-        self.aggregated: set[str] = set()  # file keys that name this node and other hosts
-        self.foreign_lines = 0
+        # the name this node's own processes print (the kernel's, else the root's /etc/hostname, else the
+        # agent's node name), cut at the first dot as NCCL cuts it
+        self.node_host = short_host(host.read_text("/proc/sys/kernel/hostname", limit=512)
+                                    or host.read_text("/etc/hostname", limit=512) or str(getattr(emit, "node", "")))
+        self.writers = Writers(host, self.node_host, own_hosts=config.own_hosts, refresh=config.interval)
+        self.file_local: set[str] = set()  # tailed file keys holding lines of this node's processes
+        self.file_foreign: set[str] = set()  # ... and lines of other nodes' processes
+        self.relayed: dict[str, ProcessState] = {}  # other nodes' processes in job-wide files (_relay)
+        self.relay_dropped = 0  # their lines beyond MAX_RELAYED processes
+        self.foreign_lines = 0  # lines other nodes' processes wrote (relayed or only counted)
+        self.unattributed = 0  # lines no writer can be told for: evidence for nobody
         self.rejected: dict[str, int] = {}  # "<rule>.<field>" -> lines rejected for a field past its bound
         self.ras = RasAsker(host, emit, timeout=config.ras_timeout, cooldown=config.ras_cooldown,
                             enabled=False)  # on in run(): a snapshot has no live process to ask
@@ -231,27 +252,29 @@ class NCCLLogsCollector:
         now = time.monotonic()
         touched: dict[str, ProcessState] = {}
         events: list[tuple[Match, ProcessState, bool]] = []
-        newly_foreign = False
+        if tf.key not in self.file_local and any(
+                m.line.host and self.writers.local(m.line.host, m.line.pid) for m in matches):
+            self.file_local.add(tf.key)  # before its lines are judged: a job-wide file's other hosts are relayed
         for m in matches:
             line = m.line
-            if line.host and tf.key not in self.aggregated:
-                hosts = self.file_hosts.setdefault(tf.key, set())
-                if line.host not in hosts and (len(hosts) < 64 or line.host == self.node_host):
-                    hosts.add(line.host)
-                    if self.node_host in hosts and len(hosts) > 1:
-                        self.aggregated.add(tf.key)
-                        newly_foreign = True
-            if line.host and not self._local(line.host, tf):
-                self.foreign_lines += 1
-                self.emit.unparsed(f"{tf.path}: NCCL lines of other hosts (their agents judge them)", line.raw[:200])
+            writer = (line.host, line.pid) if line.host else self._owner(tf.path, m, tf.key)
+            if writer is None:
+                self.unattributed += 1
+                self.emit.unparsed(f"{tf.path}: lines no writer can be told for (evidence for nobody)", line.raw[:200])
                 continue
-            owner = (line.host, line.pid) if line.host else self._owner(tf.path, m)
-            if owner is None:
+            host, pid = writer
+            if not self.writers.local(host, pid):
                 self.foreign_lines += 1
-                self.emit.unparsed(f"{tf.path}: lines of the job's ranks on other nodes, or of no rank (their "
-                                   f"agents judge them)", line.raw[:200])
+                self.file_foreign.add(tf.key)
+                if tf.key in self.file_local:  # a job-wide file: relayed as this node's word about that host
+                    relayed = self._relay(m, host, pid, tf.path, now)
+                    if relayed is not None:
+                        events.append(relayed)
+                    continue
+                self.emit.unparsed(f"{tf.path}: lines other nodes' processes wrote (their agents judge them)",
+                                   line.raw[:200])
                 continue
-            host, pid = owner
+            self.file_local.add(tf.key)
             key = f"{host}:{pid}"
             st = self.procs.get(key)
             if st is None:
@@ -266,8 +289,6 @@ class NCCLLogsCollector:
             touched[key] = st
             if (m.rule.say is not None and (news or not m.rule.news_only)) or line.level == "WARN":
                 events.append((m, st, news))
-        if newly_foreign and not await self._drop_foreign(tf):
-            return False
         if not events and not touched:
             return True
         if tf.pending is None or tf.pending.get("from") != base:
@@ -293,24 +314,24 @@ class NCCLLogsCollector:
                 return False
         return True
 
-    def _local(self, host: str, tf: TailedFile) -> bool:
-        return tf.key not in self.aggregated or host == self.node_host or host == self._from_name(tf.path)[0]
-
-    async def _drop_foreign(self, tf: TailedFile) -> bool:
-        """The file turned out to hold several hosts' lines: processes tracked from it for a host that
-        is not this node's stop being judged here."""
-        ok = True
-        for key, st in list(self.procs.items()):
-            if st.file != tf.path or self._local(st.host, tf):
-                continue
-            for type_, entity, severity in self.emit.active_conditions():
-                if entity == st.entity:
-                    ok &= await self.emit.condition(
-                        type_, firing=False, severity=severity, entity=entity,  # type: ignore[arg-type]
-                        reason="ForeignHost", message=f"{type_} for {st.key} withdrawn: {tf.path} holds several "
-                                                      f"hosts' lines and {st.host} is not this node.")
-            del self.procs[key]
-        return ok
+    def _relay(self, m: Match, host: str, pid: int, path: str, now: float
+               ) -> tuple[Match, ProcessState, bool] | None:
+        """Another node's line in a job-wide file this node's processes also write (srun's forwarded output, a
+        launcher's aggregated log): its process is tracked apart (never judged here: no condition, no RAS
+        question), and what the fleet reads of it (RELAYED_TYPES) is published as this node's word about that
+        host. Bounded: MAX_RELAYED processes, the rest counted."""
+        key = f"{host}:{pid}"
+        st = self.relayed.get(key)
+        if st is None:
+            if len(self.relayed) >= MAX_RELAYED:
+                self.relay_dropped += 1
+                return None
+            st = self.relayed[key] = ProcessState(host, pid, path, relayed=True)
+        st.last_seen = now
+        news = st.apply(m)
+        if m.rule.say is None or m.rule.type not in RELAYED_TYPES or (m.rule.news_only and not news):
+            return None
+        return m, st, news
 
     def _summary(self, st: ProcessState) -> dict[str, Any]:
         """The process summary, with its job as operators name it once a lookup answered."""
@@ -388,13 +409,22 @@ class NCCLLogsCollector:
             st.slurm_job = job[:24]
             self.jobs.want_slurm(st.slurm_job)
 
-    def _owner(self, path: str, m: Match) -> tuple[str, int] | None:
+    def _owner(self, path: str, m: Match, file_key: str = "") -> tuple[str, int] | None:
         """The NCCL process a line without NCCL's prefix (PyTorch's watchdog) belongs to: in a file
         where NCCL printed to stdout next to the trainer's stderr (kubectl logs, a launcher's per-rank
         file), the process of this file whose rank PyTorch names, or the file's only process; in a pod's
         container log whose NCCL lines went to NCCL_DEBUG_FILE, the same among the pod's processes (their
         cgroup names the pod); else the file's %h.%p (NCCL_DEBUG_FILE)."""
         here = [st for st in self.procs.values() if st.file == path and st.comms]
+        rank = m.fields.get("rank")
+        if not isinstance(rank, int) and (label := _LABEL.match(m.line.raw)) is not None:
+            rank = int(label.group(1))  # srun --label's task id: the rank where torch takes SLURM_PROCID
+        if file_key in self.file_foreign:
+            # a file holding other nodes' lines (a job-wide file, another node's file on a shared filesystem):
+            # a line without NCCL's prefix is the one of its processes whose rank it names, else nobody's
+            others = [st for st in self.relayed.values() if st.file == path and st.comms]
+            named = [st for st in here + others if isinstance(rank, int) and rank in st.ranks()]
+            return (named[0].host, named[0].pid) if len(named) == 1 else None
         pod = pod_of_path(path)
         if not here and pod is not None:
             # the pod's processes: NCCL names them by the pod's hostname (its name, cut at 63 characters and at
@@ -405,7 +435,6 @@ class NCCLLogsCollector:
             mine = [st for st in self.procs.values() if st.comms and st.pod_uid in (None, pod.uid)]
             here = ([st for st in mine if st.pod_uid == pod.uid or st.host == name]
                     or [st for st in mine if st.host and name.startswith(st.host + "-")])
-        rank = m.fields.get("rank")
         job = None
         if not here and (job := self._slurm_job_of(path)) is not None:
             # a Slurm job's output file (slurm-<id>.out, --output=...%j...): the job's processes on this node
@@ -420,7 +449,12 @@ class NCCLLogsCollector:
             return here[0].host, here[0].pid
         if job is not None:
             return None  # a Slurm job's file: a line that names no rank of this node is evidence for nobody here
-        return self._from_name(path)
+        named_file = self._from_name(path)
+        if named_file is None and pod is not None:
+            return pod.pod[:63].rstrip("-.").split(".")[0], 0  # the pod's own line: its log is this node's
+        if named_file is None and "*" in self.config.own_hosts:
+            return self._file_as_host(path), 0  # a log copied here to be checked: every line this node's
+        return named_file
 
     def _slurm_job_of(self, path: str) -> str | None:
         """The Slurm job (of a process on this node) whose id the file's name carries, if exactly one."""
@@ -431,17 +465,22 @@ class NCCLLogsCollector:
         return next(iter(named)) if len(named) == 1 else None
 
     @staticmethod
-    def _from_name(path: str) -> tuple[str, int]:
-        """Lines without NCCL's prefix (PyTorch's watchdog) belong to the file's %h.%p. The file name is
-        the job's choice: a host over PREFIX_MAX["host"] or a pid over its digits is not a %h.%p, and a
-        name over the host bound is replaced by a digest of it (an entity stays short and distinct)."""
+    def _from_name(path: str) -> tuple[str, int] | None:
+        """Lines without NCCL's prefix (PyTorch's watchdog) belong to the file's %h.%p (NCCL_DEBUG_FILE), if
+        its name is one: a host over PREFIX_MAX["host"] or a pid over its digits is not a %h.%p."""
         m = _HOST_PID_NAME.search(path)
         if m and len(m["host"]) <= PREFIX_MAX["host"] and len(m["pid"]) <= PREFIX_MAX["pid"]:
             return m["host"], int(m["pid"])
+        return None
+
+    @staticmethod
+    def _file_as_host(path: str) -> str:
+        """A file's name standing for its writer (a name over the host bound replaced by a digest of it: an
+        entity stays short and distinct)."""
         name = Path(path).name
         if len(name) > PREFIX_MAX["host"]:
             name = "file-" + hashlib.sha256(name.encode("utf-8", "surrogateescape")).hexdigest()[:16]
-        return name, 0
+        return name
 
     def _where(self, st: ProcessState, m: Match, tf: TailedFile) -> dict[str, Any]:
         """What every message of a process carries: its summary (the fields the fleet lives on) and the
@@ -456,6 +495,13 @@ class NCCLLogsCollector:
         """A rule's message, graded by the policy table (gna_types.policy), with a reproducible id."""
         f, line = m.fields, m.line
         msg_id = derived_id(ms, k, tf.key, tf.fp, line.offset, m.rule.type)
+        if st.relayed:
+            # another node's line: shown as this node's word about it, graded info here (the finding is that
+            # node's; the fleet grades it as the policy does, fleet/job_facts.py), never a question to RAS
+            return await self.emit.event(
+                said.type, severity=RELAYED.severity, entity=st.entity, reason=said.reason,
+                message=f"relayed from a job-wide file ({st.host} wrote it): {said.message}",
+                details={**where, **said.details}, suggested_action=RELAYED.action, msg_id=msg_id)
         if m.rule.hang:
             # the job hangs here: NCCL's RAS says who stopped, PyTorch's Flight Recorder where each rank waits
             pid = st.pid if self._checkable(st) else 0
@@ -640,9 +686,12 @@ class NCCLLogsCollector:
         this host cannot check by pid, its log is deleted)."""
         await self._flush_warnings()
         if self.tailer.files:  # forget files the tailer let go (between two run()s it holds none)
-            self.file_hosts = {k: v for k, v in self.file_hosts.items() if k in self.tailer.files}
-            self.aggregated &= set(self.tailer.files)
+            self.file_local &= set(self.tailer.files)
+            self.file_foreign &= set(self.tailer.files)
         now = time.monotonic()
+        for key, st in list(self.relayed.items()):  # another node's: its own agent says when it ended
+            if now - st.last_seen > self.config.quiet_resolve or not self.host.path(st.file).exists():
+                del self.relayed[key]
         for key, st in list(self.procs.items()):
             quiet = now - st.last_seen > self.config.quiet_resolve
             gone = not self._checkable(st) and bool(st.file) and not self.host.path(st.file).exists()

@@ -63,6 +63,7 @@ class ProcessState:
     container: str | None = None
     pod_uid: str | None = None
     slurm_job: str | None = None  # SLURM_JOB_ID in its environment
+    relayed: bool = False  # another node's process, read here in a job-wide file (collectors/nccl/writers.py)
 
     @property
     def key(self) -> str:
@@ -101,7 +102,8 @@ class ProcessState:
                 "world_size": world[1].get("nranks"), "transport": self.transport(),
                 "hcas": sorted({f"{d['name']}/{d['port']}" for d in self.ib_devices})[:16], "oob": self.oob or None,
                 "progress": self.progress.get("0"), "nics": self.nics_used(),
-                **({"pod": self.pod, "container": self.container, "pod_uid": self.pod_uid} if self.pod_uid else {})}
+                **({"pod": self.pod, "container": self.container, "pod_uid": self.pod_uid} if self.pod_uid else {}),
+                **({"relayed": True} if self.relayed else {})}
 
     def nics_used(self) -> list[str] | None:
         """"mlx5_3/1" for each NCCL device index a channel line named (None before any did, or when an
