@@ -372,19 +372,29 @@ VERDICT_RULES: tuple[VerdictRule, ...] = tuple(sorted((
     VerdictRule("socket_node", 2, False, ("NCCLSocketFallback", "NCCLJobMember"), "each node about its own ranks",
                 "one node's NCCL on sockets while the job's other nodes use IB", _socket_node,
                 symptoms=("NCCLSocketFallback",), hung=False),
-    VerdictRule("ras", 3, True, ("NCCLRASReport",), "NCCL RAS on the reporting nodes, bound to the processes' "
+    VerdictRule("crashed_rank", 3, True, ("TorchRankFailed", "NCCLBackendError"),
+                "torchrun's failure report and PyTorch's NCCL error from the rank's own node (relayed: the reading "
+                "node's word)", "a rank whose process ended on its own while the job ran (a signal, the OOM "
+                "killer, its own error); the ranks that failed after it are victims", lambda f, _h: _crashed(f),
+                symptoms=("NCCLBackendError", "TorchRankFailed")),
+    VerdictRule("ras", 4, True, ("NCCLRASReport",), "NCCL RAS on the reporting nodes, bound to the processes' "
                 "own nodes", "the process RAS says died, stopped answering, sent no data or failed",
                 lambda f, _h: _ras(f), symptoms=("NCCLRASReport",)),
-    VerdictRule("behind_rank", 4, True, ("NCCLWatchdogProgress", "TorchFlightRecord"),
+    VerdictRule("behind_rank", 5, True, ("NCCLWatchdogProgress", "TorchFlightRecord"),
                 "PyTorch's own numbers from each rank's node", "a rank that never entered the collective the "
                 "others wait in", lambda f, _h: _behind(f), symptoms=("NCCLWatchdogProgress", "TorchFlightRecord")),
-    VerdictRule("hung_rank", 5, True, ("NCCLCollectiveTimeout", "NCCLJobMember"),
+    VerdictRule("hung_rank", 6, True, ("NCCLCollectiveTimeout", "NCCLJobMember"),
                 "the job's membership and every other rank's timeout (independent nodes)",
                 "every other rank of the job timed out, this one said nothing", _hung_rank,
                 symptoms=("NCCLCollectiveTimeout",)),
-    VerdictRule("link", 6, True, ("NCCLIBCompletionError",), "the ranks whose completions failed",
+    VerdictRule("link", 7, True, ("NCCLIBCompletionError",), "the ranks whose completions failed",
                 "the IB peer every completion error names", lambda f, _h: _link(f),
                 symptoms=("NCCLIBCompletionError",)),
+    # last: a job whose watchdogs abort their communicators closes sockets too; only when nothing else speaks
+    VerdictRule("closed_peer", 8, True, ("NCCLSocketError", "NCCLBackendError"),
+                "the ranks whose sockets closed, on other nodes", "the one node whose bootstrap address every "
+                "socket the job's ranks saw closed under them names (its ranks went away)",
+                lambda f, _h: _closed_peer(f), symptoms=("NCCLSocketError",)),
 ), key=lambda r: r.priority))
 # Derived from the registry, never written by hand: the job's symptoms (what its facts file as evidence, what
 # keeps its verdict waiting: fleet/incidents.py) and those that say it is hung or failing (``is_incident``). By
@@ -414,6 +424,8 @@ def slow_verdict(f: JobFacts, hardware: Hardware | None = None) -> _Verdict:
 
 
 RULES_BY_NAME = {r.name: r for r in VERDICT_RULES}
+# what a crash verdict shows beside its deciding messages
+CRASH_KINDS: tuple[str, ...] = ("TorchRankFailed", "NCCLBackendError", "NCCLSocketError", "NCCLCollectiveTimeout")
 
 
 def verdict_rules_table() -> str:
@@ -477,6 +489,63 @@ def _hardware_verdict(f: JobFacts, used: list[tuple[dict[str, Any], Member, str]
     reporters = {str(fi.get("node")) if is_tenant(fi) else mem.node for fi, mem, _k in firsts.values()}
     return _Verdict(culprits[0], confidence, deciding, SYMPTOMS, reason, reporters=reporters, tenant=tenant,
                     culprits=culprits)
+
+
+def _crashed(f: JobFacts) -> _Verdict | None:
+    """A rank whose process ended on its own while the job ran: torchrun's failure report (killed by a signal,
+    by the OOM killer, or exited on an error of its own) or an NCCL error of its own (a CUDA error), filed by
+    the process's own node (or relayed by a node that read it in a job-wide file: one reporter's word). The
+    ranks that failed because of it (an NCCL remote error, "remote process exited") are victims. Named when
+    they are on one node and few (at most size/8); the rank comes from membership, never the report."""
+    ms = f.ms
+    if not f.failures:
+        return None
+    on: dict[str, list[tuple[Member, dict[str, Any], str, str]]] = defaultdict(list)
+    for key, (b, why, reporter) in f.failures.items():
+        mem = ms.by_entity.get(key)
+        if mem is not None:
+            on[mem.node].append((mem, b, why, reporter))
+    if len(on) != 1 or not ms.size:
+        return None  # ranks on several nodes failed on their own: nobody singled out
+    if on:
+        node, items = next(iter(on.items()))
+        if len(items) > max(1, ms.size // 8):
+            return None
+        ranks = sorted({r for mem, *_ in items if (r := ms.rank_of(mem)) is not None})
+        entity = entities.ranks(ranks) if ranks else entities.process(items[0][0].process)
+        culprit = {"node": node, "entity": entity, "kind": "rank"}
+        if ranks:
+            culprit["rank"] = str(ranks[0])
+        whys = sorted({why for _m, _b, why, _r in items})
+        who = f"{'rank' if len(ranks) == 1 else 'ranks'} {ranks or '?'} on {node}"
+        return _Verdict(culprit, 0.9, [b for _m, b, _w, _r in items], CRASH_KINDS,
+                        f"{who} ended on its own ({', '.join(whys)}) while the job ran; the others failed after",
+                        reporters={r for *_x, r in items}, membership_only=True)
+    return None
+
+
+def _closed_peer(f: JobFacts) -> _Verdict | None:
+    """The peers' closed sockets ("Connection closed by remote peer <addr>", an NCCL remote error's last error):
+    the one node whose bootstrap address every one of them names, said by another node."""
+    ms = f.ms
+    claims = ms.oob_claims
+    named: set[str] = set()
+    reporters: set[str] = set()
+    for peer, seen in f.closed_by.items():
+        owners = claims.get(peer.split("<")[0])
+        if owners is None or len(owners) != 1:
+            continue  # an address no member, or two, claims: names nobody
+        named |= owners
+        reporters |= seen
+    if len(named) != 1:
+        return None
+    node = next(iter(named))
+    if not reporters - {node}:
+        return None
+    return _Verdict({"node": node, "entity": "node", "kind": "peer_gone"}, 0.75,
+                    list(f.samples.get("NCCLSocketError", ())), CRASH_KINDS,
+                    "every socket the job's ranks saw closed under them leads to this node: its ranks went away",
+                    reporters=reporters - {node})
 
 
 def _ras(f: JobFacts) -> _Verdict | None:

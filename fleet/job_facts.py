@@ -34,11 +34,14 @@ import msgspec
 from fleet.typed_details import nccl
 from gna_types import entities
 from gna_types.details import (
+    BackendError,
     CollectiveTimeout,
     FlightRecord,
     IBAsyncEvent,
     IBCompletionError,
     ProcessSummary,
+    RankFailure,
+    SocketError,
     WatchdogProgress,
 )
 from gna_types.policy import verdict
@@ -52,6 +55,7 @@ PGS_MAX = 32  # process groups kept per process (a rank joins a few communicator
 RAS_PER_NODE = 2  # RAS reports kept per reporting node: the newest say what RAS thinks now
 PEERS_MAX = 256  # distinct peer addresses of IB completion errors kept per job
 ASYNC_PER_NODE = 16  # ports NCCL saw fail, per node
+FAILURES_MAX = 256  # processes kept whose failure was their own (a crashed rank is one of them)
 MEMBERS_PER_NODE = 64  # processes a node may claim in one job (an HGX node runs 8 ranks)
 RELAYED_PER_REPORTER = 4096  # other nodes' processes one node may relay in one job (its job-wide file)
 HOSTS_MAX = 65536  # NCCL hostnames mapped to the nodes that claim them, per job
@@ -381,6 +385,11 @@ class JobFacts:
         self.peers: dict[str, set[str]] = {}  # peer address of IB completion errors -> nodes that saw them
         self.peers_overflow = False
         self.async_ports: dict[str, dict[str, dict[str, Any]]] = {}  # node -> "ib:hca/port" -> NCCL's line
+        # crashed ranks (issue 25): (node, entity) -> (brief, reason, reporter) of a process that ended or failed
+        # on its own (torchrun's failure report by signal, OOM kill or its own error; an NCCL error of its own);
+        # the peers' closed sockets: the other end's address -> the nodes whose ranks saw it go
+        self.failures: dict[tuple[str, str], tuple[dict[str, Any], str, str]] = {}
+        self.closed_by: dict[str, set[str]] = {}
         self.symptomatic = False
         # Derived per bound rank, kept as each process's numbers or binding change (never recomputed per
         # judgement; rebuilt when the bindings are): kind ("at"/"enq") -> group -> rank -> its number, and
@@ -466,9 +475,30 @@ class JobFacts:
                     seen = self.peers[ip] = set()
                 if len(seen) < 64:
                     seen.add(reporter)  # who saw the errors: the reporter, whoever's process it relays
+        elif isinstance(d, RankFailure | BackendError):
+            reason = str(m.get("reason"))
+            if reason in ("PeerFailure", "RemoteError"):  # a victim of another's failure
+                if isinstance(d, BackendError) and d.peer:
+                    self._closed(d.peer, reporter)
+                return
+            if key in self.failures or len(self.failures) < FAILURES_MAX:
+                self.failures.setdefault(key, (b or brief(m, node), reason, reporter))
+        elif isinstance(d, SocketError):
+            if d.peer:
+                self._closed(d.peer, reporter)
         elif isinstance(d, CollectiveTimeout | WatchdogProgress | FlightRecord):
             self._watchdog(key, d, m, b)
         return
+
+    def _closed(self, peer: str, reporter: str) -> None:
+        """A rank's socket to ``peer`` (an address as NCCL printed it) closed under it."""
+        seen = self.closed_by.get(peer[:64])
+        if seen is None:
+            if len(self.closed_by) >= PEERS_MAX:
+                return
+            seen = self.closed_by[peer[:64]] = set()
+        if len(seen) < 64:
+            seen.add(reporter)
 
     def _derive(self, key: tuple[str, str]) -> None:
         """What one process's numbers say about its bound rank (a no-op until both are known)."""

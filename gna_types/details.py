@@ -143,6 +143,36 @@ class FlightRecord(ProcessSummary, kw_only=True, omit_defaults=True):
     pgs: Annotated[dict[Annotated[str, Meta(max_length=128)], dict[str, Any]], Meta(max_length=4096)] | None = None
 
 
+class RankFailure(ProcessSummary, kw_only=True, omit_defaults=True):
+    """``TorchRankFailed``: torchrun's failure report on a worker process that exited while the job ran
+    (torch.distributed.elastic's ChildFailedError, collectors/formats/torch_failures.py): its rank, how it ended
+    (an exit code, or a signal), the report's time; ``explanation`` what the node's own kernel log says ended
+    it (the OOM killer on that pid). The summary is the worker's NCCL process where its pid is known."""
+
+    rank: Rank | None = None  # the report's global rank (shown; the fleet takes ranks from membership)
+    local_rank: Rank | None = None
+    exitcode: Annotated[int, Meta(ge=-255, le=255)] | None = None
+    signal: Annotated[str, Meta(max_length=16)] | None = None  # "SIGKILL"
+    failed_at: Annotated[str, Meta(max_length=64)] | None = None  # the report's own "time" field
+    root_cause: bool = False  # torchrun's "Root Cause (first observed failure)"
+    error: Annotated[str, Meta(max_length=512)] | None = None  # the exception's first line, where printed
+    explanation: Annotated[str, Meta(max_length=512)] | None = None
+
+
+class BackendError(ProcessSummary, kw_only=True, omit_defaults=True):
+    """``NCCLBackendError``: PyTorch raised an NCCL error on this rank (torch.distributed.DistBackendError,
+    "NCCL error in: <file>:<line>, <ncclGetErrorString>, NCCL version <v>"): ``nccl_error`` the result's name
+    (ncclRemoteError: a peer process exited or the network failed; ncclUnhandledCudaError: this rank's GPU),
+    ``peer`` where its "Last error" names the socket's other end."""
+
+    nccl_error: Annotated[str, Meta(max_length=40)] | None = None
+    remote: bool = False  # "remote process exited or there was a network error"
+    nccl_version: Annotated[str, Meta(max_length=40)] | None = None
+    rank: Rank | None = None
+    peer: Host | None = None
+    peer_port: Annotated[int, Meta(ge=0, le=65535)] | None = None
+
+
 # message type -> its details (every type of collector nccl_logs the fleet reads by field)
 DETAILS_BY_TYPE: Final[dict[str, type[ProcessSummary]]] = {
     "NCCLJobMember": JobMember,
@@ -154,6 +184,8 @@ DETAILS_BY_TYPE: Final[dict[str, type[ProcessSummary]]] = {
     "NCCLSocketError": SocketError,
     "NCCLRASReport": RASReport,
     "TorchFlightRecord": FlightRecord,
+    "TorchRankFailed": RankFailure,
+    "NCCLBackendError": BackendError,
 }
 
 

@@ -177,6 +177,27 @@ NCCL_FINDINGS: dict[tuple[str, str], Verdict] = {
         "warning", "none", "an event NCCL calls non-fatal, or a port coming back (PORT_ACTIVE, LID/GID change)"),
     ("NCCLSocketError", "SocketError"): Verdict(
         "warning", "none", "a socket NCCL uses failed: the other end's process or network; evidence, not a verdict"),
+    ("TorchRankFailed", "OOMKilled"): Verdict(
+        "warning", "fix_config",
+        "the node's kernel OOM killer ended the rank's process: the job's memory, not a node fault (the fleet "
+        "names the rank as its job's culprit)"),
+    ("TorchRankFailed", "KilledBySignal"): Verdict(
+        "warning", "none",
+        "a rank's process died of a signal (a segfault, an abort, a kill): the fleet names it as its job's "
+        "culprit, or the hardware its node reports"),
+    ("TorchRankFailed", "ExitedWithError"): Verdict(
+        "warning", "none", "a rank exited non-zero on an error of its own (not a peer's failure)"),
+    ("TorchRankFailed", "PeerFailure"): Verdict(
+        "info", "none",
+        "a rank exited because a peer's failure broke its collectives (an NCCL remote error): a victim"),
+    ("NCCLBackendError", "RemoteError"): Verdict(
+        "info", "none",
+        "PyTorch raised ncclRemoteError: a peer process exited or the network failed; evidence for the "
+        "correlator, not this rank's fault"),
+    ("NCCLBackendError", "*"): Verdict(
+        "warning", "none",
+        "PyTorch raised an NCCL error on this rank of its own (a CUDA error, a system or internal error, an "
+        "invalid usage): the rank failed here"),
     ("NCCLWarning", "NCCLWarn"): Verdict(
         "warning", "none", "an NCCL WARN no rule explains, shown once per process and text"),
     ("NCCLWarning", "NCCLWarnRepeated"): Verdict(
