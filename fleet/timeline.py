@@ -6,10 +6,16 @@ labels hold. The range runs from a little before the earliest span to now (at le
 plot instead of being a 1-px tick on a 6-hour axis. Each span is coloured by its severity (critical
 red, warning amber, info grey; a legend under the plot says which) and its title names it; times are
 fleet/text.py ``stamp`` (UTC), as everywhere in the dashboard.
+
+A span starts when the node read what began it, or -- where the span carries one -- at the time its source
+stated (a log line's own stamp, ``logged_at``: a job's log read minutes late, or after an agent restart,
+still puts the fault where it happened). Each row's spans are drawn in the order of those starts, and the
+title says which time the start is.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -41,7 +47,9 @@ LEGEND = ("critical", "warning", "info")
 @dataclass
 class Row:
     label: str  # "Type entity"
-    spans: Sequence[Sequence[Any]]  # [start, end or None while firing, severity], epochs
+    # [start, end or None while firing, severity, stated start or absent/None], epochs: ``start`` when the
+    # node read it; the stated start (epoch seconds or RFC 3339) when its source logged it
+    spans: Sequence[Sequence[Any]]
 
 
 def _severity(span: Sequence[Any]) -> str:
@@ -49,11 +57,34 @@ def _severity(span: Sequence[Any]) -> str:
     return sev if sev in SEVERITY_FILL else ""
 
 
+def _stated(span: Sequence[Any]) -> float | None:
+    """A span's stated start as epoch seconds: a finite number, or an RFC 3339 time; None for anything else."""
+    v = span[3] if len(span) > 3 else None
+    if isinstance(v, str) and 0 < len(v) <= 64:
+        try:
+            t = dt.datetime.fromisoformat(v.strip())
+        except ValueError:
+            return None
+        return (t if t.tzinfo is not None else t.replace(tzinfo=dt.UTC)).timestamp()
+    if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
+        return float(v)
+    return None
+
+
+def _start(span: Sequence[Any]) -> tuple[float, bool]:
+    """(where the span starts, whether that is its stated time): the stated start where it has one (never
+    after its end), else when the node read it."""
+    stated = _stated(span)
+    if stated is None:
+        return float(span[0] or 0), False
+    return (stated if span[1] is None else min(stated, float(span[1]))), True
+
+
 def render(rows: Sequence[Row], *, now: float, max_s: float, width: int) -> str:
-    visible = [(r, [(float(sp[0] or 0), sp[1], _severity(sp)) for sp in r.spans
-                    if sp[1] is None or float(sp[1]) >= now - max_s]) for r in rows]
+    visible = [(r, sorted(((*_start(sp), sp[1], _severity(sp)) for sp in r.spans
+                           if sp[1] is None or float(sp[1]) >= now - max_s), key=lambda x: x[0])) for r in rows]
     visible = [(r, spans) for r, spans in visible if spans]
-    starts = [max(s, now - max_s) for _, spans in visible for s, _e, _sev in spans]
+    starts = [max(s, now - max_s) for _, spans in visible for s, _st, _e, _sev in spans]
     gutter = _gutter([r.label for r, _ in visible], width)
     right = width - GAP
     plot = right - gutter
@@ -93,7 +124,7 @@ def render(rows: Sequence[Row], *, now: float, max_s: float, width: int) -> str:
                          for i, line in enumerate(lines))
         out.append(f'<g><title>{_esc(r.label)}</title><text class="label" x="{LABEL_X}" y="{y + 13}" '
                    f'font-family="monospace" fill="#333">{tspans}</text></g>')
-        for s, e, sev in spans:
+        for s, stated, e, sev in spans:
             end = now if e is None else min(float(e), now)
             x0, x1 = x_of(s), x_of(end)
             w = max(MIN_SPAN_PX, x1 - x0)
@@ -102,8 +133,10 @@ def render(rows: Sequence[Row], *, now: float, max_s: float, width: int) -> str:
             dur = _dur(end - s)
             out.append(f'<rect class="span" x="{x0:.1f}" y="{y + 3}" width="{w:.1f}" height="{h - 6}" '
                        f'fill="{SEVERITY_FILL.get(sev, NEUTRAL_FILL)}" rx="2" data-severity="{sev}" '
-                       f'data-start="{s:.3f}" data-end="{"" if e is None else f"{e:.3f}"}" data-dur="{dur}">'
-                       f'<title>{_esc(r.label)}&#10;{sev or "no severity"} from {stamp(s)} {until} ({dur})</title>'
+                       f'data-start="{s:.3f}" data-start-is="{"logged" if stated else "read"}" '
+                       f'data-end="{"" if e is None else f"{e:.3f}"}" data-dur="{dur}">'
+                       f'<title>{_esc(r.label)}&#10;{sev or "no severity"} from {stamp(s)} {until} ({dur}); '
+                       f'start: {"the time its source logged" if stated else "when the node read it"}</title>'
                        f'</rect>')
     if visible:
         out.append(_legend(legend_y))

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from datetime import datetime, tzinfo
+
+from collectors.nccl.log_time import stated_time
 
 # NCCL's own prefix, found anywhere in the line: whatever stands before it is a launcher's or a
 # collector's ("node-3: ", "[1,0]<stdout>:", kubectl --timestamps' RFC 3339 time, syslog, tqdm's
@@ -52,16 +55,21 @@ class Line:
     raw: str
     over: tuple[str, int, int] | None = None  # (field, length, limit): a prefix field past its bound
     logged: str = ""  # when the container runtime logged it (a pod log's record time), else ""
+    stated: str = ""  # the time the line states, RFC 3339 UTC (log_time.stated_time), else ""
 
 
-def parse_line(offset: int, raw: bytes, logged: str = "") -> Line:
+def parse_line(offset: int, raw: bytes, logged: str = "", *, now: datetime | None = None,
+               tz: tzinfo | None = None) -> Line:
     """NCCL's prefix split off. A prefix field past PREFIX_MAX sets ``over`` (match_or_reject rejects the
-    line) and is not converted: the line's host, pid and device are then empty."""
+    line) and is not converted: the line's host, pid and device are then empty. With ``now`` (when the
+    line was read) ``stated`` is the time the line states (collectors/nccl/log_time.py: the runtime's
+    ``logged`` first, local stamps in the node's zone ``tz``); without it ``stated`` stays ""."""
     text = raw.decode("utf-8", "replace").rstrip("\r")
     text = text.rsplit("\r", 1)[-1]  # a progress bar's carriage returns: the terminal shows the last part
     m = PREFIX.search(text)
     if m is None:
-        return Line(offset, "", 0, -1, "", "", "", "", text, text, logged=logged)
+        return Line(offset, "", 0, -1, "", "", "", "", text, text, logged=logged,
+                    stated=_stated(text, "", logged, now, tz))
     ts, host, pid_s, tid, dev, src, func = m.group("ts", "host", "pid", "tid", "dev", "src", "func")
     if (len(host or "") > 64 or len(pid_s or "") > 7 or len(tid or "") > 7 or len(dev) > 11
             or len(ts or "") > 40 or len(src or "") > 256 or len(func or "") > 256):  # PREFIX_MAX, unrolled
@@ -69,7 +77,12 @@ def parse_line(offset: int, raw: bytes, logged: str = "") -> Line:
             value = m[name]
             if value is not None and len(value) > limit:
                 return Line(offset, "", 0, -1, m["level"], "", "", "", m["msg"], text,
-                            over=(name, len(value), limit), logged=logged)
+                            over=(name, len(value), limit), logged=logged,
+                            stated=_stated(text, "", logged, now, tz))
     pid = int(pid_s) if pid_s and pid_s.isdigit() else 0  # redacted: one process per host
     return Line(offset, host or "", pid, int(dev), m["level"], ts or "", src or "", func or "", m["msg"], text,
-                logged=logged)
+                logged=logged, stated=_stated(text, ts or "", logged, now, tz))
+
+
+def _stated(text: str, ts: str, logged: str, now: datetime | None, tz: tzinfo | None) -> str:
+    return "" if now is None else stated_time(text, nccl_ts=ts, runtime=logged, now=now, tz=tz)
