@@ -10,13 +10,15 @@ is refused), the refusals counted and said.
 
 The text names every node's critical findings, inside an incident or not (a GPU that fell off the bus on
 an idle node is no job's culprit, and still the one thing to fix), then each incident with its evidence:
-the items that decided it first, the count of what is left out. An item's time is when its source logged
-it where the message carries that (``logged_at``: the kernel log's records), else when the node's check
-read it, said as such.
+the items shown in time order (those that decided it always among them, marked), the count of what is left
+out. An item's time is the time its source stated where the message carries that (``logged_at``: the kernel
+log's records, a training log line's own stamp or its container runtime's record time), else when the node's
+check read it, said as such ("(read ...)"); the items are ordered by that time, whichever it is.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from pathlib import Path
 from typing import Any
@@ -78,15 +80,36 @@ def render_text(reports: list[dict[str, Any]], incidents: list[dict[str, Any]]) 
         decisive = [e for e in evidence if e.get("decisive")]
         shown = decisive + [e for e in evidence if not e.get("decisive")][:max(0, EVIDENCE_LINES - len(decisive))]
         total = max(int(inc.get("evidence_total") or 0), len(evidence))
-        lines.append(f"  evidence: {len(shown)} of {total} shown (when logged, else when check read it; "
-                     f"--format json has the {len(evidence)} kept, with counts per type and node)")
-        for e in shown:
+        lines.append(f"  evidence: {len(shown)} of {total} shown in time order (when logged, else when check read "
+                     f"it; --format json has the {len(evidence)} kept, with counts per type and node)")
+        for e in sorted(shown, key=_when_key):
             mark = "  <- decided it" if e.get("decisive") else ""
-            when = e.get("logged_at") or f"(read {e.get('time')})"
+            stated = e.get("logged_at")
+            when = stated if isinstance(stated, str) and stated else f"(read {e.get('time')})"
             lines.append(f"    {when} {e['node']} {e['type']} {e['entity']}{mark}")
         if total > len(shown):
             lines.append(f"    ... {total - len(shown)} more")
     return "\n".join(lines)
+
+
+def _instant(value: Any) -> float | None:
+    """Epoch seconds of an RFC 3339 time (any zone, any fraction), None for anything else."""
+    if not isinstance(value, str) or not value or len(value) > 64:
+        return None
+    try:
+        t = dt.datetime.fromisoformat(value.strip())
+    except ValueError:
+        return None
+    return (t if t.tzinfo is not None else t.replace(tzinfo=dt.UTC)).timestamp()
+
+
+def _when_key(e: dict[str, Any]) -> tuple[int, float]:
+    """An evidence item's place in time: its stated time (``logged_at``) where it has one, else when check
+    read it; an item with neither, after all that have one (the sort is stable: their order is kept)."""
+    t = _instant(e.get("logged_at"))
+    if t is None:
+        t = _instant(e.get("time"))
+    return (0, t) if t is not None else (1, 0.0)
 
 
 class ReportError(ValueError):
