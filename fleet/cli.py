@@ -311,6 +311,10 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
         print(f"gpu-node-agent: several snapshots name the same node {dup} (a host root by its etc/hostname, a "
               "report by its node): their evidence would be mixed", file=sys.stderr)
         return EX_USAGE
+    joined = diagnose.join_relayed(reports)  # each host's lines join its snapshot; shared files' lines once
+    if joined["duplicates"] or joined["joined"]:
+        print(f"gpu-node-agent: {joined['joined']} line(s) relayed from job-wide files joined their hosts' snapshots; "
+              f"{joined['duplicates']} read by several snapshots kept once", file=sys.stderr)
     messages = [m for r in reports for m in r["conditions"] + r["events"]]
     incidents = [i.to_dict() for i in correlate(messages)]
     if args.format == "json":

@@ -23,8 +23,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from fleet.typed_details import TYPED
 from fleet.wire import Rejected, decode_event, decode_job
 from gna_sdk import plural, severity_rank
+from gna_types.policy import verdict
 from gna_types.subjects import subjects_for
 
 MAX_REPORT_BYTES = 64 << 20  # one node's check report (a node with a storm of findings stays far below)
@@ -110,6 +112,61 @@ def _when_key(e: dict[str, Any]) -> tuple[int, float]:
     if t is None:
         t = _instant(e.get("time"))
     return (0, t) if t is not None else (1, 0.0)
+
+
+def join_relayed(reports: list[dict[str, Any]]) -> dict[str, int]:
+    """Each host's lines join that host's snapshot; lines several snapshots read are kept once.
+
+    A node relays the lines of other hosts' processes it read in a job-wide file (srun's forwarded output on the
+    batch host, a launcher's aggregated log: ``relayed`` in the details). Offline, the operator gathered the
+    snapshots: a relayed line whose host is one of them (the NCCL hostname that snapshot's own processes print,
+    or the snapshot's name) becomes that snapshot's, graded as the policy grades it, ``relayed_by`` kept; one
+    whose host is none of them stays the reader's word. A line read from a file several snapshots hold (a
+    shared filesystem) is kept once (by its node, type, entity, reason, file offset and text). Changes
+    ``reports`` in place; returns what it did, counted."""
+    hosts: dict[str, str] = {}
+    for r in reports:
+        hosts.setdefault(str(r["node"]).split(".")[0], r["node"])
+        for m in r["events"] + r["conditions"]:
+            d = m.get("details")
+            if m.get("collector") == "nccl_logs" and isinstance(d, dict) and not d.get("relayed") \
+                    and isinstance(d.get("host"), str):
+                hosts.setdefault(d["host"], r["node"])
+    by_node = {r["node"]: r for r in reports}
+    counts = {"joined": 0, "duplicates": 0, "kept_relayed": 0}
+    seen: set[tuple[str, ...]] = set()
+    moved: list[tuple[str, dict[str, Any]]] = []
+    for r in reports:
+        kept = []
+        for m in r["events"]:
+            d = m.get("details")
+            if m.get("collector") != "nccl_logs" or not isinstance(d, dict):
+                kept.append(m)
+                continue
+            target = hosts.get(str(d.get("host"))) if d.get("relayed") else None
+            if target is not None:
+                m = {k: v for k, v in m.items() if k != TYPED}
+                m.update(node=target, relayed_by=r["node"], details={**d, "relayed": False},
+                         severity=verdict(str(m.get("type")), str(m.get("reason"))).severity)
+            key = tuple(str(x)[:2000] for x in (m.get("node"), m.get("type"), m.get("entity"), m.get("reason"),
+                                                 d.get("offset"), d.get("line")))
+            if key in seen:
+                counts["duplicates"] += 1
+                continue
+            seen.add(key)
+            if target is not None:
+                counts["joined"] += 1
+                moved.append((target, m))
+            else:
+                counts["kept_relayed"] += bool(d.get("relayed"))
+                kept.append(m)
+        r["events"] = kept
+    for target, m in moved:
+        by_node[target]["events"].append(m)
+    for r in reports:  # the status is the messages', as a report's is
+        worst = max((severity_rank(m["severity"]) for m in r["conditions"] + r["events"]), default=0)
+        r["status"] = {3: "unhealthy", 2: "degraded"}.get(worst, "healthy")
+    return counts
 
 
 class ReportError(ValueError):

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import glob
 import hashlib
 import os
@@ -48,6 +49,7 @@ from collectors.nccl.hang_evidence import FlightRecords, RasAsker, read_environ
 from collectors.nccl.hca_names import exact_hca_value, hca_prefix_surprises
 from collectors.nccl.job_identity import JobName, JobNames
 from collectors.nccl.line import PREFIX_MAX, parse_line
+from collectors.nccl.log_time import node_zone
 from collectors.nccl.matching import REJECTED_SOURCE, Match, Rejected, match_or_reject
 from collectors.nccl.prefilter import PREFILTER, candidate_lines
 from collectors.nccl.process import ProcessState
@@ -162,6 +164,7 @@ class NCCLLogsCollector:
         # agent's node name), cut at the first dot as NCCL cuts it
         self.node_host = short_host(host.read_text("/proc/sys/kernel/hostname", limit=512)
                                     or host.read_text("/etc/hostname", limit=512) or str(getattr(emit, "node", "")))
+        self.zone = node_zone(host.root)  # the node's /etc/localtime: the zone of the stamps its processes print
         self.writers = Writers(host, self.node_host, own_hosts=config.own_hosts, refresh=config.interval)
         self.file_local: set[str] = set()  # tailed file keys holding lines of this node's processes
         self.file_foreign: set[str] = set()  # ... and lines of other nodes' processes
@@ -225,6 +228,7 @@ class NCCLLogsCollector:
         matches: list[Match] = []
         candidates = candidate_lines(data, base, max_line=self.config.max_line, engine=self.engine)
         logged: dict[int, str] = {}
+        read_at = dt.datetime.now(dt.UTC)  # a stamp without a year is of the latest year not after this
         fmt = self._format(tf, data)
         if fmt != "plain":  # a container log: records to lines, partial ones joined, the runtime's header off
             got = container_logs.lines(
@@ -239,7 +243,7 @@ class NCCLLogsCollector:
             logged = {off: t for off, _c, t in got.lines if t}
         pod = pod_of_path(tf.path)
         for offset, raw in candidates:
-            m = match_or_reject(parse_line(offset, raw, logged.get(offset, "")))
+            m = match_or_reject(parse_line(offset, raw, logged.get(offset, ""), now=read_at, tz=self.zone))
             if isinstance(m, Rejected):
                 # a field longer than NCCL/PyTorch print (a 5,000-digit commId): no id is cut out of it
                 key = f"{m.rule}.{m.field}"
@@ -488,7 +492,9 @@ class NCCLLogsCollector:
         line = m.line
         return {**self._summary(st), "file": tf.path, "offset": line.offset, "line": line.raw[:2000],
                 "source": line.src or None, "function": line.func or None, "nccl_time": line.ts or None,
-                **({"logged_at": line.logged} if line.logged else {})}
+                # when the line says it was written (its runtime's record, NCCL's, PyTorch's or glog's stamp, in
+                # UTC): timelines use it; the message's own time is when this agent read it
+                **({"logged_at": line.stated} if line.stated else {})}
 
     async def _event(self, m: Match, st: ProcessState, said: Said, where: dict[str, Any], tf: TailedFile, ms: int,
                      k: int) -> bool:
