@@ -348,15 +348,20 @@ class FleetState:
             nv.conditions = fresh
         self._touch(name)
 
-    def _open_span(self, nv: NodeView, key: str, severity: str, *, start: float, at: float) -> None:
+    def _open_span(self, nv: NodeView, key: str, severity: str, *, start: float, at: float,
+                   stated: str | None = None) -> None:
         """A firing span from ``start``; one already open goes on, unless its severity changed: then it
-        ends ``at`` and one of the new severity begins (the timeline colours each by its own)."""
+        ends ``at`` and one of the new severity begins (the timeline colours each by its own). ``stated``:
+        when the finding's source says it was logged (details.logged_at: the kernel's record, a training log
+        line's own stamp), the span's start on the timeline (fleet/timeline.py); bounded, never trusted further."""
         spans = nv.spans.setdefault(key, [])
         if spans and spans[-1][1] is None:
             if spans[-1][2] == severity:
                 return
             spans[-1][1] = start = max(at, float(spans[-1][0]))
-        spans.append([start, None, severity])
+            stated = None  # a severity change starts when it was seen
+        spans.append([start, None, severity, stated[:64]] if isinstance(stated, str) and stated else
+                     [start, None, severity])
 
     def _close_span(self, nv: NodeView, key: str, at: float) -> None:
         spans = nv.spans.get(key)
@@ -381,7 +386,10 @@ class FleetState:
                                                               "message", "details", "suggested_action")}
                 nv.conditions[key]["since"] = (prev or {}).get("since") or msg.get("time")
                 nv.conditions[key]["message_id"] = msg.get("id")
-                self._open_span(nv, span_key, msg["severity"], start=at, at=at)
+                details = msg.get("details")
+                stated = details.get("logged_at") if isinstance(details, dict) else None
+                self._open_span(nv, span_key, msg["severity"], start=at, at=at,
+                                stated=stated if isinstance(stated, str) else None)
             else:
                 nv.conditions.pop(key, None)
                 self._close_span(nv, span_key, at)

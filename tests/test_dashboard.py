@@ -593,3 +593,24 @@ async def test_top_once_and_budget_cli(tmp_path: Path, nats_server: NatsServerPr
         assert proc.returncode == 0, err
         status = json.loads(out)
         assert status["used"] == 0 and status["fleet_size"] == 1 and status["limit"] == 1  # 10 % of 1 node, min 1
+
+
+def test_a_condition_s_span_starts_when_its_source_says_it_was_logged() -> None:
+    """Issue 25 (4): a finding read minutes late (a job's log, an agent restart) starts on the timeline at the
+    time its line states (details.logged_at), the read time kept; a severity change starts when it was seen."""
+    import datetime as dt
+
+    from fleet.state import FleetState
+
+    fs = FleetState()
+    now = dt.datetime.now(dt.UTC)
+    read, logged = (f"{(now - dt.timedelta(minutes=m)).isoformat(timespec='seconds')[:19]}Z" for m in (1, 20))
+    base = {"schema_version": 1, "node": "gpu-a", "collector": "nccl_logs", "kind": "condition", "status": "firing",
+            "type": "NCCLSocketFallback", "entity": "nccl:gpu-a:42", "reason": "SocketTransport", "message": "m",
+            "time": read}
+    fs.apply_message({**base, "id": "1", "severity": "warning", "details": {"logged_at": logged}})
+    (span,) = fs.node("gpu-a").spans["NCCLSocketFallback|nccl:gpu-a:42"]
+    assert span[1] is None and span[2] == "warning" and span[3] == logged
+    fs.apply_message({**base, "id": "2", "severity": "critical", "details": {"logged_at": logged}})
+    spans = fs.node("gpu-a").spans["NCCLSocketFallback|nccl:gpu-a:42"]
+    assert len(spans) == 2 and len(spans[1]) == 3  # seen critical when read: no stated start of its own
