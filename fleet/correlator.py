@@ -532,7 +532,12 @@ def _closed_peer(f: JobFacts) -> _Verdict | None:
     named: set[str] = set()
     reporters: set[str] = set()
     for peer, seen in f.closed_by.items():
-        owners = claims.get(peer.split("<")[0])
+        addr = peer.split("<")[0]
+        # "Connection closed by remote peer" prints the peer reverse-resolved (NCCL src/misc/socket.cc,
+        # ncclSocketToString(..., numericHostForm=0), v2.26.2-1): a name where it resolves, else the address
+        owners = claims.get(addr)
+        if owners is None and (by_name := ms.node_named(addr)) is not None:
+            owners = {by_name}
         if owners is None or len(owners) != 1:
             continue  # an address no member, or two, claims: names nobody
         named |= owners
@@ -672,6 +677,8 @@ def _link(f: JobFacts) -> _Verdict | None:
     names nobody); the peer is named by the nodes that saw the errors, so it takes two of them."""
     if not f.peers or f.peers_overflow:
         return None
+    if len({n for nodes in f.peers.values() for n in nodes}) < 2:
+        return None  # one node's errors: the fault may be at its own end (its port down, its peer healthy)
     claims = f.ms.oob_claims
     peers = {next(iter(claims[ip])) if len(claims.get(ip, ())) == 1 else None for ip in f.peers}
     if len(peers) != 1 or None in peers:

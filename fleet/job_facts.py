@@ -226,6 +226,18 @@ class Membership:
         where a relayed process is filed."""
         return self.hosts.get(host, host)
 
+    def node_named(self, name: str) -> str | None:
+        """The node a host name names (NCCL's reverse-resolved peer, "gpu-b.cluster.local"): the node whose own
+        processes print its short form, else the one node whose name's short form it is; None for an address
+        or a name no member's node answers to."""
+        if not any(c.isalpha() for c in name):
+            return None  # an address: the bootstrap claims decide
+        short = name.split(".")[0]
+        if short in self.hosts:
+            return self.hosts[short]
+        named = [n for n in self.by_node if n.split(".")[0] == short]
+        return named[0] if len(named) == 1 else None
+
     def claim(self, node: str, d: ProcessSummary, order: int, *, via: str | None = None) -> Member | None:
         """One message's process summary: its node's word about its own process, or (``via``) a node's word
         about another node's process it read in a job-wide file; None: refused."""

@@ -32,6 +32,12 @@ def test_the_node_every_closed_socket_names_is_named() -> None:
     assert inc is not None and inc.corroboration == "independent nodes" and not inc.actionable
 
 
+def test_a_peer_named_by_its_resolved_name_is_its_node() -> None:
+    """NCCL prints the peer reverse-resolved (ncclSocketToString(..., 0)): "n2.cluster.local<45678>"."""
+    msgs = [*_job(), _closed(0, "n2.cluster.local"), _closed(9, "n2")]
+    assert rule_says(verdict(msgs), "closed_peer")["node"] == "n2"
+
+
 def test_sockets_closed_by_several_nodes_name_nobody() -> None:
     not_by(verdict([*_job(), _closed(0, _ip("n2")), _closed(17, _ip("n1"))]), "closed_peer")
 
