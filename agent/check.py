@@ -22,6 +22,7 @@ from gna_sdk import Checkable, phase_of, plural, severity_rank
 from gna_sdk.hostroot import HostRoot
 
 EXIT_HEALTHY, EXIT_WARNING, EXIT_CRITICAL = 0, 1, 2
+MAX_HOSTNAMES = 1024  # names a node's processes print (its hostname, a few hundred pods' at most)
 
 
 async def run_check(config: configmod.Config) -> dict[str, Any]:
@@ -67,8 +68,11 @@ async def run_check(config: configmod.Config) -> dict[str, Any]:
                 for e in emitters for src, why in sorted(e.blind.items())]
     unparsed = [{"collector": e.collector, "source": src, "count": n, "sample": sample}
                 for e in emitters for src, (n, sample) in sorted(e.skipped.items())]
+    # the names this node's processes print in their logs (its hostname, its pods'): diagnose files the lines
+    # another node relayed from a job-wide file under the snapshot they name (fleet/diagnose.py join_relayed)
+    hostnames = sorted(facts.get("nccl_logs.hostnames") or [])[:MAX_HOSTNAMES]
     return {"node": node, "status": status, "conditions": conditions, "events": events,
-            "skipped": skipped, "not_seen": not_seen, "unparsed": unparsed}
+            "skipped": skipped, "not_seen": not_seen, "unparsed": unparsed, "hostnames": hostnames}
 
 
 async def check_roots(roots: list[str] | list[Any], base: configmod.Config | None = None) -> list[dict[str, Any]]:

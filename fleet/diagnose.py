@@ -31,6 +31,7 @@ from gna_types.subjects import subjects_for
 
 MAX_REPORT_BYTES = 64 << 20  # one node's check report (a node with a storm of findings stays far below)
 MAX_REPORT_MESSAGES = 100_000
+MAX_HOSTNAMES = 1024  # names a node's processes print (agent/check.py)
 
 EVIDENCE_LINES = 8  # evidence lines printed per incident (the decisive ones always; the rest counted)
 VICTIMS_SHOWN = 16
@@ -127,6 +128,8 @@ def join_relayed(reports: list[dict[str, Any]]) -> dict[str, int]:
     hosts: dict[str, str] = {}
     for r in reports:
         hosts.setdefault(str(r["node"]).split(".")[0], r["node"])
+        for name in r.get("hostnames") or ():  # the names its processes print: its own, its pods' (check's word)
+            hosts.setdefault(name, r["node"])
         for m in r["events"] + r["conditions"]:
             d = m.get("details")
             if m.get("collector") == "nccl_logs" and isinstance(d, dict) and not d.get("relayed") \
@@ -190,6 +193,9 @@ def load_report(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
             isinstance(doc.get(k), list) for k in ("conditions", "events")):
         raise ReportError(f"{path}: not a report of 'gpu-node-agent check --format json' (node, conditions, events)")
     node = doc["node"]
+    names = doc.get("hostnames")
+    hostnames = sorted({n for n in names[:MAX_HOSTNAMES] if isinstance(n, str) and 0 < len(n) <= 253}) \
+        if isinstance(names, list) else []
     refused: dict[str, int] = {}
     kept: dict[str, list[dict[str, Any]]] = {"conditions": [], "events": []}
     for part in ("conditions", "events"):
@@ -213,4 +219,4 @@ def load_report(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
     # the status is the messages', not the report's word
     worst = max((severity_rank(m["severity"]) for m in kept["conditions"] + kept["events"]), default=0)
     status = {3: "unhealthy", 2: "degraded"}.get(worst, "healthy")
-    return {"node": node, "status": status, **kept}, refused
+    return {"node": node, "status": status, "hostnames": hostnames, **kept}, refused

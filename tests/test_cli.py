@@ -25,7 +25,8 @@ def test_check_healthy_node_exits_0(sim_host: SimHost) -> None:
     report = json.loads(r.stdout)
     not_seen = report.pop("not_seen")
     assert report.pop("unparsed") == []
-    assert report == {"node": "n1", "status": "healthy", "conditions": [], "events": [], "skipped": []}
+    assert report == {"node": "n1", "status": "healthy", "conditions": [], "events": [], "skipped": [],
+                      "hostnames": ["n1"]}  # the names its processes print: diagnose files relayed lines by them
     # a GPU node without HCAs, NCCL logs or libnvidia-ml here: each said, none of them the GPUs
     assert {n["source"] for n in not_seen} >= {"/sys/class/infiniband", "NVML", "/var/log/nccl/*.log"}
     assert not any(n["source"] in ("GPUs", "/sys/bus/pci/devices") for n in not_seen)

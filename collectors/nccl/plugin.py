@@ -453,6 +453,17 @@ class NCCLLogsCollector:
             return here[0].host, here[0].pid
         if job is not None:
             return None  # a Slurm job's file: a line that names no rank of this node is evidence for nobody here
+        if not here and pod is None and isinstance(rank, int):
+            # a console no NCCL line of which is in it (torchrun's output tee'd to a file, NCCL's own lines in
+            # NCCL_DEBUG_FILE): the one process of this node holding that world rank -- while every rank the
+            # file names is one of this node's (a rank held elsewhere, or by two of this node's jobs, and the
+            # file is evidence for nobody: another node's file on a shared filesystem)
+            holders = [st for st in self.procs.values() if st.comms and rank in st.ranks()]
+            if len(holders) == 1 and file_key not in self.file_foreign:
+                return holders[0].host, holders[0].pid
+            if not holders:
+                self.file_foreign.add(file_key)
+            return None
         named_file = self._from_name(path)
         if named_file is None and pod is not None:
             return pod.pod[:63].rstrip("-.").split(".")[0], 0  # the pod's own line: its log is this node's
@@ -736,6 +747,7 @@ class NCCLLogsCollector:
 
     async def check(self) -> None:
         await self.tailer.read_all_once(self._handle)
+        self.emit.facts.set("nccl_logs.hostnames", sorted(self.writers.names()))
         for pid, rank, entity, where in list(self.hung.values()):  # dumps already written (a snapshot)
             await self.flight.collect(pid, rank, entity, where)
         if not self.tailer.files:

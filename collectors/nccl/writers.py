@@ -86,6 +86,11 @@ class Writers:
             return True
         return pid > 0 and self.host_pid(name, pid) is not None
 
+    def names(self) -> set[str]:
+        """Every name this node's processes are known to print (the node's, its pods', its containers' found so
+        far); own_hosts' globs are not names and are left out."""
+        return {self.node_host, *self.pod_hosts(), *(n for n, _pid in self._procs)} - {""}
+
     def pod_hosts(self) -> set[str]:
         """The hostnames of the pods this node keeps logs for (read again every ``refresh`` seconds)."""
         now = time.monotonic()
