@@ -33,6 +33,7 @@ from collectors.formats.kmsg_records import (
     parse_record,
     parse_text_line,
 )
+from collectors.formats.torch_failures import parse_oom_kill
 from collectors.formats.xid_catalog import classify, emit_sxid, emit_xid
 from gna_sdk import Aggregator, CollectorSettings, Emitter, HostPaths
 from gna_sdk.aio import wait_event
@@ -62,6 +63,7 @@ _PEERMEM_MEANING = {
 }
 UNUSABLE_AFTER = 20  # unreadable lines, with no record at all, before the source is called unusable
 MODULE_ERRORS_KEPT = 20
+OOM_KILLS_KEPT = 64
 
 
 class KmsgXidConfig(CollectorSettings, kw_only=True, forbid_unknown_fields=True):
@@ -100,6 +102,7 @@ class KmsgXidCollector:
         self._blocked = False
         self.fatal: dict[str, dict[str, Any]] = {}  # bus -> {"codes": [...], "last": ts}
         self.module_errors: dict[str, list[dict[str, Any]]] = {}
+        self.oom_kills: list[dict[str, Any]] = []  # the newest OOM_KILLS_KEPT victims (a fact for nccl_logs)
         self.records = 0
         self.malformed = 0
         self.malformed_sample = ""
@@ -175,6 +178,8 @@ class KmsgXidCollector:
         self.records += 1
         finding = self.parser.feed(rec.message)
         if finding is None:
+            if "Killed process " in rec.message or "oom-kill:" in rec.message:
+                self._oom(rec)
             return True
         self._logged_at = self._when(rec.usec)
         self._timers_needed.set()
@@ -214,6 +219,18 @@ class KmsgXidCollector:
                         module=finding.module, kind=finding.kind, symbol=finding.symbol, text=finding.text, count=1,
                         logged_at=self._logged_at.get("logged_at", UNSET))))
         return ok
+
+    def _oom(self, rec: KmsgRecord) -> None:
+        """The OOM killer's victim (mm/oom_kill.c; collectors/formats/torch_failures.py parse_oom_kill), kept as a
+        fact: the NCCL collector explains a rank that died of SIGKILL by it (its pid, or its pod's or Slurm job's
+        cgroup). Not a finding of its own here: an OOM kill is a process's memory, not the node's health."""
+        kill = parse_oom_kill(rec.message)
+        if kill is None:
+            return
+        self.oom_kills.append({"pid": kill.pid, "comm": kill.comm, "task_memcg": kill.task_memcg,
+                               "memcg": kill.memcg, **self._when(rec.usec)})
+        del self.oom_kills[:-OOM_KILLS_KEPT]
+        self.emit.facts.set("kernel.oom_kills", list(self.oom_kills))
 
     async def _xid(self, x: Xid, now: float, usec: int = 0) -> bool:
         info = classify(x.code, x.text)

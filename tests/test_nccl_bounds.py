@@ -136,7 +136,8 @@ async def test_the_collector_counts_rejected_lines_with_a_sample_and_publishes_n
              + ", OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600042 milliseconds"]
     host.write("/var/log/nccl/gpu-a.4007.log", "\n".join(lines) + "\n")
     # a job's file name is no %h.%p past the bounds: its lines get a short, distinct owner
-    host.write("/var/log/nccl/" + "h" * 200 + ".4008.log", lines[-1].replace("9" * 5000, "9") + "\n")
+    host.write("/var/log/nccl/" + "h" * 200 + ".4008.log",
+               lines[-1].replace("9" * 5000, "9").replace("[Rank 0]", "[Rank 5]") + "\n")  # a rank nobody holds
     sink = Sink()
     em = CollectorEmitter("gpu-a", "nccl_logs", sink, ConditionTracker(None), facts=FactStore())
     # own_hosts: a file whose name is no %h.%p stands for its writer (else its line is evidence for nobody)

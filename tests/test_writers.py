@@ -53,3 +53,19 @@ def test_the_node_its_pods_its_containers_and_own_hosts_are_this_node_s(tmp_path
     assert not w.local("gpu-b", 4242)  # another node's name: the host's own process does not make it ours
     assert w.local("login-7")
     assert not w.local("") and not w.local("llama-worker-4", 57)
+
+
+def test_a_file_on_a_network_filesystem_is_shared(tmp_path: Path) -> None:
+    """proc(5) mountinfo, the longest mount point wins; the point's spaces are octal-escaped."""
+    host = SimHost(tmp_path / "h")
+    host.write("/proc/1/mountinfo",
+               "22 1 8:1 / / rw,relatime - ext4 /dev/sda1 rw\n"
+               "40 22 0:45 / /home rw,relatime - nfs4 fs01:/home rw,vers=4.2\n"
+               "41 40 8:2 / /home/local\\040scratch rw - xfs /dev/sdb1 rw\n"
+               "42 22 0:50 / /mnt/jfs rw - fuse.juicefs JuiceFS:ai rw\n")
+    w = Writers(HostRoot(host.root), "gpu-a")
+    assert w.shared("/home/alice/logs/llama-3.out") is True
+    assert w.shared("/home/local scratch/x.log") is False
+    assert w.shared("/mnt/jfs/runs/slurm-1234.out") is True
+    assert w.shared("/var/spool/slurm/job1234/slurm-1234.out") is False
+    assert Writers(HostRoot(tmp_path / "empty"), "gpu-a").shared("/home/x") is None  # a snapshot: unknown

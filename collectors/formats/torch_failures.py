@@ -628,6 +628,11 @@ class NcclErrorReader:
     def __init__(self) -> None:
         self._window: list[str] = []
 
+    @property
+    def open(self) -> bool:
+        """An error begun and not complete yet (its next lines may continue it)."""
+        return bool(self._window)
+
     def feed(self, line: str) -> tuple[NcclError, ...]:
         line = line[:MAX_LINE]
         if not self._window:

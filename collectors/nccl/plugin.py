@@ -42,9 +42,14 @@ import msgspec
 import structlog
 
 from collectors.formats.ib_sysfs import parse_enum
+from collectors.formats.launcher_exits import LauncherExit
 from collectors.formats.pcie_tree import Finding, Topology, read_topology
+from collectors.formats.torch_failures import NcclError
+from collectors.formats.torch_failures import RankFailure as RankFailureReport
 from collectors.nccl import container_logs
 from collectors.nccl.container_logs import Format, pod_of_path
+from collectors.nccl.crash_evidence import MARKERS as CRASH_MARKERS
+from collectors.nccl.crash_evidence import CrashReader, exit_reason, failure_reason, oom_of, report_time
 from collectors.nccl.hang_evidence import FlightRecords, RasAsker, read_environ
 from collectors.nccl.hca_names import exact_hca_value, hca_prefix_surprises
 from collectors.nccl.job_identity import JobName, JobNames
@@ -68,6 +73,8 @@ from gna_sdk.hostroot import HostRoot
 from gna_sdk.ids import derived_id
 from gna_sdk.tailer import TailedFile, Tailer
 from gna_types import entities
+from gna_types.details import MAX_RANKS, BackendError
+from gna_types.details import RankFailure as TorchRankFailure
 from gna_types.entities import pci_from_nccl
 from gna_types.policy import RELAYED, verdict
 
@@ -83,7 +90,11 @@ MAX_RELAYED = 4096  # other nodes' processes tracked from job-wide files (a 512-
 # what the fleet correlator reads of another node's process (fleet/job_facts.py): its membership, its
 # watchdog's numbers, the errors naming peers and ports; never its warnings or conditions
 RELAYED_TYPES = frozenset({"NCCLJobMember", "NCCLCollectiveTimeout", "NCCLWatchdogProgress",
-                           "NCCLIBCompletionError", "NCCLIBAsyncEvent", "NCCLSocketError"})
+                           "NCCLIBCompletionError", "NCCLIBAsyncEvent", "NCCLSocketError"})  # and crash reports
+# the typed fields a crash message adds to the process summary (gna_types.details RankFailure, BackendError)
+_CRASH_FIELDS = frozenset({"rank", "local_rank", "exitcode", "signal", "failed_at", "root_cause", "error",
+                           "explanation"})
+_ERROR_FIELDS = frozenset({"nccl_error", "remote", "nccl_version", "rank", "peer", "peer_port"})
 _LABEL = re.compile(r"^\s{0,7}(\d{1,7}): ")  # srun --label: "%*d: " (slurm src/common/write_labelled_message.c)
 _NUMBERS = re.compile(r"(?<![0-9])[0-9]{1,12}(?![0-9])")
 
@@ -186,6 +197,7 @@ class NCCLLogsCollector:
         self._outputs: dict[str, float] = {}  # a Slurm job's output file -> when to look again (inf: followed)
         # container logs: partial runs joined, runs cut at their bound, candidate records not in their format
         self.container_stats = {"joined": 0, "cut": 0, "bad_records": 0}
+        self.crash_readers: dict[str, CrashReader] = {}  # tailed file key -> its torchrun report / NCCL error reader
 
     # -- node facts ---------------------------------------------------------------------
     def _active_rdma_ports(self) -> list[str]:
@@ -261,7 +273,8 @@ class NCCLLogsCollector:
             self.file_local.add(tf.key)  # before its lines are judged: a job-wide file's other hosts are relayed
         for m in matches:
             line = m.line
-            writer = (line.host, line.pid) if line.host else self._owner(tf.path, m, tf.key)
+            writer = (line.host, line.pid) if line.host else self._owner(tf.path, m.fields.get("rank"), line.raw,
+                                                                          tf.key)
             if writer is None:
                 self.unattributed += 1
                 self.emit.unparsed(f"{tf.path}: lines no writer can be told for (evidence for nobody)", line.raw[:200])
@@ -270,7 +283,7 @@ class NCCLLogsCollector:
             if not self.writers.local(host, pid):
                 self.foreign_lines += 1
                 self.file_foreign.add(tf.key)
-                if tf.key in self.file_local:  # a job-wide file: relayed as this node's word about that host
+                if self._relayable(tf):  # a job-wide file written here: relayed as this node's word about that host
                     relayed = self._relay(m, host, pid, tf.path, now)
                     if relayed is not None:
                         events.append(relayed)
@@ -290,10 +303,12 @@ class NCCLLogsCollector:
                     self.jobs.want_pod(pod.namespace, pod.pod, pod.uid)
             st.last_seen = now
             news = st.apply(m)  # the rule's change to the process (a communicator joined: news)
+            st.collective_failed |= m.rule.hang
             touched[key] = st
             if (m.rule.say is not None and (news or not m.rule.news_only)) or line.level == "WARN":
                 events.append((m, st, news))
-        if not events and not touched:
+        crashes = self._crashes(tf, data, base, fmt)
+        if not events and not touched and not crashes:
             return True
         if tf.pending is None or tf.pending.get("from") != base:
             tf.pending = {"from": base, "ms": int(time.time() * 1000)}
@@ -313,10 +328,23 @@ class NCCLLogsCollector:
             if not await self._event(m, st, said, where, tf, ms, k):
                 return False
             k += 1
+        for st, said, where in crashes:
+            msg_id = derived_id(ms, k, tf.key, tf.fp, int(where["offset"]), said.type)
+            if not await self._publish(st, said, {**where, **said.details}, msg_id):
+                return False
+            k += 1
         for st in touched.values():
             if not await self._evaluate(st):
                 return False
         return True
+
+    def _relayable(self, tf: TailedFile) -> bool:
+        """Whether other hosts' lines in this file are relayed: a job-wide file written on this node -- one holding
+        lines of this node's processes too, or this node's pod's container log (a launcher pod's) -- and not on a
+        network filesystem (every node mounting it would relay the same lines: collectors/nccl/writers.py)."""
+        if tf.key not in self.file_local and pod_of_path(tf.path) is None:
+            return False
+        return not self.writers.shared(tf.path)
 
     def _relay(self, m: Match, host: str, pid: int, path: str, now: float
                ) -> tuple[Match, ProcessState, bool] | None:
@@ -333,6 +361,7 @@ class NCCLLogsCollector:
             st = self.relayed[key] = ProcessState(host, pid, path, relayed=True)
         st.last_seen = now
         news = st.apply(m)
+        st.collective_failed |= m.rule.hang
         if m.rule.say is None or m.rule.type not in RELAYED_TYPES or (m.rule.news_only and not news):
             return None
         return m, st, news
@@ -413,21 +442,20 @@ class NCCLLogsCollector:
             st.slurm_job = job[:24]
             self.jobs.want_slurm(st.slurm_job)
 
-    def _owner(self, path: str, m: Match, file_key: str = "") -> tuple[str, int] | None:
+    def _owner(self, path: str, rank: Any, raw: str, file_key: str = "") -> tuple[str, int] | None:
         """The NCCL process a line without NCCL's prefix (PyTorch's watchdog) belongs to: in a file
         where NCCL printed to stdout next to the trainer's stderr (kubectl logs, a launcher's per-rank
         file), the process of this file whose rank PyTorch names, or the file's only process; in a pod's
         container log whose NCCL lines went to NCCL_DEBUG_FILE, the same among the pod's processes (their
         cgroup names the pod); else the file's %h.%p (NCCL_DEBUG_FILE)."""
         here = [st for st in self.procs.values() if st.file == path and st.comms]
-        rank = m.fields.get("rank")
-        if not isinstance(rank, int) and (label := _LABEL.match(m.line.raw)) is not None:
+        if not isinstance(rank, int) and (label := _LABEL.match(raw)) is not None:
             rank = int(label.group(1))  # srun --label's task id: the rank where torch takes SLURM_PROCID
         if file_key in self.file_foreign:
             # a file holding other nodes' lines (a job-wide file, another node's file on a shared filesystem):
             # a line without NCCL's prefix is the one of its processes whose rank it names, else nobody's
             others = [st for st in self.relayed.values() if st.file == path and st.comms]
-            named = [st for st in here + others if isinstance(rank, int) and rank in st.ranks()]
+            named = [st for st in here + others if isinstance(rank, int) and st.world_rank() == rank]
             return (named[0].host, named[0].pid) if len(named) == 1 else None
         pod = pod_of_path(path)
         if not here and pod is not None:
@@ -444,7 +472,7 @@ class NCCLLogsCollector:
             # a Slurm job's output file (slurm-<id>.out, --output=...%j...): the job's processes on this node
             here = [st for st in self.procs.values() if st.comms and (st.slurm_job or "").split("_")[0] == job]
         if isinstance(rank, int):
-            named = [st for st in here if rank in st.ranks()]
+            named = [st for st in here if st.world_rank() == rank]
             if len(named) == 1:
                 return named[0].host, named[0].pid
             if job is not None and here and not named:
@@ -458,12 +486,13 @@ class NCCLLogsCollector:
             # NCCL_DEBUG_FILE): the one process of this node holding that world rank -- while every rank the
             # file names is one of this node's (a rank held elsewhere, or by two of this node's jobs, and the
             # file is evidence for nobody: another node's file on a shared filesystem)
-            holders = [st for st in self.procs.values() if st.comms and rank in st.ranks()]
+            holders = [st for st in self.procs.values() if st.comms and st.world_rank() == rank]
             if len(holders) == 1 and file_key not in self.file_foreign:
                 return holders[0].host, holders[0].pid
-            if not holders:
-                self.file_foreign.add(file_key)
-            return None
+            if "*" not in self.config.own_hosts:  # (every line this node's: the file's name stands for it)
+                if not holders:
+                    self.file_foreign.add(file_key)
+                return None
         named_file = self._from_name(path)
         if named_file is None and pod is not None:
             return pod.pod[:63].rstrip("-.").split(".")[0], 0  # the pod's own line: its log is this node's
@@ -513,12 +542,7 @@ class NCCLLogsCollector:
         f, line = m.fields, m.line
         msg_id = derived_id(ms, k, tf.key, tf.fp, line.offset, m.rule.type)
         if st.relayed:
-            # another node's line: shown as this node's word about it, graded info here (the finding is that
-            # node's; the fleet grades it as the policy does, fleet/job_facts.py), never a question to RAS
-            return await self.emit.event(
-                said.type, severity=RELAYED.severity, entity=st.entity, reason=said.reason,
-                message=f"relayed from a job-wide file ({st.host} wrote it): {said.message}",
-                details={**where, **said.details}, suggested_action=RELAYED.action, msg_id=msg_id)
+            return await self._publish(st, said, {**where, **said.details}, msg_id)
         if m.rule.hang:
             # the job hangs here: NCCL's RAS says who stopped, PyTorch's Flight Recorder where each rank waits
             pid = st.pid if self._checkable(st) else 0
@@ -548,6 +572,141 @@ class NCCLLogsCollector:
         if m.rule.repeats and accepted:  # a refused first occurrence (spool full) is retried, never a repeat
             self.warn_windows[(st.key, line.msg[:300])] = [time.monotonic(), 1, where, {tf.key: line.offset}]
         return accepted
+
+    async def _publish(self, st: ProcessState, said: Said, details: dict[str, Any], msg_id: str) -> bool:
+        """A message about one process, graded by the policy table; another node's line (relayed) is shown as this
+        node's word about it, graded info here (the finding is that node's; the fleet grades it as the policy
+        does, fleet/job_facts.py)."""
+        if st.relayed:
+            return await self.emit.event(
+                said.type, severity=RELAYED.severity, entity=st.entity, reason=said.reason,
+                message=f"relayed from a job-wide file ({st.host} wrote it): {said.message}",
+                details=details, suggested_action=RELAYED.action, msg_id=msg_id)
+        v = verdict(said.type, said.reason)
+        return await self.emit.event(said.type, severity=v.severity, entity=st.entity, reason=said.reason,
+                                     message=said.message, details=details, suggested_action=v.action, msg_id=msg_id)
+
+    # -- crashed ranks ----------------------------------------------------------------------
+    def _crashes(self, tf: TailedFile, data: bytes, base: int, fmt: Format
+                 ) -> list[tuple[ProcessState, Said, dict[str, Any]]]:
+        """torchrun's failure reports and PyTorch's NCCL errors the chunk completed, each with the process it is
+        about and its message (collectors/nccl/crash_evidence.py). A docker json-file log's records are escaped
+        JSON: not read for them."""
+        if fmt == "docker":
+            return []
+        reader = self.crash_readers.get(tf.key)
+        if reader is None:
+            if not any(mark in data for mark in CRASH_MARKERS):
+                return []
+            if len(self.crash_readers) >= MAX_OUTPUTS * 4:
+                self.crash_readers.clear()  # files long gone; a report open across this is dropped
+            reader = self.crash_readers[tf.key] = CrashReader()
+        out = []
+        for found in reader.read(data, base):
+            got = (self._failure(found.failure, found.offset, tf) if found.failure is not None else
+                   self._backend_error(found.error, found.offset, tf) if found.error is not None else
+                   self._launcher_exit(found.exit, found.offset, tf) if found.exit is not None else None)
+            if got is not None:
+                out.append(got)
+        return out
+
+    def _about(self, host: str, pid: int, rank: int | None, tf: TailedFile, what: str
+               ) -> tuple[ProcessState, bool] | None:
+        """The process a crash report or error is about, and whether it is this node's: a known process (by pid,
+        else the only one of that host with that world rank), else one made for the message (its job unknown).
+        Another node's, in a file that is not job-wide: counted, None."""
+        local = self.writers.local(host, pid)
+        if not local and not self._relayable(tf):
+            self.foreign_lines += 1
+            self.emit.unparsed(f"{tf.path}: {what} of other nodes' processes (their agents judge them)", host)
+            return None
+        pool = self.procs if local else self.relayed
+        st = pool.get(f"{host}:{pid}")
+        if st is None and rank is not None:
+            held = [p for p in pool.values() if p.host == host and p.world_rank() == rank]
+            st = held[0] if len(held) == 1 else None
+        return (st or ProcessState(host, pid, tf.path, relayed=not local)), local
+
+    def _failure(self, f: RankFailureReport, offset: int, tf: TailedFile
+                 ) -> tuple[ProcessState, Said, dict[str, Any]] | None:
+        """One entry of torchrun's failure report: the worker's rank, how it ended, and why (the OOM killer in
+        this node's kernel log, by its pid or its pod's or Slurm job's cgroup)."""
+        host = short_host(f.host)
+        about = self._about(host, f.pid, f.rank, tf, "torchrun failure reports") if host else None
+        if about is None:
+            self.unattributed += not host
+            return None
+        st, local = about
+        oom = None
+        if local and f.signal == "SIGKILL":
+            uid = st.pod_uid or ""
+            oom = oom_of(self.emit.facts.get("kernel.oom_kills") or [],
+                         [f.pid, self.writers.host_pid(host, f.pid) or 0],
+                         [uid, uid.replace("-", "_"), f"job_{st.slurm_job}" if st.slurm_job else ""])
+        reason, why = failure_reason(f, oom, aborted_after_failure=st.collective_failed)
+        typed = TorchRankFailure(rank=f.rank if 0 <= f.rank < MAX_RANKS else None,
+                                 local_rank=f.local_rank if 0 <= f.local_rank < MAX_RANKS else None,
+                                 exitcode=f.exitcode if -255 <= f.exitcode <= 255 else None,
+                                 signal=f.signal[:16] or None, failed_at=f.time[:64] or None, root_cause=f.root_cause,
+                                 error=f.exception[:512] or None, explanation=why[:512])
+        said = Said("TorchRankFailed", reason, f"torchrun: rank {f.rank} on {host} (pid {f.pid}) ended: {why}.",
+                    {k: v for k, v in msgspec.structs.asdict(typed).items() if v is not None and k in _CRASH_FIELDS})
+        when = report_time(f.time, self.zone)
+        line = f"{f.script} FAILED: rank {f.rank} exitcode {f.exitcode} (pid {f.pid}) on {f.host}"
+        return st, said, {**self._summary(st), "file": tf.path, "offset": offset, "line": line[:2000],
+                          **({"logged_at": when} if when else {})}
+
+    def _launcher_exit(self, x: LauncherExit, offset: int, tf: TailedFile
+                       ) -> tuple[ProcessState, Said, dict[str, Any]] | None:
+        """A launcher's word (srun on the batch host, mpirun in a launcher pod) on a process that ended on a node it
+        names: this node's word about that node (relayed) unless the node is this one. Its job is the file's."""
+        host = short_host(x.host)
+        about = self._about(host, x.pid, x.rank, tf, "launcher exit lines") if host else None
+        if about is None:
+            self.unattributed += not host
+            return None
+        st, _local = about
+        reason, why = exit_reason(x, aborted_after_failure=st.collective_failed)
+        typed = TorchRankFailure(rank=x.rank if x.rank is not None and x.rank < MAX_RANKS else None,
+                                 exitcode=x.exitcode, signal=x.signal[:16] or None, explanation=why[:512])
+        said = Said("TorchRankFailed", reason, f"{why}.",
+                    {k: v for k, v in msgspec.structs.asdict(typed).items() if v is not None and k in _CRASH_FIELDS})
+        where = {**self._summary(st), "file": tf.path, "offset": offset, "line": why[:2000]}
+        if where.get("job") is None and (job := self._file_job(tf.path)) is not None:
+            where["job"] = job  # the process is not known by its NCCL lines: the job the file's processes run
+        return st, said, where
+
+    def _file_job(self, path: str) -> str | None:
+        """The one job (the world communicator) the processes seen in this file run, if one."""
+        jobs = {st.summary().get("job") for st in (*self.procs.values(), *self.relayed.values())
+                if st.file == path and st.comms}
+        jobs.discard(None)
+        return str(next(iter(jobs))) if len(jobs) == 1 else None
+
+    def _backend_error(self, e: NcclError, offset: int, tf: TailedFile
+                       ) -> tuple[ProcessState, Said, dict[str, Any]] | None:
+        """PyTorch's NCCL error on a rank (its ``[rankN]:`` prefix, else the file's process): the NCCL result, a
+        peer its last error names."""
+        writer = self._owner(tf.path, e.rank, "", tf.key)
+        if writer is None:
+            self.unattributed += 1
+            return None
+        about = self._about(writer[0], writer[1], e.rank, tf, "NCCL errors")
+        if about is None:
+            return None
+        st, _local = about
+        remote = e.kind == "ncclRemoteError" or e.remote_exited
+        st.collective_failed |= remote
+        peer, _, port = e.peer.partition("<")
+        typed = BackendError(nccl_error=e.kind[:40] or None, remote=remote, nccl_version=e.nccl_version[:40] or None,
+                             rank=e.rank if e.rank is not None and 0 <= e.rank < MAX_RANKS else None,
+                             peer=peer[:253] or None,
+                             peer_port=int(port[:-1]) if port[:-1].isdigit() and int(port[:-1]) <= 65535 else None)
+        said = Said("NCCLBackendError", "RemoteError" if remote else (e.kind[:40] or "NCCLError"),
+                    f"NCCL error on {st.key}: {e.kind or 'unknown'}" + (f" (last error: {e.last_error[:200]})"
+                                                                          if e.last_error else "") + ".",
+                    {k: v for k, v in msgspec.structs.asdict(typed).items() if v is not None and k in _ERROR_FIELDS})
+        return st, said, {**self._summary(st), "file": tf.path, "offset": offset, "line": e.exception[:2000]}
 
     async def _flush_warnings(self, *, everything: bool = False) -> None:
         now = time.monotonic()

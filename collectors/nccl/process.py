@@ -64,6 +64,9 @@ class ProcessState:
     pod_uid: str | None = None
     slurm_job: str | None = None  # SLURM_JOB_ID in its environment
     relayed: bool = False  # another node's process, read here in a job-wide file (collectors/nccl/writers.py)
+    # its watchdog timed out, or NCCL failed under it for a peer: an abort that follows is PyTorch's own
+    # (TORCH_NCCL_ASYNC_ERROR_HANDLING tears the process down: SIGABRT), a victim's end
+    collective_failed: bool = False
 
     @property
     def key(self) -> str:
@@ -85,6 +88,12 @@ class ProcessState:
 
     def ranks(self) -> list[int]:
         return sorted({c["rank"] for c in self.comms.values()})
+
+    def world_rank(self) -> int | None:
+        """Its rank in its largest communicator (the job's world; a tensor-parallel split's rank is another
+        number): the rank PyTorch's "[rankN]:" and the default group's "[Rank N]" name."""
+        world = max(self.comms.values(), key=lambda c: c["nranks"], default=None)
+        return world["rank"] if world is not None else None
 
     def apply(self, m: Match) -> bool:
         """The line's change to this process's state, as its rule declares it; True: news worth a message

@@ -22,6 +22,12 @@ processes go by:
 Any other name is another node's process: on a shared filesystem (``/home`` on NFS holding every rank's
 ``--output`` file) or in a job-wide file (srun's forwarded output, a launcher's aggregated log) this node
 reads lines it did not write, and they are never its evidence.
+
+A file on a network filesystem (the mount table's type: NFS, Lustre, GPFS, CephFS, a FUSE filesystem such as
+JuiceFS, ...) is read by every node that mounts it: its other hosts' lines are never relayed from it (each node
+would relay every other's: the same word N times, looking independent). The mount table is the host's
+(``/proc/1/mountinfo`` under the host root, proc(5)); a snapshot without one relays, and ``diagnose`` keeps a
+line several snapshots read once.
 """
 
 from __future__ import annotations
@@ -43,6 +49,10 @@ ENVIRON_MAX = 131072  # bytes of /proc/<pid>/environ read (HOSTNAME is set first
 _POD_DIR = re.compile(r"(?P<ns>[a-z0-9][a-z0-9-]{0,62})_(?P<pod>[a-z0-9][a-z0-9.-]{0,252})_(?P<uid>[0-9a-f-]{1,64})")
 _GENERATED = re.compile(r"-[bcdfghjklmnpqrstvwxz2456789]{5}$")  # generateName's random suffix
 _NSPID = re.compile(rb"^NSpid:\s*([0-9\s]+)$", re.M)
+MOUNTINFO_MAX = 1 << 20  # bytes of mountinfo read (a node with a few thousand mounts stays below)
+# filesystems every node of a cluster may mount (proc(5) mountinfo's fstype; FUSE ones are "fuse.<name>")
+NETWORK_FS = frozenset({"nfs", "nfs4", "cifs", "smb3", "smbfs", "lustre", "gpfs", "ceph", "glusterfs", "beegfs",
+                        "wekafs", "panfs", "pvfs2", "orangefs", "ocfs2", "gfs2", "9p", "afs", "virtiofs"})
 
 
 def short_host(name: str) -> str:
@@ -75,6 +85,8 @@ class Writers:
         self._procs: dict[tuple[str, int], int] = {}
         self._procs_at = -1e18
         self.errors: dict[str, int] = {}  # what could not be read, by kind
+        self._mounts: list[tuple[str, str]] | None = None
+        self._mounts_at = -1e18
 
     def local(self, name: str, pid: int = 0) -> bool:
         """Whether a line NCCL prefixed with ``name:pid`` was written by a process of this node."""
@@ -85,6 +97,39 @@ class Writers:
         if name in self.pod_hosts():
             return True
         return pid > 0 and self.host_pid(name, pid) is not None
+
+    def shared(self, path: str) -> bool | None:
+        """Whether ``path`` (a host path) is on a network filesystem: its longest mount point's type; None when
+        the host's mount table cannot be read (a snapshot)."""
+        now = time.monotonic()
+        if now - self._mounts_at >= self.refresh:
+            self._mounts_at = now
+            self._mounts = self._read_mounts()
+        if self._mounts is None:
+            return None
+        best, fstype = -1, ""
+        for point, kind in self._mounts:
+            if (path == point or path.startswith(point.rstrip("/") + "/")) and len(point) > best:
+                best, fstype = len(point), kind
+        return fstype in NETWORK_FS or (fstype.startswith("fuse.") and fstype != "fuse.lxcfs")
+
+    def _read_mounts(self) -> list[tuple[str, str]] | None:
+        """(mount point, fstype) of the host's mount table (proc(5): "36 35 98:0 /mnt1 /mnt2 rw,noatime master:1 -
+        ext3 /dev/root rw"; the point's spaces and such octal-escaped)."""
+        for source in ("/proc/1/mountinfo", "/proc/self/mountinfo"):
+            text = self.host.read_text(source, limit=MOUNTINFO_MAX)
+            if text:
+                break
+        else:
+            return None
+        out = []
+        for line in text.splitlines():
+            left, sep, right = line.partition(" - ")
+            fields, tail = left.split(" "), right.split(" ")
+            if sep and len(fields) >= 5 and tail:
+                point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])
+                out.append((point, tail[0]))
+        return out
 
     def names(self) -> set[str]:
         """Every name this node's processes are known to print (the node's, its pods', its containers' found so
