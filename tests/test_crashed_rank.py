@@ -37,12 +37,13 @@ def _node(tmp: Path, name: str) -> SimHost:
     return h
 
 
-def _fleet(tmp: Path, *, oom: bool = True) -> list[Path]:
+def _fleet(tmp: Path, *, oom: bool = True, console: bool = True) -> list[Path]:
     a, b = _node(tmp, "gpu-node-07"), _node(tmp, "gpu-node-08")
     for rank, pid in PIDS.items():
         a.write(f"/var/log/nccl/gpu-node-07.{pid}.log", _init("gpu-node-07", pid, rank, rank))
     a.p("/var/log/training").mkdir(parents=True)
-    shutil.copy(FIXTURES / "torchrun_nccl_text_sigkill_rank3.log", a.p("/var/log/training/console.log"))
+    if console:
+        shutil.copy(FIXTURES / "torchrun_nccl_text_sigkill_rank3.log", a.p("/var/log/training/console.log"))
     kern = (FIXTURES / "kernel_oom_memcg_dmesg.log").read_text()
     a.write("/var/log/kern.log", kern.replace("29187", str(PIDS[3])) if oom else "")
     for rank in range(4, 8):
@@ -93,3 +94,16 @@ def test_diagnose_names_the_crashed_rank_on_its_node(tmp_path: Path) -> None:
     (inc,) = out["incidents"]
     assert inc["culprit"] == {"node": "gpu-node-07", "entity": "rank:3", "kind": "rank", "rank": "3"}, inc["reason"]
     assert "OOMKilled" in inc["reason"] and inc["victims"] == ["gpu-node-08"]
+
+
+def test_the_kernel_s_oom_kill_of_a_rank_s_pid_is_its_crash_without_any_report(tmp_path: Path) -> None:
+    """srun launching the ranks itself (no torchrun), the killed rank printing nothing: this node's own kernel
+    log names the pid of its NCCL process."""
+    roots = _fleet(tmp_path, console=False)
+    report = _run(tmp_path, "check", "--host-root", str(roots[0]))
+    (killed,) = [e for e in report["events"] if e["type"] == "TorchRankFailed"]
+    assert (killed["reason"], killed["entity"], killed["details"]["world_rank"]) == ("OOMKilled",
+                                                                                    "nccl:gpu-node-07:29112", 3)
+    out = _run(tmp_path, "diagnose", *(a for r in roots for a in ("--host-root", str(r))))
+    (inc,) = out["incidents"]
+    assert inc["culprit"]["node"] == "gpu-node-07" and inc["culprit"]["entity"] == "rank:3"

@@ -95,6 +95,11 @@ RELAYED_TYPES = frozenset({"NCCLJobMember", "NCCLCollectiveTimeout", "NCCLWatchd
 _CRASH_FIELDS = frozenset({"rank", "local_rank", "exitcode", "signal", "failed_at", "root_cause", "error",
                            "explanation"})
 _ERROR_FIELDS = frozenset({"nccl_error", "remote", "nccl_version", "rank", "peer", "peer_port"})
+
+
+def _typed_fields(typed: msgspec.Struct, names: frozenset[str]) -> dict[str, Any]:
+    """The fields of a crash message's typed details it sets (the process summary is added apart)."""
+    return {k: v for k, v in msgspec.structs.asdict(typed).items() if v is not None and k in names}
 _LABEL = re.compile(r"^\s{0,7}(\d{1,7}): ")  # srun --label: "%*d: " (slurm src/common/write_labelled_message.c)
 _NUMBERS = re.compile(r"(?<![0-9])[0-9]{1,12}(?![0-9])")
 
@@ -197,6 +202,7 @@ class NCCLLogsCollector:
         self._outputs: dict[str, float] = {}  # a Slurm job's output file -> when to look again (inf: followed)
         # container logs: partial runs joined, runs cut at their bound, candidate records not in their format
         self.container_stats = {"joined": 0, "cut": 0, "bad_records": 0}
+        self._ooms_seen: set[tuple[Any, ...]] = set()  # the kernel's OOM kills already told
         self.crash_readers: dict[str, CrashReader] = {}  # tailed file key -> its torchrun report / NCCL error reader
 
     # -- node facts ---------------------------------------------------------------------
@@ -644,13 +650,14 @@ class NCCLLogsCollector:
                          [f.pid, self.writers.host_pid(host, f.pid) or 0],
                          [uid, uid.replace("-", "_"), f"job_{st.slurm_job}" if st.slurm_job else ""])
         reason, why = failure_reason(f, oom, aborted_after_failure=st.collective_failed)
+        st.ended_told |= reason == "OOMKilled"
         typed = TorchRankFailure(rank=f.rank if 0 <= f.rank < MAX_RANKS else None,
                                  local_rank=f.local_rank if 0 <= f.local_rank < MAX_RANKS else None,
                                  exitcode=f.exitcode if -255 <= f.exitcode <= 255 else None,
                                  signal=f.signal[:16] or None, failed_at=f.time[:64] or None, root_cause=f.root_cause,
                                  error=f.exception[:512] or None, explanation=why[:512])
         said = Said("TorchRankFailed", reason, f"torchrun: rank {f.rank} on {host} (pid {f.pid}) ended: {why}.",
-                    {k: v for k, v in msgspec.structs.asdict(typed).items() if v is not None and k in _CRASH_FIELDS})
+                    _typed_fields(typed, _CRASH_FIELDS))
         when = report_time(f.time, self.zone)
         line = f"{f.script} FAILED: rank {f.rank} exitcode {f.exitcode} (pid {f.pid}) on {f.host}"
         return st, said, {**self._summary(st), "file": tf.path, "offset": offset, "line": line[:2000],
@@ -670,18 +677,58 @@ class NCCLLogsCollector:
         typed = TorchRankFailure(rank=x.rank if x.rank is not None and x.rank < MAX_RANKS else None,
                                  exitcode=x.exitcode, signal=x.signal[:16] or None, explanation=why[:512])
         said = Said("TorchRankFailed", reason, f"{why}.",
-                    {k: v for k, v in msgspec.structs.asdict(typed).items() if v is not None and k in _CRASH_FIELDS})
+                    _typed_fields(typed, _CRASH_FIELDS))
         where = {**self._summary(st), "file": tf.path, "offset": offset, "line": why[:2000]}
         if where.get("job") is None and (job := self._file_job(tf.path)) is not None:
             where["job"] = job  # the process is not known by its NCCL lines: the job the file's processes run
         return st, said, where
 
+    async def _oom_killed(self) -> None:
+        """This node's kernel log says the OOM killer ended one of this node's NCCL processes (its pid, or the pid
+        its container's namespace gave it): the rank ended there, whatever its log says (a rank killed outright
+        prints nothing; srun without torchrun reports nothing). Once per kill (kmsg_xid's kernel.oom_kills)."""
+        kills = self.emit.facts.get("kernel.oom_kills") or []
+        for kill in kills:
+            key = (kill.get("pid"), kill.get("logged_at"), kill.get("comm"))
+            if key in self._ooms_seen or not isinstance(kill.get("pid"), int):
+                continue
+            mine = [st for st in self.procs.values() if st.comms and kill["pid"] == (
+                st.pid if st.host == self.node_host else self.writers.host_pid(st.host, st.pid))]
+            if len(mine) != 1:
+                continue  # no NCCL process of this node (yet): looked at again with the next kills
+            self._ooms_seen.add(key)
+            st = mine[0]
+            if st.ended_told:
+                continue  # its launcher's report said it, with the OOM kill
+            why = (f"the kernel's OOM killer ended it (Killed process {kill['pid']} ({str(kill.get('comm'))[:64]})"
+                   f"{', its cgroup over its limit' if kill.get('memcg') else ''})")
+            typed = TorchRankFailure(rank=st.world_rank(), signal="SIGKILL", explanation=why)
+            said = Said("TorchRankFailed", "OOMKilled", f"{st.key} (rank {st.world_rank()}) ended: {why}.",
+                        _typed_fields(typed, _CRASH_FIELDS))
+            when = kill.get("logged_at")
+            details = {**self._summary(st), **said.details, "source": "kernel log",
+                       "line": f"Killed process {kill['pid']} ({str(kill.get('comm'))[:64]})",
+                       **({"logged_at": when} if isinstance(when, str) else {})}
+            try:
+                ms = int(dt.datetime.fromisoformat(str(when)).timestamp() * 1000)
+            except ValueError:
+                ms = int(time.time() * 1000)
+            msg_id = derived_id(ms, 0, "oom", str(kill["pid"]), str(when))
+            await self._publish(st, said, details, msg_id)
+
     def _file_job(self, path: str) -> str | None:
-        """The one job (the world communicator) the processes seen in this file run, if one."""
-        jobs = {st.summary().get("job") for st in (*self.procs.values(), *self.relayed.values())
-                if st.file == path and st.comms}
-        jobs.discard(None)
-        return str(next(iter(jobs))) if len(jobs) == 1 else None
+        """The one job (the world communicator) a launcher's file is about: the one its processes run, else the
+        one this node's processes of the Slurm job its name carries run, else the one this node runs; None when
+        that is not one."""
+        everyone = (*self.procs.values(), *self.relayed.values())
+        slurm = self._slurm_job_of(path)
+        for pool in ([st for st in everyone if st.file == path],
+                     [st for st in self.procs.values() if slurm and (st.slurm_job or "").split("_")[0] == slurm],
+                     list(self.procs.values())):
+            jobs = {st.summary().get("job") for st in pool if st.comms} - {None}
+            if jobs:
+                return str(next(iter(jobs))) if len(jobs) == 1 else None
+        return None
 
     def _backend_error(self, e: NcclError, offset: int, tf: TailedFile
                        ) -> tuple[ProcessState, Said, dict[str, Any]] | None:
@@ -705,7 +752,7 @@ class NCCLLogsCollector:
         said = Said("NCCLBackendError", "RemoteError" if remote else (e.kind[:40] or "NCCLError"),
                     f"NCCL error on {st.key}: {e.kind or 'unknown'}" + (f" (last error: {e.last_error[:200]})"
                                                                           if e.last_error else "") + ".",
-                    {k: v for k, v in msgspec.structs.asdict(typed).items() if v is not None and k in _ERROR_FIELDS})
+                    _typed_fields(typed, _ERROR_FIELDS))
         return st, said, {**self._summary(st), "file": tf.path, "offset": offset, "line": e.exception[:2000]}
 
     async def _flush_warnings(self, *, everything: bool = False) -> None:
@@ -861,6 +908,7 @@ class NCCLLogsCollector:
         """Housekeeping: a job's conditions resolve when it ends or its log goes quiet (or, for a process
         this host cannot check by pid, its log is deleted)."""
         await self._flush_warnings()
+        await self._oom_killed()
         if self.tailer.files:  # forget files the tailer let go (between two run()s it holds none)
             self.file_local &= set(self.tailer.files)
             self.file_foreign &= set(self.tailer.files)
@@ -906,6 +954,7 @@ class NCCLLogsCollector:
 
     async def check(self) -> None:
         await self.tailer.read_all_once(self._handle)
+        await self._oom_killed()
         self.emit.facts.set("nccl_logs.hostnames", sorted(self.writers.names()))
         for pid, rank, entity, where in list(self.hung.values()):  # dumps already written (a snapshot)
             await self.flight.collect(pid, rank, entity, where)

@@ -67,6 +67,7 @@ class ProcessState:
     # its watchdog timed out, or NCCL failed under it for a peer: an abort that follows is PyTorch's own
     # (TORCH_NCCL_ASYNC_ERROR_HANDLING tears the process down: SIGABRT), a victim's end
     collective_failed: bool = False
+    ended_told: bool = False  # a TorchRankFailed about it was published (the kernel's OOM kill need not be)
 
     @property
     def key(self) -> str:
