@@ -581,3 +581,19 @@ def test_nccl_parse_of_arbitrary_followers(follow: list[str], prefix: str) -> No
 
 def test_default_bounds() -> None:
     assert FailureReportReader().max_block_lines == MAX_BLOCK_LINES
+
+
+def test_a_rank_s_own_cuda_error_and_gpu_oom() -> None:
+    """c10/cuda C10_CUDA_CHECK ("CUDA error: <cudaGetErrorString>"), the caching allocator's OutOfMemoryError; as
+    public logs show them behind PyTorch's excepthook prefix."""
+    from collectors.formats.torch_failures import parse_cuda_error
+
+    e = parse_cuda_error("[rank49]: RuntimeError: CUDA error: an illegal memory access was encountered")
+    assert e is not None and (e.rank, e.exception, e.out_of_memory) == (49, "RuntimeError", False)
+    assert e.text == "CUDA error: an illegal memory access was encountered"
+    e = parse_cuda_error("torch.AcceleratorError: CUDA error: device-side assert triggered")
+    assert e is not None and e.rank is None and e.exception == "torch.AcceleratorError"
+    e = parse_cuda_error("[rank3]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 3 "
+                         "has a total capacity of 79.10 GiB of which 1.25 GiB is free.")
+    assert e is not None and e.out_of_memory and e.rank == 3
+    assert parse_cuda_error("CUDA kernel errors might be asynchronously reported at some other API call") is None

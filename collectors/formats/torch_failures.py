@@ -712,3 +712,35 @@ def parse_oom_kill(line: str) -> OomKill | None:
                        memcg=s.group("constraint") == "CONSTRAINT_MEMCG", constraint=s.group("constraint"),
                        task_memcg=cg.group("cg")[:MAX_CGROUP] if cg else "", anon_rss_kb=None)
     return None
+
+
+@dataclass(frozen=True)
+class CudaError:
+    """A rank's own CUDA failure as PyTorch raised it: ``CUDA error: <cudaGetErrorString>`` (c10/cuda's
+    C10_CUDA_CHECK, c10_cuda_check_implementation, with get_cuda_check_suffix's "CUDA kernel errors might be
+    asynchronously reported ..." after it; raised as RuntimeError, as torch.AcceleratorError since torch 2.8) or
+    the caching allocator's ``CUDA out of memory. Tried to allocate ...`` (torch.OutOfMemoryError,
+    torch.cuda.OutOfMemoryError before 2.5). ``rank`` from a ``[rankN]:`` prefix, when there is one."""
+
+    exception: str  # "RuntimeError", "torch.AcceleratorError", "torch.OutOfMemoryError"
+    text: str  # "CUDA error: an illegal memory access was encountered"
+    out_of_memory: bool
+    rank: int | None
+
+
+_CUDA_ERROR = re.compile(r"(?:\[rank(?P<rank>\d{1,7})\]:\s*)?(?P<exc>(?:[A-Za-z_][\w]{0,40}\.){0,3}"
+                         r"(?:RuntimeError|AcceleratorError|OutOfMemoryError)): "
+                         r"(?P<text>CUDA error: [^\n]{1,300}|CUDA out of memory\.[^\n]{0,300})")
+
+
+def parse_cuda_error(line: str) -> CudaError | None:
+    """A rank's CUDA error or GPU out-of-memory exception line (any prefix before it); None otherwise."""
+    line = line[:MAX_LINE]
+    if "CUDA error: " not in line and "CUDA out of memory" not in line:
+        return None
+    m = _CUDA_ERROR.search(line)
+    if m is None:
+        return None
+    text = m["text"].rstrip()
+    return CudaError(m["exc"], text, text.startswith("CUDA out of memory"),
+                     int(m["rank"]) if m["rank"] is not None else None)

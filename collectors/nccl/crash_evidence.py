@@ -17,11 +17,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from collectors.formats.launcher_exits import STOPPING, LauncherExit, parse_launcher_exit
-from collectors.formats.torch_failures import FailureReportReader, NcclError, NcclErrorReader, RankFailure
+from collectors.formats.torch_failures import (
+    CudaError,
+    FailureReportReader,
+    NcclError,
+    NcclErrorReader,
+    RankFailure,
+    parse_cuda_error,
+)
 
 # torchrun's report: its title line ("<script> FAILED"), its sections; PyTorch's exception
 MARKERS = (b" FAILED\n", b"Failures:", b"Root Cause (first observed failure)", b"NCCL error",
-           b"noticed that process rank", b"srun: error: ")
+           b"noticed that process rank", b"srun: error: ", b"CUDA error: ", b"CUDA out of memory")
 # the victims' way out: torchrun stops the other workers with SIGTERM (elastic's ``_close``), a scheduler's
 # cancel sends it too
 STOPPED_BY_AGENT = frozenset({"SIGTERM", "SIGINT", "SIGHUP"})
@@ -35,6 +42,7 @@ class Found:
     failure: RankFailure | None = None
     error: NcclError | None = None
     exit: LauncherExit | None = None
+    cuda: CudaError | None = None
 
 
 class CrashReader:
@@ -59,6 +67,8 @@ class CrashReader:
             if ("noticed that process rank" in line or "srun: error: " in line) and (
                     x := parse_launcher_exit(line)) is not None:
                 out.append(Found(offset, exit=x))
+            if (c := parse_cuda_error(line)) is not None:
+                out.append(Found(offset, cuda=c))
             pos = end + 1
         return out
 

@@ -44,7 +44,7 @@ import structlog
 from collectors.formats.ib_sysfs import parse_enum
 from collectors.formats.launcher_exits import LauncherExit
 from collectors.formats.pcie_tree import Finding, Topology, read_topology
-from collectors.formats.torch_failures import NcclError
+from collectors.formats.torch_failures import CudaError, NcclError
 from collectors.formats.torch_failures import RankFailure as RankFailureReport
 from collectors.nccl import container_logs
 from collectors.nccl.container_logs import Format, pod_of_path
@@ -611,7 +611,8 @@ class NCCLLogsCollector:
         for found in reader.read(data, base):
             got = (self._failure(found.failure, found.offset, tf) if found.failure is not None else
                    self._backend_error(found.error, found.offset, tf) if found.error is not None else
-                   self._launcher_exit(found.exit, found.offset, tf) if found.exit is not None else None)
+                   self._launcher_exit(found.exit, found.offset, tf) if found.exit is not None else
+                   self._cuda_error(found.cuda, found.offset, tf) if found.cuda is not None else None)
             if got is not None:
                 out.append(got)
         return out
@@ -729,6 +730,25 @@ class NCCLLogsCollector:
             if jobs:
                 return str(next(iter(jobs))) if len(jobs) == 1 else None
         return None
+
+    def _cuda_error(self, c: CudaError, offset: int, tf: TailedFile
+                    ) -> tuple[ProcessState, Said, dict[str, Any]] | None:
+        """A rank's own CUDA error or GPU out-of-memory (PyTorch's exception, its ``[rankN]:`` prefix naming the
+        rank): the rank failed on its own (a hardware cause on its GPU is the node's own finding, and the fleet's
+        hardware verdict comes first)."""
+        writer = self._owner(tf.path, c.rank, "", tf.key)
+        if writer is None:
+            self.unattributed += 1
+            return None
+        about = self._about(writer[0], writer[1], c.rank, tf, "CUDA errors")
+        if about is None:
+            return None
+        st, _local = about
+        why = f"{'GPU out of memory' if c.out_of_memory else 'a CUDA error of its own'}: {c.text[:300]}"
+        typed = TorchRankFailure(rank=st.world_rank(), error=f"{c.exception}: {c.text}"[:512], explanation=why[:512])
+        said = Said("TorchRankFailed", "ExitedWithError", f"{st.key} (rank {st.world_rank()}) failed: {why}.",
+                    _typed_fields(typed, _CRASH_FIELDS))
+        return st, said, {**self._summary(st), "file": tf.path, "offset": offset, "line": c.text[:2000]}
 
     def _backend_error(self, e: NcclError, offset: int, tf: TailedFile
                        ) -> tuple[ProcessState, Said, dict[str, Any]] | None:
