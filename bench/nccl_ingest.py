@@ -146,6 +146,9 @@ def main() -> None:
         root = Path(tmp)
         log = root / "var/log/nccl/gpu-0417.31337.log"
         log.parent.mkdir(parents=True)
+        # the log is this node's own process's (issue 25: a node judges only the lines its processes wrote)
+        (root / "etc").mkdir()
+        (root / "etc/hostname").write_text("gpu-0417\n")
         size = generate(log, args.mb, nccl_fraction=args.nccl_fraction, rare=args.rare)
         mb = size / 1e6
         with open(log, "rb") as fh:  # warm the page cache for both

@@ -42,3 +42,18 @@ def test_any_line_parses_or_is_none_and_stays_bounded(line: str) -> None:
         if x is not None:
             assert len(x.host) <= 253 and len(x.tasks) <= 64 and len(x.what) <= 64
             assert exit_reason(x)[0] in ("OOMKilled", "KilledBySignal", "PeerFailure")
+
+
+def test_mpirun_s_first_non_zero_exit_names_a_rank() -> None:
+    """Open MPI's "non-zero-status" help text, as public logs show it (a CRI record prefix before each line)."""
+    from collectors.formats.launcher_exits import MpirunFirstExit
+
+    block = ["mpirun detected that one or more processes exited with non-zero status, thus causing",
+             "the job to be terminated. The first process to do so was:", "", "  Process name: [[10810,1],49]",
+             "  Exit code:    1", "-" * 74]
+    r = MpirunFirstExit()
+    got = [x for line in block if (x := r.feed("2026-12-05T14:47:55.1Z stderr F " + line)) is not None]
+    assert len(got) == 1 and (got[0].rank, got[0].exitcode, got[0].host) == (49, 1, "")
+    assert exit_reason(got[0])[0] == "ExitedWithError"
+    r = MpirunFirstExit()  # a block cut short (8 lines without its exit code) is dropped
+    assert [r.feed(x) for x in [block[1], *(["noise"] * 9), "  Exit code:    1"]] == [None] * 11

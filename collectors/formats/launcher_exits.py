@@ -13,7 +13,11 @@ on another node, and both name that node:
 * Open MPI's mpirun/mpiexec (``orterun``, ``prterun``): ``<tool> noticed that process rank <r> with PID <pid> on node
   <host> exited on signal <n> (<strsignal>).`` (help text "proc-aborted-signal"; as public logs show it from
   Open MPI 1.x to 5.x, PID 0 where the launcher did not learn it). mpirun reports the first process that died
-  this way and then ends the others: the rank it names is where the job broke.
+  this way and then ends the others: the rank it names is where the job broke. A process that exited non-zero
+  first is told over several lines (help text "non-zero-status"): ``mpirun detected that one or more processes
+  exited with non-zero status, thus causing`` / ``the job to be terminated. The first process to do so was:`` /
+  ``  Process name: [[<jobfam>,<job>],<rank>]`` / ``  Exit code:    <n>`` -- the rank, no node
+  (``MpirunFirstExit`` reads it line by line).
 
 Pure, bounded, never raises.
 """
@@ -69,3 +73,34 @@ def parse_launcher_exit(line: str) -> LauncherExit | None:
         signal = "" if oom or code is not None else m["what"]
         return LauncherExit("srun", host, None, m["tasks"], 0, what, oom, signal, code)
     return None
+
+
+_FIRST = "The first process to do so was:"
+_PROC_NAME = re.compile(r"Process name: \[\[\d{1,10},\d{1,10}\],(?P<rank>\d{1,7})\]")
+_EXIT_CODE = re.compile(r"Exit code: +(?P<code>\d{1,3})\b")
+
+
+class MpirunFirstExit:
+    """mpirun's "The first process to do so was:" block, line by line: the rank and exit code of the process that
+    exited non-zero first (its node is not printed: ``host`` is ""). A block not complete within 8 lines is
+    dropped."""
+
+    def __init__(self) -> None:
+        self._left = 0
+        self._rank: int | None = None
+
+    def feed(self, line: str) -> LauncherExit | None:
+        if _FIRST in line:
+            self._left, self._rank = 8, None
+            return None
+        if not self._left:
+            return None
+        self._left -= 1
+        if self._rank is None and (m := _PROC_NAME.search(line[:4096])) is not None:
+            self._rank = int(m["rank"])
+        elif self._rank is not None and (m := _EXIT_CODE.search(line[:4096])) is not None:
+            self._left = 0
+            code = int(m["code"])
+            return LauncherExit("mpirun", "", self._rank, "", 0, f"exit code {code}, the first process to exit "
+                                "non-zero", False, "", code)
+        return None

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from collectors.formats.launcher_exits import STOPPING, LauncherExit, parse_launcher_exit
+from collectors.formats.launcher_exits import STOPPING, LauncherExit, MpirunFirstExit, parse_launcher_exit
 from collectors.formats.torch_failures import (
     CudaError,
     FailureReportReader,
@@ -28,7 +28,8 @@ from collectors.formats.torch_failures import (
 
 # torchrun's report: its title line ("<script> FAILED"), its sections; PyTorch's exception
 MARKERS = (b" FAILED\n", b"Failures:", b"Root Cause (first observed failure)", b"NCCL error",
-           b"noticed that process rank", b"srun: error: ", b"CUDA error: ", b"CUDA out of memory")
+           b"noticed that process rank", b"srun: error: ", b"CUDA error: ", b"CUDA out of memory",
+           b"The first process to do so was:")
 # the victims' way out: torchrun stops the other workers with SIGTERM (elastic's ``_close``), a scheduler's
 # cancel sends it too
 STOPPED_BY_AGENT = frozenset({"SIGTERM", "SIGINT", "SIGHUP"})
@@ -51,6 +52,7 @@ class CrashReader:
     def __init__(self) -> None:
         self.reports = FailureReportReader()
         self.errors = NcclErrorReader()
+        self.mpirun = MpirunFirstExit()
 
     def read(self, data: bytes, base: int) -> list[Found]:
         if not (self.reports.open_lines or self.errors.open) and not any(m in data for m in MARKERS):
@@ -67,6 +69,8 @@ class CrashReader:
             if ("noticed that process rank" in line or "srun: error: " in line) and (
                     x := parse_launcher_exit(line)) is not None:
                 out.append(Found(offset, exit=x))
+            if (first := self.mpirun.feed(line)) is not None:
+                out.append(Found(offset, exit=first))
             if (c := parse_cuda_error(line)) is not None:
                 out.append(Found(offset, cuda=c))
             pos = end + 1
@@ -137,6 +141,8 @@ def exit_reason(x: LauncherExit, *, aborted_after_failure: bool = False) -> tupl
         return "OOMKilled", f"{where}: Out Of Memory (the job step's memory limit)"
     if aborted_after_failure and x.signal == "Aborted":
         return "PeerFailure", f"{where}: {x.what}, {ABORT_AFTER_FAILURE}"
+    if x.tool != "srun" and x.exitcode is not None:
+        return "ExitedWithError", f"{where}: {x.what}"
     if x.tool != "srun":
         return "KilledBySignal", f"{where} exited on {x.what}, the first process {x.tool} saw end"
     if x.exitcode is not None or x.signal in STOPPING:

@@ -669,6 +669,10 @@ class NCCLLogsCollector:
         """A launcher's word (srun on the batch host, mpirun in a launcher pod) on a process that ended on a node it
         names: this node's word about that node (relayed) unless the node is this one. Its job is the file's."""
         host = short_host(x.host)
+        if not host and x.rank is not None:  # mpirun's first non-zero exit names a rank, not its node
+            held = [st for st in (*self.procs.values(), *self.relayed.values())
+                    if st.file == tf.path and st.world_rank() == x.rank]
+            host = held[0].host if len(held) == 1 else ""
         about = self._about(host, x.pid, x.rank, tf, "launcher exit lines") if host else None
         if about is None:
             self.unattributed += not host
