@@ -89,6 +89,10 @@ class MpirunFirstExit:
         self._left = 0
         self._rank: int | None = None
 
+    @property
+    def open(self) -> bool:
+        return bool(self._left)
+
     def feed(self, line: str) -> LauncherExit | None:
         if _FIRST in line:
             self._left, self._rank = 8, None

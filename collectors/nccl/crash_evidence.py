@@ -26,8 +26,9 @@ from collectors.formats.torch_failures import (
     parse_cuda_error,
 )
 
-# torchrun's report: its title line ("<script> FAILED"), its sections; PyTorch's exception
-MARKERS = (b" FAILED\n", b"Failures:", b"Root Cause (first observed failure)", b"NCCL error",
+# torchrun's report: the exception line before it (ChildFailedError), its sections; PyTorch's exception
+# (no newline in a marker: the bench's grep -E pattern is built from them)
+MARKERS = (b"ChildFailedError", b"Failures:", b"Root Cause (first observed failure)", b"NCCL error",
            b"noticed that process rank", b"srun: error: ", b"CUDA error: ", b"CUDA out of memory",
            b"The first process to do so was:")
 # the victims' way out: torchrun stops the other workers with SIGTERM (elastic's ``_close``), a scheduler's
@@ -54,9 +55,14 @@ class CrashReader:
         self.errors = NcclErrorReader()
         self.mpirun = MpirunFirstExit()
 
+    @property
+    def open(self) -> bool:
+        """A report or an error begun and not complete: the next chunk's lines continue it."""
+        return bool(self.reports.open_lines or self.errors.open or self.mpirun.open)
+
     def read(self, data: bytes, base: int) -> list[Found]:
-        if not (self.reports.open_lines or self.errors.open) and not any(m in data for m in MARKERS):
-            return []
+        """Every report, error and launcher line the chunk completes (the caller knows it holds a marker, or that
+        one is open)."""
         out: list[Found] = []
         pos = 0
         while pos < len(data):

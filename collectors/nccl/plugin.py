@@ -313,7 +313,7 @@ class NCCLLogsCollector:
             touched[key] = st
             if (m.rule.say is not None and (news or not m.rule.news_only)) or line.level == "WARN":
                 events.append((m, st, news))
-        crashes = self._crashes(tf, data, base, fmt)
+        crashes = self._crashes(tf, data, base, fmt, candidates)
         if not events and not touched and not crashes:
             return True
         if tf.pending is None or tf.pending.get("from") != base:
@@ -593,7 +593,7 @@ class NCCLLogsCollector:
                                      message=said.message, details=details, suggested_action=v.action, msg_id=msg_id)
 
     # -- crashed ranks ----------------------------------------------------------------------
-    def _crashes(self, tf: TailedFile, data: bytes, base: int, fmt: Format
+    def _crashes(self, tf: TailedFile, data: bytes, base: int, fmt: Format, candidates: list[tuple[int, bytes]]
                  ) -> list[tuple[ProcessState, Said, dict[str, Any]]]:
         """torchrun's failure reports and PyTorch's NCCL errors the chunk completed, each with the process it is
         about and its message (collectors/nccl/crash_evidence.py). A docker json-file log's records are escaped
@@ -601,12 +601,15 @@ class NCCLLogsCollector:
         if fmt == "docker":
             return []
         reader = self.crash_readers.get(tf.key)
-        if reader is None:
-            if not any(mark in data for mark in CRASH_MARKERS):
+        # the markers are prefilter needles: only the chunk's few candidate lines are looked at for them
+        marked = any(mark in raw for _off, raw in candidates for mark in CRASH_MARKERS)
+        if reader is None or not (marked or reader.open):
+            if not marked:
                 return []
-            if len(self.crash_readers) >= MAX_OUTPUTS * 4:
-                self.crash_readers.clear()  # files long gone; a report open across this is dropped
-            reader = self.crash_readers[tf.key] = CrashReader()
+            if reader is None:
+                if len(self.crash_readers) >= MAX_OUTPUTS * 4:
+                    self.crash_readers.clear()  # files long gone; a report open across this is dropped
+                reader = self.crash_readers[tf.key] = CrashReader()
         out = []
         for found in reader.read(data, base):
             got = (self._failure(found.failure, found.offset, tf) if found.failure is not None else

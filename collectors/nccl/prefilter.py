@@ -4,7 +4,8 @@ Only lines containing one of the needles are decoded. Channel lines over P2P/SHM
 intra-node ones) never pass; every NET channel line does: which NIC each channel uses (NET/IB/<n>) is the
 rank's real NIC, GDRDMA or not (a few hundred lines per job start). The needles are the union of the rules'
 own (rules/*.py), so a rule brings its own (tests/test_nccl_formats.py: every golden line a rule matches
-holds one of its needles); bench/nccl_ingest.py's ``grep -cE`` pattern is built from the same list.
+holds one of its needles), and the markers of a crashed rank's multi-line reports (crash_evidence.py: a chunk
+holding one is read line by line); bench/nccl_ingest.py's ``grep -cE`` pattern is built from the same list.
 """
 
 from __future__ import annotations
@@ -12,10 +13,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from collectors.nccl.crash_evidence import MARKERS
 from collectors.nccl.rules import RULES, WARNING_RULE
 
 # any WARN line is an NCCLWarning (WARNING_RULE), whatever rule it also matches
-NEEDLES: tuple[bytes, ...] = tuple(dict.fromkeys([n for r in (*RULES, WARNING_RULE) for n in r.needles]))
+NEEDLES: tuple[bytes, ...] = tuple(dict.fromkeys([*(n for r in (*RULES, WARNING_RULE) for n in r.needles), *MARKERS]))
 PREFILTER = re.compile(b"|".join(re.escape(n) for n in NEEDLES))
 
 
