@@ -40,8 +40,9 @@ def _run(case: Path, tmp: Path) -> list[dict[str, Any]]:
     dest = host.p(where)
     dest.parent.mkdir(parents=True, exist_ok=True)
     dest.write_bytes(data)
-    cfg = configmod.parse(f'node = "corpus"\nhost_root = "{host.root}"\n[collectors.nccl_logs]\nnvlink = "yes"\n',
-                          file="<corpus>")
+    # a real input copied here to be checked: its lines are this node's whatever host they name (own_hosts)
+    cfg = configmod.parse(f'node = "corpus"\nhost_root = "{host.root}"\n[collectors.nccl_logs]\nnvlink = "yes"\n'
+                          'own_hosts = ["*"]\n', file="<corpus>")
     report = asyncio.run(run_check(cfg))
     return [*report["conditions"], *report["events"]]  # type: ignore[no-any-return]
 
