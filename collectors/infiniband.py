@@ -33,6 +33,7 @@ from collectors.formats.ib_sysfs import (
     counter_delta,
     read_port,
 )
+from collectors.roce import RoCEChecks, RoCEConfig
 from collectors.shared.counter_window import CounterWindow, WindowStats
 from gna_sdk import CollectorSettings, Emitter, HostPaths, Severity, plural
 from gna_sdk.persist import BootScopedSet, boot_id
@@ -126,6 +127,7 @@ class InfinibandConfig(CollectorSettings, kw_only=True, forbid_unknown_fields=Tr
     congestion: CongestionThresholds = msgspec.field(default_factory=CongestionThresholds)
     udev: bool = True
     signals_interval: float = 300.0  # StragglerSignals event every this many seconds; 0: metrics and facts only
+    roce: RoCEConfig = msgspec.field(default_factory=RoCEConfig)  # Ethernet ports' ECN/PFC (collectors/roce.py)
 
 
 @dataclass
@@ -164,6 +166,10 @@ class InfinibandCollector:
         self._names: dict[str, list[str]] = {}
         self._layout: list[tuple[str, int]] | None = None
         self._info: dict[str, tuple[str, ...]] = {}
+        d = RoCEConfig()
+        self.roce = RoCEChecks(config.roce, host, emit, thresholds_configured=(
+            config.roce.pause_fraction_warning, config.roce.pause_fraction_critical, config.roce.pause_window_s) != (
+            d.pause_fraction_warning, d.pause_fraction_critical, d.pause_window_s))
         self.seen = BootScopedSet(emit.state_dir / "seen_hcas.json" if emit.state_dir else None, boot_id(host))
 
     # -- discovery --------------------------------------------------------------------
@@ -238,9 +244,13 @@ class InfinibandCollector:
                                    "unreadable, or not a value of its kind (EINVAL, N/A)")
             await self._port_state(snap, st, now)
             await self._counters(snap, st, now)
+            if snap.link_layer == "Ethernet":  # RoCE: lossless-Ethernet checks; an IB port is never judged by them
+                await self.roce.check(snap.hca, snap.port, snap.entity, now)
             st.last, st.last_t = snap, now
         for key in set(self.ports) - present:
             del self.ports[key]
+        self.roce.forget({s.entity for s in snaps if s.link_layer == "Ethernet"})
+        self.emit.facts.set("infiniband.roce", dict(self.roce.facts))
         self.emit.facts.set("infiniband.ports", {
             s.entity: {"active": s.active, "link_layer": s.link_layer, "rate_gbps": s.rate.gbps if s.rate else None}
             for s in snaps})

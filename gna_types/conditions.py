@@ -30,6 +30,7 @@ CATEGORY_BY_TYPE: dict[str, str] = {
     "IBDeviceMissing": NETWORKING, "IBPortDown": NETWORKING, "IBPortFlapping": NETWORKING,
     "IBPortDegraded": NETWORKING, "IBErrorCountersIncreasing": NETWORKING, "IBCounterSaturated": NETWORKING,
     "RoCECongestion": NETWORKING, "NvidiaPeermemError": NETWORKING,
+    "RoCEQoSMisconfigured": NETWORKING, "RoCEPauseStorm": NETWORKING,
     # the dataset cache (juicefs)
     "JuiceFSCacheDirMissing": STORAGE, "JuiceFSCacheEphemeral": STORAGE, "JuiceFSCacheLowSpace": STORAGE,
     "JuiceFSCacheSizeSuspicious": STORAGE, "JuiceFSCacheHitRatioLow": STORAGE, "JuiceFSCacheCold": STORAGE,

@@ -112,6 +112,36 @@ class RoCECongestion(msgspec.Struct, kw_only=True, omit_defaults=True):
     drop_rate_per_s: Annotated[float, Meta(ge=0)]
 
 
+class RoCEECNDisabled(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """``RoCEQoSMisconfigured``: a RoCE port whose netdev has ECN off at the notification point (roce_np) or the
+    reaction point (roce_rp) for its RoCE priority (MLNX_OFED's /sys/class/net/<if>/ecn/<proto>/enable/<prio>,
+    collectors/formats/roce_qos.py)."""
+
+    interface: Word
+    priority: Annotated[int, Meta(ge=0, le=7)]
+    roce_np: bool | None  # None: unreadable
+    roce_rp: bool | None
+    np_enabled_priorities: Annotated[list[Annotated[int, Meta(ge=0, le=7)]], Meta(max_length=8)]
+    rp_enabled_priorities: Annotated[list[Annotated[int, Meta(ge=0, le=7)]], Meta(max_length=8)]
+    citation: Citation
+
+
+class RoCEPauseStorm(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """``RoCEPauseStorm``: the share of a window a port was paused on its RoCE priority (mlx5 ethtool
+    rx_prio<p>_pause_duration / tx_prio<p>_pause_duration, microseconds) over the ``roce`` thresholds."""
+
+    interface: Word
+    priority: Annotated[int, Meta(ge=0, le=7)]
+    direction: Word  # "rx": the switch paused us; "tx": we paused the switch
+    paused_fraction: Annotated[float, Meta(ge=0)]
+    rates_per_s: Rates  # every pause counter of the priority over the window
+    window_s: Seconds
+    full_window: bool
+    rule: Rule
+    threshold_from: Word  # "config" | "default"
+    citation: Citation
+
+
 class IBStragglerSignals(msgspec.Struct, kw_only=True, omit_defaults=True):
     """``StragglerSignals`` of collector infiniband: the per-port vector (docs/straggler-signals.md)."""
 
@@ -178,6 +208,8 @@ NETWORK_DETAILS: Final[dict[str, type[msgspec.Struct]]] = {
     "IBErrorCountersIncreasing": IBErrorCountersIncreasing,
     "IBCounterSaturated": IBCounterSaturated,
     "RoCECongestion": RoCECongestion,
+    "RoCEQoSMisconfigured": RoCEECNDisabled,
+    "RoCEPauseStorm": RoCEPauseStorm,
     "NCCLEnvMisconfigured": NCCLEnvMisconfigured,
     "NCCLInspectorSummary": NCCLInspectorSummary,
 }

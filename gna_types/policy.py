@@ -69,6 +69,19 @@ GRADED: dict[tuple[str, str], Verdict] = {
     ("KernelLogUnparsable", "NotKmsgFormat"): Verdict(
         "warning", "fix_config",
         "the kmsg source holds no kernel record in any known rendering: every Xid is missed"),
+    # lossless RoCE on mlx5 (collectors/infiniband.py with collectors/roce.py): docs/operations.md "Lossless RoCE"
+    ("RoCEQoSMisconfigured", "ECNDisabled"): Verdict(
+        "warning", "fix_config",
+        "ECN is off at the notification or reaction point for the RoCE priority (MLNX_OFED's ecn/roce_np|roce_rp/"
+        "enable/<prio>): no CNPs, DCQCN cannot slow senders, congestion turns into PFC pauses and P99 stalls"),
+    ("RoCEPauseStorm", "PauseStorm"): Verdict(
+        "warning", "inspect_hardware",
+        "the port spent more than `pause_fraction_warning` of a full window paused on the RoCE priority: a "
+        "congested fabric or a slow receiver; never a cordon on its own"),
+    ("RoCEPauseStorm", "PauseStormSevere"): Verdict(
+        "critical", "inspect_hardware",
+        "the same above `pause_fraction_critical`: the priority barely moves (a PFC storm); inspect the NIC, "
+        "its switch port and the PFC watchdog, never a cordon on its own"),
 }
 
 # The PCIe tree, NVLinks and the NVSwitch fabric (topology): docs/topology.md section 4.

@@ -254,6 +254,22 @@ class SimHost:
         else:
             shutil.rmtree(link)
 
+    def set_roce_ecn(self, netdev: str, *, np: dict[int, str] | None = None, rp: dict[int, str] | None = None,
+                     enabled: bool = True) -> None:
+        """MLNX_OFED's per-priority ECN enables of a RoCE netdev (mlx5_core en_sysfs.c mlx5e_fill_attributes:
+        ``ecn/roce_np|roce_rp/enable/0..7``, each "%d\\n"): every priority ``enabled``, then ``np``/``rp``
+        override single priorities with the file's raw text ("0", "1", "" for a failed firmware query)."""
+        for proto, over in (("roce_np", np or {}), ("roce_rp", rp or {})):
+            for prio in range(8):
+                text = over.get(prio, "1" if enabled else "0")
+                self.write(f"/sys/class/net/{netdev}/ecn/{proto}/enable/{prio}", f"{text}\n" if text else "")
+
+    def set_ethtool_stats(self, netdev: str, stats: dict[str, int]) -> None:
+        """What ``ethtool -S <netdev>`` would print, at the test seam collectors/formats/roce_qos.py
+        FIXTURE_DIR (``/.sim/ethtool-S/<netdev>``): no real host has this path, it stands for SIOCETHTOOL."""
+        body = "".join(f"     {k}: {v}\n" for k, v in sorted(stats.items()))
+        self.write(f"/.sim/ethtool-S/{netdev}", f"NIC statistics:\n{body}")
+
     def add_gdr_provider(self) -> None:
         """What nvidia_peermem (or nv_peer_mem) exposes when GPUDirect RDMA is available."""
         self.write("/sys/kernel/mm/memory_peers/nv_mem/version", "1.3\n")

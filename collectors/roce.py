@@ -1,0 +1,208 @@
+"""Lossless-RoCE checks of the infiniband collector's Ethernet ports (not a plugin of its own: the
+infiniband collector owns the ports and calls :class:`RoCEChecks` for those whose link_layer is Ethernet;
+an InfiniBand port is never judged here).
+
+Per RoCE port, through its netdev (/sys/class/infiniband/<hca>/device/net/<if>):
+
+- ECN at the notification and reaction points for the RoCE priority (``roce.priority``, default 3: the
+  RoCE switch priority of NVIDIA's lossless RoCE configuration, Cumulus Linux 5.14 "RDMA over Converged
+  Ethernet - RoCE", default configuration "switch priority 3 to traffic class 3 (RoCE)"). Off at either is
+  ``RoCEQoSMisconfigured``/``ECNDisabled``. The files come with MLNX_OFED/DOCA drivers only: absent is "not
+  seen", never a finding.
+- PFC enablement and trust: mlx5 exposes them through DCB netlink only (no sysfs or debugfs file in
+  upstream mlx5_core or OFED's en_sysfs.c); this agent does not speak DCB netlink yet, so they are reported
+  as not seen, never guessed.
+- PFC pause counters of the priority (ethtool stats, collectors/formats/roce_qos.py) as rates over a real
+  sliding window (collectors/shared/counter_window.py): the share of the window the port was paused (pause
+  duration in microseconds / window) above ``pause_fraction_warning`` / ``_critical`` is ``RoCEPauseStorm``.
+  No public source gives a threshold for this; the defaults are conservative configuration values
+  (docs/operations.md "Lossless RoCE").
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import msgspec
+
+from collectors.formats.roce_qos import (
+    COUNTERS_SOURCE,
+    ECN_PROTOCOLS,
+    ECN_SOURCE,
+    FIXTURE_DIR,
+    PRIORITIES,
+    StatsReader,
+    ethtool_stats,
+    parse_ecn_enable,
+    parse_ethtool_s,
+    pause_names,
+)
+from collectors.shared.counter_window import CounterWindow
+from gna_sdk import Emitter, HostPaths
+from gna_types.network_details import RoCEECNDisabled, RoCEPauseStorm
+from gna_types.node_details import wire
+from gna_types.policy import verdict
+
+MAX_NETDEVS = 64  # a hostile tree with thousands of netdevs costs nothing
+
+
+class RoCEConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    enabled: bool = True
+    priority: int = 3  # the RoCE traffic priority (PFC/ECN), 0-7
+    check_ecn: bool = True
+    pause_window_s: float = 60.0  # "sustained": the paused share over at least this long
+    # No public source gives a pause-storm threshold: conservative defaults (docs/operations.md)
+    pause_fraction_warning: float = 0.10
+    pause_fraction_critical: float = 0.50
+
+
+@dataclass
+class _Port:
+    windows: dict[str, CounterWindow] = field(default_factory=dict)
+
+
+class RoCEChecks:
+    def __init__(self, config: RoCEConfig, host: HostPaths, emit: Emitter, reader: StatsReader | None = None,
+                 *, thresholds_configured: bool = False) -> None:
+        self.config = config
+        self.host = host
+        self.emit = emit
+        self.prio = min(7, max(0, config.priority))
+        self.reader = reader if reader is not None else self._default_reader()
+        self.from_config = thresholds_configured
+        self.ports: dict[str, _Port] = {}
+        self.facts: dict[str, dict[str, object]] = {}
+
+    def _default_reader(self) -> StatsReader:
+        if Path(str(self.host.root)) == Path("/"):
+            return ethtool_stats
+        return self._fixture_stats
+
+    def _fixture_stats(self, ifname: str) -> dict[str, int]:
+        text = self.host.read_text(f"{FIXTURE_DIR}/{ifname}", limit=1 << 20)
+        if text is None:
+            raise OSError(f"no {FIXTURE_DIR}/{ifname} under the host root")
+        return parse_ethtool_s(text)
+
+    def netdev(self, hca: str, port: int) -> str | None:
+        """The netdev of an mlx5 port: the only one under device/net, else the one whose dev_port is port-1."""
+        base = f"/sys/class/infiniband/{hca}/device/net"
+        try:
+            names = sorted(str(p.name) for p in self.host.path(base).iterdir())[:MAX_NETDEVS]
+        except OSError:
+            return None
+        if len(names) == 1:
+            return names[0]
+        for name in names:
+            if (self.host.read_text(f"{base}/{name}/dev_port") or "").strip() == str(port - 1):
+                return name
+        return None
+
+    async def check(self, hca: str, port: int, entity: str, now: float | None = None) -> None:
+        """One RoCE (link_layer Ethernet) port's pass."""
+        if not self.config.enabled:
+            return
+        now = time.monotonic() if now is None else now
+        ifname = self.netdev(hca, port)
+        if ifname is None:
+            self.emit.not_seen(f"/sys/class/infiniband/{hca}/device/net",
+                               f"no netdev found for RoCE port {hca}/{port}: ECN and PFC not checked")
+            return
+        fact: dict[str, object] = {"interface": ifname, "priority": self.prio}
+        if self.config.check_ecn:
+            await self._ecn(ifname, entity, fact)
+        self.emit.not_seen(f"/sys/class/net/{ifname} PFC",
+                           "PFC enablement and trust are only exposed through DCB netlink (RTM_GETDCB), which this "
+                           "agent does not read: not checked")
+        await self._pause(ifname, entity, now, fact)
+        self.facts[entity] = fact
+
+    async def _ecn(self, ifname: str, entity: str, fact: dict[str, object]) -> None:
+        base = f"/sys/class/net/{ifname}/ecn"
+        if not self.host.path(base).is_dir():
+            self.emit.not_seen(base, "no per-priority ECN sysfs (MLNX_OFED/DOCA drivers only, not upstream "
+                                     "mlx5_core): ECN not checked")
+            return
+        states: dict[str, dict[int, bool | None]] = {
+            proto: {p: parse_ecn_enable(self.host.read_text(f"{base}/{proto}/enable/{p}", limit=64))
+                    for p in PRIORITIES} for proto in ECN_PROTOCOLS}
+        np_on, rp_on = states["roce_np"][self.prio], states["roce_rp"][self.prio]
+        fact["ecn"] = {"roce_np": np_on, "roce_rp": rp_on}
+        for proto in ECN_PROTOCOLS:
+            if states[proto][self.prio] is None:
+                self.emit.unparsed(f"{base}/{proto}/enable/{self.prio}", "unreadable or not 0/1 (a failed query)")
+        if np_on is False or rp_on is False:
+            off = [proto for proto, on in (("roce_np", np_on), ("roce_rp", rp_on)) if on is False]
+            v = verdict("RoCEQoSMisconfigured", "ECNDisabled")
+            await self.emit.condition(
+                "RoCEQoSMisconfigured", firing=True, severity=v.severity, entity=entity, reason="ECNDisabled",
+                message=f"ECN is disabled on {ifname} for RoCE priority {self.prio} ({' and '.join(off)}): "
+                        f"congestion becomes PFC pauses and AllReduce P99 stalls without loss.",
+                details=wire(RoCEECNDisabled(
+                    interface=ifname, priority=self.prio, roce_np=np_on, roce_rp=rp_on,
+                    np_enabled_priorities=[p for p, on in states["roce_np"].items() if on],
+                    rp_enabled_priorities=[p for p, on in states["roce_rp"].items() if on], citation=ECN_SOURCE)),
+                suggested_action=v.action)
+
+    async def _pause(self, ifname: str, entity: str, now: float, fact: dict[str, object]) -> None:
+        try:
+            stats = self.reader(ifname)
+        except OSError as exc:
+            self.emit.not_seen(f"ethtool -S {ifname}", f"SIOCETHTOOL failed ({exc}): PFC pause counters not read")
+            return
+        names = pause_names(self.prio)
+        if not any(n in stats for n in names.values()):
+            # counters.rst: "available only if PFC was enabled on priority p" -- a hint, not a verdict
+            fact["pfc_counters"] = False
+            self.emit.not_seen(f"ethtool -S {ifname} {names['rx_frames']}",
+                               f"no pause counters for priority {self.prio} (mlx5 shows them only where PFC is "
+                               f"enabled on the priority): pause storms not checked")
+            return
+        fact["pfc_counters"] = True
+        st = self.ports.setdefault(entity, _Port())
+        window = self.config.pause_window_s
+        rates: dict[str, float] = {}
+        fractions: dict[str, tuple[float, bool, float]] = {}  # direction -> (fraction, full, span)
+        for role, name in names.items():
+            if name not in stats:
+                continue
+            win = st.windows.setdefault(role, CounterWindow(window))
+            win.add(now, stats[name])
+            got = win.stats(window)
+            if got is None:
+                continue
+            rates[name] = round(got.per(1.0), 3)
+            if role.endswith("_duration_us"):
+                # sure share: over a partial window only what is already paused counts against the whole window
+                fractions[role[:2]] = (got.sure_per(1.0, window) / 1e6, got.full, got.span)
+        fact["pause_rates_per_s"] = rates
+        worst = max(fractions.items(), key=lambda kv: kv[1][0], default=None)
+        if worst is None:
+            return
+        direction, (fraction, full, span) = worst
+        c = self.config
+        reason = ("PauseStormSevere" if fraction > c.pause_fraction_critical else
+                  "PauseStorm" if fraction > c.pause_fraction_warning else None)
+        if reason is None:
+            return
+        limit = c.pause_fraction_critical if reason == "PauseStormSevere" else c.pause_fraction_warning
+        v = verdict("RoCEPauseStorm", reason)
+        who = "the switch paused this port" if direction == "rx" else "this port paused the switch"
+        await self.emit.condition(
+            "RoCEPauseStorm", firing=True, severity=v.severity, entity=entity, reason=reason,
+            message=f"PFC pause storm on {ifname} priority {self.prio}: {who} {fraction:.0%} of the last "
+                    f"{span:.0f} s.",
+            details=wire(RoCEPauseStorm(
+                interface=ifname, priority=self.prio, direction=direction, paused_fraction=round(fraction, 4),
+                rates_per_s=rates, window_s=round(span, 3), full_window=full,
+                rule=f"paused share > {limit:g} over {window:g} s",
+                threshold_from="config" if self.from_config else "default", citation=COUNTERS_SOURCE)),
+            suggested_action=v.action)
+
+    def forget(self, present: set[str]) -> None:
+        for key in set(self.ports) - present:
+            del self.ports[key]
+        for key in set(self.facts) - present:
+            del self.facts[key]
