@@ -28,12 +28,16 @@ from typing import Any, ClassVar, Literal
 import msgspec
 import structlog
 
+from collectors.formats.pci_acs import PCI_CFG_SPACE_EXP_SIZE, AcsState, parse_acs
+from collectors.formats.pcie_tree import Topology, pcie_distance, read_topology
 from collectors.formats.xid_catalog import classify, emit_xid
 from collectors.shared.counter_window import CounterWindow, WindowStats, valid_reading
+from collectors.shared.device_plugin import find_device_plugin
 from collectors.shared.nvml_lib import (
     NVML_ERROR_FUNCTION_NOT_FOUND,
     NVML_ERROR_GPU_IS_LOST,
     NVML_ERROR_INVALID_ARGUMENT,
+    NVML_ERROR_NOT_FOUND,
     NVML_ERROR_NOT_SUPPORTED,
     NVML_ERROR_TIMEOUT,
     error_code,
@@ -43,12 +47,16 @@ from gna_sdk import Aggregator, CollectorSettings, Emitter, HostPaths, Severity,
 from gna_types import entities
 from gna_types.entities import normal_pci
 from gna_types.gpu_details import (
+    AcsPort,
     GPUEccUncorrectable,
+    GPUMIGMisconfigured,
     GPUMIGModePending,
     GPUNVLinkErrors,
+    GPUP2PUnavailable,
     GPUPCIeReplayRate,
     GPURowRemap,
     GPUStragglerSignals,
+    GPUTensorPipeIdle,
     GPUThermalMarginLow,
     GPUThrottled,
     NVLinkCounter,
@@ -56,6 +64,7 @@ from gna_types.gpu_details import (
 )
 from gna_types.gpu_details import GPULost as GPULostDetails
 from gna_types.node_details import wire
+from gna_types.policy import verdict
 
 log = structlog.get_logger(__name__)
 
@@ -124,6 +133,26 @@ TEMP_RANGE = (-100, 250)  # degrees C a sensor, threshold or margin can report; 
 _FIELD_VALUE = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
 MAX_SIGNAL_GPUS = 64
 
+# "Busy but waiting" (/work/shared/seeds: "DCGM_FI_PROF_SM_ACTIVE > 0.8 and DCGM_FI_PROF_PIPE_TENSOR_ACTIVE < 0.3",
+# held "长期", i.e. sustained; the seeds give no length: ours is ``tensor_idle_window``)
+TENSOR_IDLE_SOURCE = ("field notes (seeds 000, DCGM panel 4: SM_ACTIVE > 0.8 and PIPE_TENSOR_ACTIVE < 0.3 = wrong "
+                      "kernels or waiting); fields: NVIDIA/DCGM v4.5.3 dcgmlib/src/dcgm_fields.cpp")
+# MIG and NVIDIA's device plugin: NVIDIA/k8s-device-plugin @0b62328 cmd/nvidia-device-plugin/mig-strategy.go
+# (single: every GPU MIG-enabled, else it panics; no MIG-enabled GPU: falls back to none) and internal/mig/mig.go
+# AssertAllMigEnabledDevicesAreValid (every MIG-enabled GPU has >= 1 MIG device; single: all of one
+# nvmlDeviceGetAttributes); the flag: cmd/nvidia-device-plugin/main.go @01421a2
+DEVICE_PLUGIN_SOURCE = ("NVIDIA/k8s-device-plugin @0b62328 cmd/nvidia-device-plugin/mig-strategy.go, "
+                        "internal/mig/mig.go AssertAllMigEnabledDevicesAreValid")
+MAX_MIG_DEVICES = 64
+# nvml.h nvmlGpuP2PCapsIndex_t (READ 0, WRITE 1, NVLINK 2, ATOMICS 3, PCI 4) and nvmlGpuP2PStatus_t (nvidia-ml-py
+# 13.615's pynvml mirrors both), what nvidia-smi topo -p2p r|w|n|a prints
+P2P_CAPS = {"read": 0, "write": 1, "nvlink": 2}
+P2P_STATUS = {0: "OK", 1: "CHIPSET_NOT_SUPPORTED", 2: "GPU_NOT_SUPPORTED", 3: "IOH_TOPOLOGY_NOT_SUPPORTED",
+              4: "DISABLED_BY_REGKEY", 5: "NOT_SUPPORTED", 6: "UNKNOWN"}
+P2P_SOURCE = ("nvml.h nvmlDeviceGetP2PStatus, nvmlGpuP2PCapsIndex_t, nvmlGpuP2PStatus_t (nvidia-ml-py 13.615); "
+              "ACS: linux v6.1 include/uapi/linux/pci_regs.h PCI_EXT_CAP_ID_ACS, PCI_ACS_CTRL, PCI_ACS_RR/CR/EC")
+MAX_P2P_GPUS = 16  # pairs grow with the square: an 8-GPU node has 28
+
 
 def pcie_replay_limit_per_min(gen: object, width: object) -> int | None:
     """DCGM's expected PCIe replays per minute of a link (DcgmHealthWatch::GetExpectedPcieReplayRate): a
@@ -168,6 +197,13 @@ class NVMLConfig(CollectorSettings, kw_only=True, forbid_unknown_fields=True):
     thermal_margin_warning_c: float = 0.0  # T.Limit margin at or below: warning (0: at max operating temp)
     gpm: bool = True  # GPM metrics (Hopper and later) as DCGM_FI_PROF_*
     signals_interval: float = 300.0  # StragglerSignals event every this many seconds; 0: metrics and facts only
+    # GPUTensorPipeIdle: SM activity above and tensor activity below these in every GPM sample for the window
+    tensor_idle_sm_active_min: float = 0.8
+    tensor_idle_tensor_active_max: float = 0.3
+    tensor_idle_window: float = 600.0
+    # the device plugin's --mig-strategy: auto reads it from the plugin's /proc/<pid>/cmdline and environ
+    mig_strategy: Literal["auto", "none", "single", "mixed"] = "auto"
+    p2p: bool = True  # nvmlDeviceGetP2PStatus of GPU pairs under one PCIe switch or NVLink-connected
 
 
 @dataclass
@@ -179,6 +215,8 @@ class GPUState:
     reasons_since: dict[str, float] = field(default_factory=dict)  # slowdown reason -> first of its run of samples
     gpm_supported: bool | None = None
     gpm_sample: Any = None  # the previous pass's nvmlGpmSample_t
+    tensor_idle_since: float | None = None  # first sample of the current run of busy-but-no-tensor samples
+    nvlink_remotes: set[str] = field(default_factory=set)  # NVLink remote PCI addresses (GPU or NVSwitch)
     name: str | None = None
     over: dict[str, tuple[float, Severity, str, str, dict[str, Any]]] = field(default_factory=dict)  # held findings
     metrics: dict[str, Any] = field(default_factory=dict)  # raw values for /metrics
@@ -213,6 +251,7 @@ class NVMLCollector:
         self._now = 0.0
         self._signals_at: float | None = None
         self._export: list[tuple[str, str, dict[str, Any], dict[str, Any]]] = []  # a pass's metrics, for scrapes
+        self._topo: Topology | None = None
 
     def lib(self) -> Any:
         if self._injected is not None:
@@ -290,6 +329,7 @@ class NVMLCollector:
         self._passes += 1
         count = self._call("nvmlDeviceGetCount") or 0
         devices: list[dict[str, Any]] = []
+        handles: dict[str, Any] = {}
         seen: set[str] = set()
         for i in range(count):
             entity = f"gpu:nvml{i}"
@@ -302,6 +342,7 @@ class NVMLCollector:
                 devices.append(dev)
                 seen.add(entity)
                 self._checks(h, entity, dev, now)
+                handles[entity] = h
             except GPULost as lost:
                 self._forget(entity)  # it comes back (reset, reboot) with fresh counters: a new baseline
                 seen.discard(entity)
@@ -311,6 +352,11 @@ class NVMLCollector:
                     details=wire(GPULostDetails(index=i, call=str(lost))), suggested_action="reboot")))
         for gone in set(self.gpus) - seen:
             self._forget(gone)
+        self._mig_findings(devices)
+        try:
+            self._p2p(handles)
+        except GPULost:
+            pass  # the next pass reports it on its own GPU
         # a copy: a published message must not change under its readers when the next pass updates the state
         self.signals = {e[4:]: copy.deepcopy(st.vector) for e, st in list(self.gpus.items())[:MAX_SIGNAL_GPUS]
                         if st.vector}
@@ -357,6 +403,7 @@ class NVMLCollector:
                            f"GPU {bus} has a memory row remap pending: it applies at the next GPU reset.",
                            wire(remap), "cordon")
         links_down, links = [], 0
+        st.nvlink_remotes = set()
         for link in range(NVLINK_MAX_LINKS):
             # NVML answers INVALID_ARGUMENT for a link index past this GPU's last link
             state = self._call("nvmlDeviceGetNvLinkState", h, link, absent=(NVML_ERROR_INVALID_ARGUMENT,))
@@ -365,6 +412,10 @@ class NVMLCollector:
             links += 1
             if not state:
                 links_down.append(link)
+            elif self.config.p2p:
+                remote = self._call("nvmlDeviceGetNvLinkRemotePciInfo", h, link, entity=entity)
+                if remote is not None and getattr(remote, "busId", None):
+                    st.nvlink_remotes.add(normal_pci(remote.busId))
         # NVLinks down and PCIe links below what both ends support are judged in one place, the topology
         # collector (pairs that should be NV#; sysfs link width/speed, speed only under load): here they are
         # facts and straggler signals only
@@ -381,6 +432,8 @@ class NVMLCollector:
         if mig is not None:
             cur, pend = mig
             dev["mig"] = {"current": cur, "pending": pend}
+            if cur == 1:
+                dev["mig"]["profiles"] = self._mig_devices(h, entity)
             if cur != pend:
                 self._cond("GPUMIGModePending", entity, "warning", "ResetRequired",
                            f"GPU {bus} MIG mode change ({cur} -> {pend}) waits for a GPU reset.",
@@ -679,8 +732,180 @@ class NVMLCollector:
                     continue
                 st.vector[name] = round(value / 100.0, 4)
                 st.metrics[dcgm_field] = value / 100.0
+            self._tensor_idle(entity, st)
         finally:
             self._free_gpm_sample(prev)
+
+    # -- how the GPU is used and set up (docs/nvml-checks.md) ------------------------------
+    def _verdict_cond(self, type_: str, entity: str, reason: str, message: str, details: dict[str, Any]) -> None:
+        v = verdict(type_, reason)  # gna_types/policy.py
+        self._cond(type_, entity, v.severity, reason, message, details, v.action)
+
+    def _tensor_idle(self, entity: str, st: GPUState) -> None:
+        """SM busy and the tensor pipes idle in every GPM sample for ``tensor_idle_window``: nvidia-smi shows
+        100 % utilisation while the job spins on communication or runs its matrices on CUDA cores."""
+        cfg, now = self.config, self._now
+        sm, tensor = st.vector.get("sm_active"), st.vector.get("tensor_active")
+        if sm is None or tensor is None or not (sm > cfg.tensor_idle_sm_active_min and
+                                                tensor < cfg.tensor_idle_tensor_active_max):
+            st.tensor_idle_since = None
+            return
+        if st.tensor_idle_since is None:
+            # the sample covers the interval since the previous one: the run began then
+            st.tensor_idle_since = now - cfg.interval
+        held = now - st.tensor_idle_since
+        if held < cfg.tensor_idle_window:
+            return
+        self._verdict_cond(
+            "GPUTensorPipeIdle", entity, "SMBusyTensorIdle",
+            f"GPU {entity[4:]} SMs {sm:.0%} active with tensor pipes {tensor:.0%} for {held:.0f} s: busy but "
+            f"waiting (communication, or matrix work off the tensor cores).",
+            wire(GPUTensorPipeIdle(
+                sm_active=sm, tensor_active=tensor, sm_active_min=cfg.tensor_idle_sm_active_min,
+                tensor_active_max=cfg.tensor_idle_tensor_active_max, held_s=round(held, 1),
+                window_s=cfg.tensor_idle_window,
+                fields=["DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"],
+                rule=f"SM_ACTIVE > {cfg.tensor_idle_sm_active_min:g} and PIPE_TENSOR_ACTIVE < "
+                     f"{cfg.tensor_idle_tensor_active_max:g} in every sample for {cfg.tensor_idle_window:g} s",
+                citation=TENSOR_IDLE_SOURCE)))
+
+    def _mig_devices(self, h: Any, entity: str) -> dict[str, int]:
+        """This MIG-enabled GPU's MIG devices by profile (as the device plugin tells them apart: by
+        nvmlDeviceGetAttributes; named <GPU instance slices>g.<memory MB>mb)."""
+        out: dict[str, int] = {}
+        top = self._call("nvmlDeviceGetMaxMigDeviceCount", h, entity=entity)
+        if not isinstance(top, int):
+            return out
+        for i in range(min(top, MAX_MIG_DEVICES)):
+            mh = self._call("nvmlDeviceGetMigDeviceHandleByIndex", h, i,
+                            absent=(NVML_ERROR_NOT_FOUND, NVML_ERROR_INVALID_ARGUMENT))
+            if mh is None:
+                continue
+            attrs = self._call("nvmlDeviceGetAttributes", mh)
+            key = f"{getattr(attrs, 'gpuInstanceSliceCount', '?')}g.{getattr(attrs, 'memorySizeMB', '?')}mb" \
+                if attrs is not None else "unknown"
+            out[key[:64]] = out.get(key[:64], 0) + 1
+        return out
+
+    def _mig_findings(self, devices: list[dict[str, Any]]) -> None:
+        enabled = [d for d in devices if (d.get("mig") or {}).get("current") == 1]
+        if not enabled:
+            return
+        disabled = [d for d in devices if (d.get("mig") or {}).get("current") == 0]
+        profiles: dict[str, int] = {}
+        for d in enabled:
+            for k, n in d["mig"].get("profiles", {}).items():
+                profiles[k] = profiles.get(k, 0) + n
+        pid: int | None = None
+        strategy: str | None
+        if self.config.mig_strategy != "auto":
+            strategy, source = self.config.mig_strategy, "config"
+        else:
+            found = find_device_plugin(self.host)
+            if found is None:
+                strategy, source = None, "unknown"
+            else:
+                pid, strategy = found
+                source = "cmdline_or_environ" if strategy is not None else "default"
+                strategy = strategy or "none"
+        for d in enabled:
+            n = sum(d["mig"].get("profiles", {}).values())
+            if n == 0:
+                reason = "NoMIGDevices"
+                message = f"GPU {d['entity'][4:]} has MIG enabled and no MIG device: nothing of it can be scheduled."
+            elif strategy == "none":
+                reason = "StrategyNoneWithMIG"
+                message = (f"GPU {d['entity'][4:]} has MIG enabled and the device plugin runs --mig-strategy=none: "
+                           f"its {n} MIG devices are not advertised.")
+            elif strategy == "single" and disabled:
+                reason = "MIGDisabledGPUUnderSingle"
+                message = (f"--mig-strategy=single with {len(disabled)} GPU(s) of this node MIG-disabled: the "
+                           f"device plugin refuses the node (GPU {d['entity'][4:]}).")
+            elif strategy == "single" and len(profiles) > 1:
+                reason = "MixedProfilesUnderSingle"
+                message = (f"--mig-strategy=single with MIG devices of {len(profiles)} profiles "
+                           f"({', '.join(sorted(profiles))}): the device plugin refuses the node "
+                           f"(GPU {d['entity'][4:]}).")
+            else:
+                continue
+            self._verdict_cond("GPUMIGMisconfigured", d["entity"], reason, message, wire(GPUMIGMisconfigured(
+                mig_devices=n, profiles=dict(sorted(profiles.items())[:32]), mig_enabled_gpus=len(enabled),
+                mig_disabled_gpus=len(disabled), strategy=strategy, strategy_source=source,
+                **({"plugin_pid": pid} if pid is not None else {}),
+                rule={"NoMIGDevices": "MIG enabled, 0 MIG devices",
+                      "StrategyNoneWithMIG": "mig-strategy none, MIG enabled",
+                      "MIGDisabledGPUUnderSingle": "mig-strategy single, a MIG-disabled GPU on the node",
+                      "MixedProfilesUnderSingle": "mig-strategy single, > 1 MIG profile on the node"}[reason],
+                citation=DEVICE_PLUGIN_SOURCE)))
+
+    def _acs_between(self, topo: Topology, a: str, b: str) -> tuple[list[AcsPort], list[str]]:
+        """The ports between two GPUs of one host bridge (the common switch port and both downward chains) whose
+        ACS control redirects peer-to-peer traffic, and those whose extended config space was not readable."""
+        ca, cb = topo.nodes[a].chain, topo.nodes[b].chain
+        k = 0
+        for x, y in zip(ca, cb, strict=False):
+            if x != y:
+                break
+            k += 1
+        ports = ([ca[k - 1]] if k else []) + list(ca[k:-1]) + list(cb[k:-1])
+        redirect: list[AcsPort] = []
+        unknown: list[str] = []
+        for port in ports[:16]:
+            try:
+                with open(self.host.path(f"/sys/bus/pci/devices/{port}/config"), "rb") as f:
+                    config = f.read(PCI_CFG_SPACE_EXP_SIZE)
+            except OSError:
+                unknown.append(port)
+                continue
+            acs = parse_acs(config)
+            if acs is False:
+                unknown.append(port)
+            elif isinstance(acs, AcsState) and acs.redirects_p2p:
+                redirect.append(AcsPort(port=port, control=acs.control, enabled=acs.enabled))
+        return redirect, unknown
+
+    def _p2p(self, handles: dict[str, Any]) -> None:
+        """``nvidia-smi topo -p2p`` for the pairs that should have it: one PCIe switch (PIX/PXB) or an NVLink
+        between them (direct, or both on NVSwitches)."""
+        if not self.config.p2p or len(handles) < 2:
+            return
+        if self._topo is None:
+            self._topo = read_topology(self.host)
+        topo = self._topo
+        gpus = [(e, h) for e, h in handles.items()][:MAX_P2P_GPUS]
+        buses = {e[4:] for e, _h in gpus}
+        for i, (ea, ha) in enumerate(gpus):
+            for eb, hb in gpus[i + 1:]:
+                a, b = ea[4:], eb[4:]
+                ra, rb = self.gpus[ea].nvlink_remotes, self.gpus[eb].nvlink_remotes
+                switched = bool(ra - buses) and bool(rb - buses)  # both reach an NVSwitch
+                distance = pcie_distance(topo, a, b) if a in topo.nodes and b in topo.nodes else "unknown"
+                caps: tuple[str, ...]
+                if b in ra or a in rb or switched:
+                    via, caps = "nvlink", ("nvlink",)
+                elif distance in ("PIX", "PXB"):
+                    via, caps = "pcie_switch", ("read", "write")
+                else:
+                    continue
+                status: dict[str, str] = {}
+                for cap in caps:
+                    got = self._call("nvmlDeviceGetP2PStatus", ha, hb, P2P_CAPS[cap], entity=ea,
+                                     key="nvmlDeviceGetP2PStatus")
+                    if isinstance(got, int) and not isinstance(got, bool):
+                        status[cap] = P2P_STATUS.get(got, f"status_{got}")
+                if not status or all(v == "OK" for v in status.values()):
+                    continue
+                redirect, unknown = self._acs_between(topo, a, b) if via == "pcie_switch" and \
+                    distance != "unknown" else ([], [])
+                reason = "ACSRedirect" if redirect else "P2PNotSupported"
+                bad = ", ".join(f"{k} {v}" for k, v in status.items() if v != "OK")
+                cause = (f"; ACS redirects P2P on {', '.join(p.port for p in redirect)}" if redirect else "")
+                self._verdict_cond("GPUP2PUnavailable", ea, reason,
+                                   f"GPUs {a} and {b} ({'NVLink' if via == 'nvlink' else distance}) have no P2P: "
+                                   f"{bad}{cause}.",
+                                   wire(GPUP2PUnavailable(peer=b, expected_via=via, distance=distance,
+                                                          status=status, acs_redirect=redirect,
+                                                          acs_unknown=unknown, citation=P2P_SOURCE)))
 
     async def _publish_signals(self) -> None:
         """The per-GPU vector as one info event every ``signals_interval``, from the second pass on (the

@@ -29,6 +29,7 @@ from gna_types.detail_fields import (
     Numbers,
     Occurrences,
     Pci,
+    Ratio,
     Rule,
     Seconds,
     Severity,
@@ -144,6 +145,62 @@ class GPUMIGModePending(msgspec.Struct, kw_only=True, omit_defaults=True):
 
     current: Annotated[int, Meta(ge=0, le=1)]
     pending: Annotated[int, Meta(ge=0, le=1)]
+
+
+class GPUTensorPipeIdle(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """``GPUTensorPipeIdle``: GPM's SM activity above and tensor pipe activity below their thresholds in every
+    sample for ``held_s`` (DCGM_FI_PROF_SM_ACTIVE > 0.8 and DCGM_FI_PROF_PIPE_TENSOR_ACTIVE < 0.3, sustained)."""
+
+    sm_active: Ratio
+    tensor_active: Ratio
+    sm_active_min: Ratio  # the thresholds, as configured
+    tensor_active_max: Ratio
+    held_s: Seconds
+    window_s: Seconds
+    fields: Words
+    rule: Rule
+    citation: Citation
+
+
+# "<gpuInstanceSliceCount>g.<memorySizeMB>mb" of nvmlDeviceGetAttributes
+MigProfile = Annotated[str, Meta(max_length=64)]
+
+
+class GPUMIGMisconfigured(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """``GPUMIGMisconfigured``: a MIG-enabled GPU the device plugin cannot advertise as MIG devices: none created
+    (nvmlDeviceGetMigDeviceHandleByIndex finds none), or the plugin's ``--mig-strategy`` does not fit the
+    node's MIG layout (NVIDIA/k8s-device-plugin mig-strategy.go, internal/mig/mig.go)."""
+
+    mig_devices: Count  # MIG devices (GPU + compute instances) on this GPU
+    profiles: Annotated[dict[MigProfile, Count], Meta(max_length=32)]  # this node's MIG devices by profile
+    mig_enabled_gpus: Count
+    mig_disabled_gpus: Count
+    strategy: Word | None  # the device plugin's --mig-strategy; None: unknown
+    strategy_source: Word  # cmdline | environ | default | config | unknown
+    plugin_pid: Annotated[int, Meta(ge=0)] | UnsetType = UNSET
+    rule: Rule
+    citation: Citation
+
+
+class AcsPort(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One PCIe port between two GPUs and its ACS control register (PCI_ACS_CTRL)."""
+
+    port: Pci
+    control: Annotated[int, Meta(ge=0, le=0xFFFF)]
+    enabled: Words
+
+
+class GPUP2PUnavailable(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """``GPUP2PUnavailable``: nvmlDeviceGetP2PStatus for a GPU pair that should be P2P-capable (one PCIe switch,
+    or NVLink-connected) is not NVML_P2P_STATUS_OK; the ports between them whose ACS redirects P2P."""
+
+    peer: Pci
+    expected_via: Word  # pcie_switch | nvlink
+    distance: Word  # nvidia-smi's PCIe distance of the pair (PIX, PXB, ...)
+    status: Annotated[dict[Word, Word], Meta(max_length=8)]  # caps index -> NVML_P2P_STATUS_* name
+    acs_redirect: Annotated[list[AcsPort], Meta(max_length=16)]
+    acs_unknown: Annotated[list[Pci], Meta(max_length=16)]  # ports whose extended config space was not readable
+    citation: Citation
 
 
 class GPUThrottled(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -317,6 +374,9 @@ GPU_DETAILS: Final[dict[str, type[msgspec.Struct]]] = {
     "GPURowRemapPending": GPURowRemap,
     "GPURowRemapFailure": GPURowRemap,
     "GPUMIGModePending": GPUMIGModePending,
+    "GPUTensorPipeIdle": GPUTensorPipeIdle,
+    "GPUMIGMisconfigured": GPUMIGMisconfigured,
+    "GPUP2PUnavailable": GPUP2PUnavailable,
     "GPUThrottled": GPUThrottled,
     "GPUPCIeReplayRate": GPUPCIeReplayRate,
     "GPUNVLinkErrors": GPUNVLinkErrors,

@@ -69,6 +69,24 @@ GRADED: dict[tuple[str, str], Verdict] = {
     ("KernelLogUnparsable", "NotKmsgFormat"): Verdict(
         "warning", "fix_config",
         "the kmsg source holds no kernel record in any known rendering: every Xid is missed"),
+    # NVML checks of how a GPU is used and set up (collectors/nvml.py, docs/nvml-checks.md)
+    ("GPUTensorPipeIdle", "SMBusyTensorIdle"): Verdict(
+        "warning", "none",
+        "SM activity > 0.8 with tensor pipe activity < 0.3, sustained: the job spins on communication or runs "
+        "matrix work on CUDA cores -- its inefficiency, not a node fault; which of the two (or a slow peer) is not "
+        "known here, so no action on this node"),
+    ("GPUMIGMisconfigured", "NoMIGDevices"): Verdict(
+        "warning", "fix_config",
+        "MIG enabled and no GPU/compute instance created: the device plugin advertises nothing of this GPU"),
+    ("GPUMIGMisconfigured", "MixedProfilesUnderSingle"): Verdict(
+        "warning", "fix_config",
+        "--mig-strategy=single with MIG devices of more than one profile on the node: the plugin refuses the node"),
+    ("GPUMIGMisconfigured", "MIGDisabledGPUUnderSingle"): Verdict(
+        "warning", "fix_config",
+        "--mig-strategy=single with MIG enabled on some GPUs only: the plugin refuses the node"),
+    ("GPUMIGMisconfigured", "StrategyNoneWithMIG"): Verdict(
+        "warning", "fix_config",
+        "--mig-strategy=none (the default) on a MIG-enabled GPU: the whole GPU is advertised, no MIG device is"),
     # lossless RoCE on mlx5 (collectors/infiniband.py with collectors/roce.py): docs/operations.md "Lossless RoCE"
     ("RoCEQoSMisconfigured", "ECNDisabled"): Verdict(
         "warning", "fix_config",
@@ -126,6 +144,13 @@ TOPOLOGY_FINDINGS: dict[tuple[str, str], Verdict] = {
         "critical", "cordon",
         "`COMPLETED` (3) with a non-zero `status` (an NVML return code); not held back by the grace "
         "period"),
+    ("GPUP2PUnavailable", "ACSRedirect"): Verdict(
+        "warning", "fix_config",
+        "a GPU pair under one PCIe switch without P2P, and ACS redirects P2P on a port between them (BIOS or "
+        "kernel setting): its traffic goes through the root complex or host memory"),
+    ("GPUP2PUnavailable", "P2PNotSupported"): Verdict(
+        "warning", "inspect_hardware",
+        "a GPU pair under one PCIe switch or NVLink-connected without P2P in NVML, no ACS redirect seen"),
 }
 
 # A rank's NIC and GPUDirect RDMA level against this node's PCIe tree (nccl_logs, nccl_env): docs/topology.md
