@@ -79,7 +79,7 @@ class GPUXidError(Occurrences, kw_only=True, omit_defaults=True):
     event: the first occurrence with its record's evidence, then one summary per window."""
 
     xid: XidCode
-    name: Name  # the catalog's short name ("Xid <n>" for an unknown code)
+    name: Name  # the catalog's short name ("not in NVIDIA's catalog" for an unknown code)
     nvidia_action: Word  # NVIDIA's resolution bucket: RESET_GPU, REBOOT_SYSTEM, RESTART_APP, IGNORE, ...
     application_error: bool
     source: Word  # "kmsg" | "nvml"
