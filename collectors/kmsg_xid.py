@@ -1,4 +1,5 @@
-"""The kernel log: Xid, fallen-off-the-bus, NVSwitch SXid and NVIDIA module load errors from /dev/kmsg.
+"""The kernel log: Xid, fallen-off-the-bus, NVSwitch SXid, NVIDIA module load errors, GSP-RM failures without an Xid
+and PCIe AER on a GPU's link from /dev/kmsg.
 
 Reads <host-root>/dev/kmsg for real (a character device on a node: one record per read(2),
 poll(2)-able; on a fixture a regular file or FIFO in the same text form). The last sequence
@@ -22,7 +23,10 @@ from typing import Any, ClassVar
 import structlog
 
 from collectors.formats.kmsg_records import (
+    XID_GSP_INSTANCE,
+    AerLine,
     FellOffBus,
+    GspEvent,
     KmsgRecord,
     ModuleError,
     NvidiaLineParser,
@@ -33,6 +37,7 @@ from collectors.formats.kmsg_records import (
     parse_record,
     parse_text_line,
 )
+from collectors.formats.pcie_tree import Topology, read_topology
 from collectors.formats.torch_failures import parse_oom_kill
 from collectors.formats.xid_catalog import classify, emit_sxid, emit_xid
 from gna_sdk import Aggregator, CollectorSettings, Emitter, HostPaths
@@ -42,7 +47,14 @@ from gna_sdk.persist import boot_id
 from gna_sdk.statefile import is_int, read_state, write_state
 from gna_types import entities
 from gna_types.detail_fields import UNSET
-from gna_types.gpu_details import GPUFatalXid, GPUFellOffBus, WindowSummary, XidEvidence
+from gna_types.gpu_details import (
+    GPUFatalXid,
+    GPUFellOffBus,
+    GPUGSPTimeout,
+    GPUPCIeAERError,
+    WindowSummary,
+    XidEvidence,
+)
 from gna_types.host_details import KernelLogUnparsable, KernelModuleLoadError, NvidiaPeermemError
 from gna_types.node_details import wire
 from gna_types.policy import verdict
@@ -63,6 +75,11 @@ _PEERMEM_MEANING = {
 }
 UNUSABLE_AFTER = 20  # unreadable lines, with no record at all, before the source is called unusable
 MODULE_ERRORS_KEPT = 20
+# GSP: the reason of each kind (gna_types/policy.py rows), worst first
+_GSP_REASON = {"timeout": "GSPTimeout", "unresponsive": "GSPTimeout", "rate_limited": "GSPTimeout",
+               "memsys": "MemorySubsystemError", "heartbeat": "HeartbeatTimedOut"}
+_GSP_RANK = ("GSPTimeout", "MemorySubsystemError", "HeartbeatTimedOut")
+REBOOT_CLEARED = ("GPUFatalXid", "GPUFellOffBus", "GPUGSPTimeout", "GPUPCIeAERError")
 OOM_KILLS_KEPT = 64
 
 
@@ -113,6 +130,11 @@ class KmsgXidCollector:
         self._timers_needed = asyncio.Event()
         self._btime: int | None = None  # the boot's wall time (/proc/stat btime): records' times from it
         self._logged_at: dict[str, str] = {}  # the record being handled: {"logged_at": its wall time}
+        self._gsp: dict[str, dict[str, Any]] = {}  # entity -> {"kinds": [...], "reason", "text"} this boot
+        self._gsp_buses: dict[int, str] = {}  # RM's GPU instance -> bus, learnt from Xid lines naming both
+        self._aer: dict[str, dict[str, Any]] = {}  # entity -> {"kinds": [...], "reason", "severity"} this boot
+        self._aer_named: list[tuple[int, str]] = []  # (record number, GPU) of recent "can't recover" lines
+        self._topology: Topology | None = None
 
     # -- state ------------------------------------------------------------------------
     def _state_file(self) -> Any:
@@ -139,7 +161,7 @@ class KmsgXidCollector:
             return
         # A new boot (or first start): GPUs are re-initialised, so reboot-class conditions clear.
         for type_, entity, severity in self.emit.active_conditions():
-            if type_ in ("GPUFatalXid", "GPUFellOffBus"):
+            if type_ in REBOOT_CLEARED:
                 await self.emit.condition(type_, firing=False, severity=severity,  # type: ignore[arg-type]
                                           entity=entity, reason="Rebooted",
                                           message=f"{type_} on {entity} cleared: the node rebooted.")
@@ -185,7 +207,13 @@ class KmsgXidCollector:
         self._timers_needed.set()
         ok = True
         if isinstance(finding, Xid):
+            if (inst := XID_GSP_INSTANCE.search(finding.text)) and len(self._gsp_buses) < 1024:
+                self._gsp_buses[int(inst.group(1))] = finding.bus_id
             ok = await self._xid(finding, now, rec.usec)
+        elif isinstance(finding, GspEvent):
+            ok = await self._gsp_event(finding)
+        elif isinstance(finding, AerLine):
+            ok = await self._aer_line(finding)
         elif isinstance(finding, FellOffBus):
             ok = await self._fell_off(finding.bus_id, finding.text)
         elif isinstance(finding, PeermemError):
@@ -253,6 +281,118 @@ class KmsgXidCollector:
                 suggested_action=info.action) and ok
         if x.code == 79:
             ok = await self._fell_off(x.bus_id, x.text) and ok
+        return ok
+
+    # -- GSP-RM and PCIe AER without an Xid (issue 26) --------------------------------------
+    def _tree(self) -> Topology:
+        if self._topology is None:
+            self._topology = read_topology(self.host)
+        return self._topology
+
+    def _gsp_entity(self, ev: GspEvent) -> tuple[str, str]:
+        """The GPU a GSP line is about and how it was found. RM numbers GPUs by attach order ("GPU6"), which on a
+        node whose GPUs are opened in device-minor order (nvidia-persistenced) is the PCI order NVML enumerates;
+        an Xid 119/120 line earlier in the log that names both is preferred."""
+        if ev.bus_id:
+            return entities.gpu(ev.bus_id), "line"
+        if ev.instance is None:
+            return "", "unresolved"
+        if ev.instance in self._gsp_buses:
+            return entities.gpu(self._gsp_buses[ev.instance]), "log"
+        gpus = self._tree().gpus
+        if ev.instance < len(gpus):
+            return entities.gpu(gpus[ev.instance]), "pci_order"
+        return f"gpu:GPU{ev.instance}", "unresolved"
+
+    async def _gsp_event(self, ev: GspEvent) -> bool:
+        entity, found = self._gsp_entity(ev)
+        if not entity:
+            return True
+        reason = _GSP_REASON[ev.kind]
+        seen = self._gsp.get(entity)
+        if seen is None:
+            if len(self._gsp) >= 64:
+                return True
+            seen = self._gsp[entity] = {"kinds": [], "reason": reason, "text": ev.text}
+        new_kind = ev.kind not in seen["kinds"]
+        if new_kind:
+            seen["kinds"] = [*seen["kinds"], ev.kind]
+        worse = _GSP_RANK.index(reason) < _GSP_RANK.index(seen["reason"])
+        if worse:
+            seen["reason"], seen["text"] = reason, ev.text
+        if not (new_kind or worse) and len(seen["kinds"]) > 1:
+            return True  # nothing new to say: the condition already holds it
+        v = verdict("GPUGSPTimeout", seen["reason"])
+        inst = ev.instance if ev.instance is not None and ev.instance <= 1023 else None
+        what = {"GSPTimeout": "GSP-RM stopped answering the driver (GSP timeout)",
+                "MemorySubsystemError": "the driver found its memory subsystem stuck during a GSP timeout",
+                "HeartbeatTimedOut": "GSP-RM missed its heartbeat"}[seen["reason"]]
+        return await self.emit.condition(
+            "GPUGSPTimeout", firing=True, severity=v.severity, entity=entity, reason=seen["reason"],
+            message=f"GPU {entity.removeprefix('gpu:')}: {what}, without an Xid line.", suggested_action=v.action,
+            details=wire(GPUGSPTimeout(kinds=seen["kinds"], gpu_instance=inst, gpu_from=found, text=seen["text"],
+                                       logged_at=self._logged_at.get("logged_at", UNSET))))
+
+    def _gpus_below(self, port: str) -> list[str] | None:
+        """GPUs at or below ``port`` in the host root's PCIe tree; None where the tree does not know it."""
+        tree = self._tree()
+        if port not in tree.nodes:
+            return None
+        return [g for g in tree.gpus if port in tree.nodes[g].chain]
+
+    async def _aer_line(self, a: AerLine) -> bool:
+        """A GPU's own line ("nvidia <bdf>: AER: can't recover") names it; a port's line names the GPUs below it in
+        the PCIe tree, else (a port the tree does not know) the port itself. A correctable or non-fatal error is
+        the kernel's to handle and says nothing here; its recovery failing does."""
+        self._aer_named = [(n, g) for n, g in self._aer_named if self.records - n <= 64]
+        if a.kind == "cant_recover":
+            if a.driver != "nvidia":
+                return True
+            self._aer_named.append((self.records, a.device))
+            return await self._aer_finding([a.device], "RecoveryFailed", a)
+        if a.kind == "recovery_failed":
+            below = self._gpus_below(a.device)
+            if below is None:
+                named = sorted({g for _n, g in self._aer_named})
+                return await self._aer_finding(named or [a.device], "RecoveryFailed", a, port=not named)
+            return await self._aer_finding(below, "RecoveryFailed", a)
+        if a.severity != "fatal" or a.kind not in ("received", "bus_error"):
+            return True
+        if a.driver == "nvidia":
+            return await self._aer_finding([a.device], "UncorrectableFatal", a)
+        dev = a.source if a.kind == "received" and a.source and a.source != "0000:00:00.0" else a.device
+        below = self._gpus_below(dev)
+        return await self._aer_finding(below or [], "UncorrectableFatal", a)
+
+    async def _aer_finding(self, devices: list[str], reason: str, a: AerLine, *, port: bool = False) -> bool:
+        ok = True
+        for dev in devices[:64]:
+            entity = f"pci:{dev}" if port else entities.gpu(dev)
+            seen = self._aer.get(entity)
+            if seen is None:
+                if len(self._aer) >= 64:
+                    continue
+                seen = self._aer[entity] = {"kinds": [], "reason": reason, "severity": None}
+            if a.severity in ("fatal", "nonfatal"):
+                seen["severity"] = a.severity
+            new_kind = a.kind not in seen["kinds"]
+            if new_kind:
+                seen["kinds"] = [*seen["kinds"], a.kind]
+            worse = reason == "RecoveryFailed" and seen["reason"] != reason
+            if worse:
+                seen["reason"] = reason
+            if not (new_kind or worse) and len(seen["kinds"]) > 1:
+                continue
+            v = verdict("GPUPCIeAERError", seen["reason"])
+            what = (f"the kernel could not recover its PCIe link ({a.kind.replace('_', ' ')} on {a.device}); it stays "
+                    f"disconnected until a reboot" if seen["reason"] == "RecoveryFailed"
+                    else f"an uncorrectable fatal PCIe error (reported by {a.device})")
+            label = f"PCIe port {dev} (no GPU known below it)" if port else f"GPU {dev}"
+            ok = await self.emit.condition(
+                "GPUPCIeAERError", firing=True, severity=v.severity, entity=entity, reason=seen["reason"],
+                message=f"{label}: {what}.", suggested_action=v.action,
+                details=wire(GPUPCIeAERError(kinds=seen["kinds"], severity=seen["severity"], reported_by=a.device,
+                                             text=a.text, logged_at=self._logged_at.get("logged_at", UNSET)))) and ok
         return ok
 
     async def _fell_off(self, bus: str, text: str) -> bool:

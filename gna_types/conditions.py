@@ -26,6 +26,7 @@ CATEGORY_BY_TYPE: dict[str, str] = {
     "GPUPCIeReplayRate": ACCELERATED, "GPUNVLinkErrors": ACCELERATED, "GPUThermalMarginLow": ACCELERATED,
     "GPUMIGModePending": ACCELERATED, "PCIeLinkDegraded": ACCELERATED, "NVLinkDegraded": ACCELERATED,
     "FabricManagerNotRunning": ACCELERATED, "GPUFabricNotReady": ACCELERATED, "GPUXidError": ACCELERATED,
+    "GPUGSPTimeout": ACCELERATED, "GPUPCIeAERError": ACCELERATED,
     # the RDMA fabric and GPUDirect RDMA (infiniband, kmsg_xid's nvidia-peermem lines)
     "IBDeviceMissing": NETWORKING, "IBPortDown": NETWORKING, "IBPortFlapping": NETWORKING,
     "IBPortDegraded": NETWORKING, "IBErrorCountersIncreasing": NETWORKING, "IBCounterSaturated": NETWORKING,

@@ -115,6 +115,29 @@ class NVSwitchSXidError(Occurrences, kw_only=True, omit_defaults=True):
     text: KmsgText | None
 
 
+class GPUGSPTimeout(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """``GPUGSPTimeout``: NVRM's GSP-RM failure lines, with or without an Xid (formats.kmsg_records GspEvent):
+    a missed heartbeat, a memory-subsystem error, the "GSP Timeout" banner, "GSP core/RM unresponsive", the
+    rate-limit notice that says the GPU needs a reset."""
+
+    kinds: Words  # heartbeat | memsys | timeout | unresponsive | rate_limited, as seen since boot
+    gpu_instance: NvmlIndex | None  # RM's "GPU<n>" of the line; None where it named a PCI address
+    gpu_from: Word  # how the entity was found: "line" | "log" (an Xid naming both) | "pci_order" | "unresolved"
+    text: KmsgText  # the worst line's own words
+    logged_at: Timestamp | UnsetType = UNSET
+
+
+class GPUPCIeAERError(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """``GPUPCIeAERError``: the kernel's PCIe AER lines (formats.kmsg_records AerLine) on a GPU or a port above it:
+    an uncorrectable fatal error, or a recovery that failed (err.c "device recovery failed", "can't recover")."""
+
+    kinds: Words  # received | bus_error | cant_recover | recovery_failed, as seen since boot
+    severity: Word | None  # the AER severity last printed for it: fatal | nonfatal; None where none was
+    reported_by: Pci  # the device whose line it was (the GPU itself, or the port above it)
+    text: KmsgText
+    logged_at: Timestamp | UnsetType = UNSET
+
+
 # -- NVML (collectors/nvml.py) -------------------------------------------------------------------------------
 
 class GPULost(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -369,6 +392,8 @@ GPU_DETAILS: Final[dict[str, type[msgspec.Struct]]] = {
     "GPUFatalXid": GPUFatalXid,
     "GPUFellOffBus": GPUFellOffBus,
     "NVSwitchSXidError": NVSwitchSXidError,
+    "GPUGSPTimeout": GPUGSPTimeout,
+    "GPUPCIeAERError": GPUPCIeAERError,
     "GPULost": GPULost,
     "GPUEccUncorrectable": GPUEccUncorrectable,
     "GPURowRemapPending": GPURowRemap,

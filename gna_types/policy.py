@@ -66,6 +66,30 @@ GRADED: dict[tuple[str, str], Verdict] = {
     ("NvidiaPeermemError", "P2PError"): Verdict(
         "warning", "none",
         "a GPU memory pin/map for GPUDirect RDMA failed"),
+    # NVRM's GSP lines without an Xid (collectors/kmsg_xid.py; NVIDIA/open-gpu-kernel-modules kernel_gsp.c)
+    ("GPUGSPTimeout", "GSPTimeout"): Verdict(
+        "critical", "cordon",
+        "the 'GSP Timeout' banner, 'GSP core/RM unresponsive' or 'The GPU likely needs to be reset': the driver's "
+        "own word that GSP-RM stopped answering, what Xid 119 says when it is printed (NVIDIA's RESET_GPU): drain "
+        "the node so the GPU can be reset"),
+    ("GPUGSPTimeout", "MemorySubsystemError"): Verdict(
+        "critical", "cordon",
+        "the driver's probe of a GSP timeout found the memory subsystem stuck (kern_gmmu.c, the timeout's "
+        "MEMORY_SUBSYSTEM_ERROR class): the GPU needs a reset"),
+    ("GPUGSPTimeout", "HeartbeatTimedOut"): Verdict(
+        "warning", "none",
+        "a GSP heartbeat missed its timeout with no banner yet: also seen after a resume from suspend "
+        "(NVIDIA/open-gpu-kernel-modules#1125); evidence until a GSP Timeout or Xid 119 follows"),
+    # the kernel's PCIe AER lines (collectors/kmsg_xid.py; linux drivers/pci/pcie/aer.c, err.c)
+    ("GPUPCIeAERError", "RecoveryFailed"): Verdict(
+        "critical", "reboot",
+        "err.c's recovery of a GPU's link failed ('device recovery failed' on its port, or the GPU's 'can't "
+        "recover': nvidia registers no AER error handlers): the kernel leaves the GPU disconnected, as after "
+        "Xid 79; only a reboot brings it back"),
+    ("GPUPCIeAERError", "UncorrectableFatal"): Verdict(
+        "warning", "inspect_hardware",
+        "an uncorrectable fatal error on a GPU's link whose recovery did not (yet) fail: the link was reset; "
+        "a fatal link error is the slot's, riser's or GPU's hardware to look at"),
     ("KernelLogUnparsable", "NotKmsgFormat"): Verdict(
         "warning", "fix_config",
         "the kmsg source holds no kernel record in any known rendering: every Xid is missed"),

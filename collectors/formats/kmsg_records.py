@@ -75,7 +75,13 @@ _SYSLOG = re.compile(rb"^(?:[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d|\d{4}-\d\d-\d\d
 # driver's own tags, so a file of other text is still recognised as unusable.
 _BARE = re.compile(rb"^(?P<msg>(?:NVRM: |nvidia(?:-nvswitch\d*|-peermem|_peermem|-modeset|-uvm)?: ?|nv_peer_mem: ).*)$",
                    re.S)
-TEXT_FORMS = (("dmesg", _DMESG), ("dmesg -T", _DMESG_T), ("syslog", _SYSLOG), ("bare NVIDIA line", _BARE))
+# `dmesg -H` / --time-format reltime (util-linux sys-utils/dmesg.c at 01a424f502cf87f4cbd1c88bb10714b9f87154d4,
+# print_record DMESG_TIMEFTM_RELTIME): "[  %+8.06f] " the time since the previous line, "[%b%e %H:%M] " at each new
+# minute; no uptime, so usec stays 0 (the record cannot be dated).
+_DMESG_DELTA = re.compile(rb"^\[(?:\s*\+\s{0,9}\d{1,10}\.\d{1,9}|[A-Z][a-z]{2}\s?\d{1,2} \d\d:\d\d)\]\s?(?P<msg>.*)$",
+                          re.S)
+TEXT_FORMS = (("dmesg", _DMESG), ("dmesg -T", _DMESG_T), ("syslog", _SYSLOG), ("dmesg -H", _DMESG_DELTA),
+              ("bare NVIDIA line", _BARE))
 
 
 def parse_text_line(raw: bytes) -> tuple[str, KmsgRecord] | None:
@@ -157,7 +163,27 @@ class PeermemError:
     text: str
 
 
-Finding = Xid | FellOffBus | SXid | ModuleError | PeermemError
+@dataclass(frozen=True)
+class GspEvent:
+    """NVRM's own words about GSP-RM failing, with or without an Xid line."""
+    kind: str  # heartbeat | memsys | timeout | unresponsive | rate_limited
+    instance: int | None  # RM's GPU instance ("NVRM: GPU6 <function>: ..."), None where the line has none
+    bus_id: str  # normalised dddd:bb:dd.f where the line names the GPU's PCI address, else ""
+    text: str
+
+
+@dataclass(frozen=True)
+class AerLine:
+    """One line of the kernel's PCIe AER service (drivers/pci/pcie/aer.c, err.c) about a device."""
+    driver: str  # the printing device's driver as dev_printk names it ("nvidia", "pcieport"; "pci": none bound)
+    device: str  # normalised dddd:bb:dd.f of the printing device
+    kind: str  # received | bus_error | cant_recover | recovery_failed | recovery_successful
+    severity: str  # correctable | nonfatal | fatal | "" (the line carries none)
+    source: str  # "received" lines: the error source's address when printed as one, else ""
+    text: str
+
+
+Finding = Xid | FellOffBus | SXid | ModuleError | PeermemError | GspEvent | AerLine
 
 XID_RE = re.compile(r"NVRM: Xid \(((?:PCI:)?[0-9a-fA-F:.]+)([^)]*)\): (\d+),\s*(.*)")
 _PID = re.compile(r"pid='?(<unknown>|\d+)'?,\s*name=([^,]*),\s*(.*)")
@@ -177,6 +203,91 @@ INSERT_RE = re.compile(r"could not insert '" + _MODULE + r"': (.*)")
 # "nvidia-peermem %s:%d " FMT (515-545), "nvidia-peermem %s:%d ERROR " FMT (535.129.03+, 550+, 560+).
 # The line number differs between builds: match the function and the text.
 PEERMEM_RE = re.compile(r"nvidia-peermem (\w+):\d+ (?:ERROR )?(.*)")
+
+
+# GSP-RM (NVIDIA/open-gpu-kernel-modules, read at tags 580.95.05, 595.44.02 and 595.45.04). NV_PRINTF prints
+# "NVRM: " then, on recent drivers, "GPU<instance> " and the function name (as in the issues' logs, e.g.
+# NVIDIA/open-gpu-kernel-modules#1230 on 595.71.05: "NVRM: GPU6 _kgspLogRpcTimeout: ...").
+#   src/nvidia/src/kernel/gpu/gsp/kernel_gsp.c _kgspIsHeartbeatTimedOut: "Heartbeat timed out, currentTimeMs %u ..."
+#   kernel_gsp.c _kgspRpcRecvPoll (595.44.02): "GSP RM heartbeat timed out" / "LibOS heartbeat timed out"
+#   src/nvidia/src/kernel/gpu/mmu/kern_gmmu.c kgmmuCheckMemSubsysError_IMPL: "Memory Subsystem Error detected. ..."
+#   kernel_gsp.c _kgspLogRpcTimeout (595) / _kgspLogXid119 (550-580): "*** GSP Timeout ***" (80 columns)
+#   kernel_gsp.c _kgspClassifyGspTimeout (595): "=== GSP core unresponsive ===", "=== GSP-RM unresponsive ==="
+#   kernel_gsp.c _kgspRpcIncrementTimeoutCountAndRateLimitPrints (portDbgPrintf): "NVRM: Rate limiting GSP RPC
+#     error prints for GPU at PCI:%04x:%02x:%02x (printing 1 of every %d).  The GPU likely needs to be reset."
+_GSP_INSTANCE = re.compile(r"NVRM: GPU(\d{1,4}) ")
+_GSP_FORMS = (
+    ("heartbeat", re.compile(r"\bHeartbeat timed out, currentTimeMs \d|\b(?:GSP RM|LibOS) heartbeat timed out\b")),
+    ("memsys", re.compile(r"\bMemory Subsystem Error detected\.")),
+    ("timeout", re.compile(r"\*{8,} GSP Timeout \*{8,}")),
+    ("unresponsive", re.compile(r"={8,} GSP(?: core|-RM) unresponsive ={8,}")),
+    ("rate_limited", re.compile(r"Rate limiting GSP RPC error prints for GPU at PCI:([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:"
+                                r"[0-9a-fA-F]{2})\b.{0,80}needs to be reset")),
+)
+# An Xid 119/120 line names both: "Xid (PCI:0000:9b:00): 119, ... RPC response from GPU4 GSP!" (kernel_gsp.c)
+XID_GSP_INSTANCE = re.compile(r"\bfrom GPU(\d{1,4}) GSP\b")
+
+# PCIe AER (torvalds/linux drivers/pci/pcie/aer.c at 02a06f5f1a6aa2e12b2046b51ed3462c2c340037 and err.c at
+# 01daacfb9035e5b86d43a01f11a0614648f306c1, and the renderings in public logs of v5-v6 kernels). dev_printk prints
+# "<driver> <device>: " then, under dev_fmt "AER: " (aer.c; err.c since v5.x), the message:
+#   aer_print_port_info: "%s%s error received: %04x:%02x:%02x.%d" (older: "... error received: id=%04x"; v6.16+:
+#     "%s%s error message received from %s") with aer_error_severity_string "Uncorrectable (Non-Fatal)",
+#     "Uncorrectable (Fatal)", "Correctable" (before v6.x "Uncorrected (Non-Fatal)", "Uncorrected (Fatal)",
+#     "Corrected"), "Multiple " before it for several
+#   aer_print_error: "PCIe Bus Error: severity=%s, type=%s, (%s)"
+#   err.c report_error_detected: "can't recover (no error_detected callback)" (older "Can't recover ...",
+#     v4.x "device has no AER-aware driver") -- nvidia registers no pci_error_handlers, so a GPU always prints it
+#   err.c pcie_do_recovery on the port: "device recovery failed" / "device recovery successful"
+_AER_DEV = re.compile(r"(?:^|\] |: )([A-Za-z0-9_.-]{1,32}) ([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]): "
+                      r"(?:AER: )?(.{0,600})")
+_AER_SEVERITY = r"(Corrected|Correctable|Uncorrected \(Non-Fatal\)|Uncorrectable \(Non-Fatal\)|" \
+                r"Uncorrected \(Fatal\)|Uncorrectable \(Fatal\))"
+_AER_RECEIVED = re.compile(r"(?:Multiple )?" + _AER_SEVERITY + r" error (?:received: |message received from )"
+                           r"(?:id=)?([0-9a-fA-F:.]{1,16})?")
+_AER_BUS_ERROR = re.compile(r"PCIe Bus Error: severity=" + _AER_SEVERITY)
+_AER_CANT = re.compile(r"[Cc]an't recover \(no error_detected callback\)|device has no AER-aware driver")
+_AER_RECOVERY = re.compile(r"[Dd]evice recovery (failed|successful)")
+_BDF_FULL = re.compile(r"[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]")
+
+
+def _aer_severity(word: str) -> str:
+    return "correctable" if word.startswith("Correct") else "fatal" if "(Fatal)" in word else "nonfatal"
+
+
+def parse_gsp(message: str) -> GspEvent | None:
+    """NVRM's GSP failure lines (above); None for any other line."""
+    if "GSP" not in message and "eartbeat" not in message and "Memory Subsystem" not in message:
+        return None
+    for kind, rx in _GSP_FORMS:
+        m = rx.search(message)
+        if m is None:
+            continue
+        inst = _GSP_INSTANCE.search(message)
+        bus = normal_pci(m.group(1)) if kind == "rate_limited" else ""
+        return GspEvent(kind, int(inst.group(1)) if inst else None, bus, message[:500])
+    return None
+
+
+def parse_aer(message: str) -> AerLine | None:
+    """The kernel's AER lines about one device (above); None for any other line."""
+    if "AER" not in message and "PCIe Bus Error" not in message and "recover" not in message \
+            and "AER-aware" not in message:
+        return None
+    m = _AER_DEV.search(message)
+    if m is None:
+        return None
+    driver, device, rest = m.group(1), normal_pci(m.group(2)), m.group(3)
+    if r := _AER_RECEIVED.match(rest):
+        src = r.group(2) or ""
+        source = normal_pci(src) if _BDF_FULL.fullmatch(src) else ""
+        return AerLine(driver, device, "received", _aer_severity(r.group(1)), source, message[:500])
+    if r := _AER_BUS_ERROR.match(rest):
+        return AerLine(driver, device, "bus_error", _aer_severity(r.group(1)), "", message[:500])
+    if _AER_CANT.match(rest):
+        return AerLine(driver, device, "cant_recover", "", "", message[:500])
+    if r := _AER_RECOVERY.match(rest):
+        return AerLine(driver, device, f"recovery_{r.group(1)}", "", "", message[:500])
+    return None
 
 
 def module_name(name: str) -> str:
@@ -215,6 +326,8 @@ class NvidiaLineParser:
                 self._pending_gpu, self._pending_age = normal_pci(m.group(1)), 0
             elif m := FELL_ANY.search(message):
                 return FellOffBus(normal_pci(m.group(1)), message)
+            else:
+                return parse_gsp(message)
             return None
         if "SXid" in message and (m := SXID_RE.search(message)):
             sw, bus, code, rest = m.groups()
@@ -224,6 +337,8 @@ class NvidiaLineParser:
             kind = ("invalid_context" if "invalid context" in text or "invalid nv_mem_context" in text
                     else "registration_failed" if "error while registering" in text else "p2p_error")
             return PeermemError(func, kind, message[:500])
+        if aer := parse_aer(message):
+            return aer
         if "nvidia" in message or "nv_peer_mem" in message:
             if m := VERSION_RE.search(message):
                 return ModuleError(module_name(m.group(1)), "version_mismatch", m.group(2), message[:500])
