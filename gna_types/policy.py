@@ -220,6 +220,10 @@ NCCL_FINDINGS: dict[tuple[str, str], Verdict] = {
         "critical", "none",
         "PyTorch's watchdog gave up on a collective: the job hangs, and the rank at fault is usually "
         "another node's (the fleet correlator names it)"),
+    ("NCCLCollectiveTimeout", "HeartbeatTimeout"): Verdict(
+        "critical", "none",
+        "PyTorch's heartbeat monitor found the rank's own watchdog stuck (a CUDA/NCCL call or the GIL): the rank "
+        "hangs and is terminated; the job's hang symptom without a SeqNum (the fleet correlator compares ranks)"),
     ("NCCLWatchdogProgress", "WatchdogProgress"): Verdict(
         "warning", "none", "a process group's progress when its watchdog gave up: evidence for the correlator"),
     ("NCCLWatchdogProgress", "DumpSignal"): Verdict(

@@ -26,9 +26,24 @@ PREFIX = re.compile(
     r"(?:\[(?P<ts>\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}(?:\.\d{1,18})?)\] )?"
     r"(?:(?P<host><[^>\s]{1,64}>|(?<![^\s:\[\]<>])[^\s:\[\]<>]+):(?P<pid>\d+|<[^>\s]{0,16}>|[xX*#?.]{1,16}):"
     r"(?P<tid>\d+|<[^>\s]{0,16}>|[xX*#?.]{1,16}) )?"
-    r"\[(?P<dev>-?\d+)\] "
-    r"(?:(?P<src>[^\s]{1,256}:\d{1,10})(?: \((?P<func>[^)]{0,256})\))? )?NCCL (?P<level>INFO|WARN|TRACE|CALL|ABORT) "
+    r"\[(?P<dev>-?\d+)\](?:\[(?P<thread>[^\]]{0,64})\])? "
+    r"(?:(?P<src>[^\s]{1,256}:\d{1,10})(?: \((?P<func>[^)]{0,256})\))? )?"
+    r"NCCL (?P<level>INFO|WARN|TRACE|CALL|ABORT|ERROR|CRITICAL|FATAL|VERBOSE) "
     r"(?P<msg>.*)$")
+# Meta's NCCLX logs through folly (meta-pytorch/torchcomms comms/utils/logger/LoggingFormat.cc
+# NcclLogFormatter::formatMessage, commit 6d361cbb): a glog header, then NCCL's own fields with the thread's
+# name after the device, and folly's level name -- "W0414 11:46:56.369712 4115466 Logger.cc:25]
+# devvm2605:4115466:4115466 [-1][main] NCCL WARN msg" (header "{}{:%m%d %H:%M:%S}.{:06d} {:5d} {}:{}]
+# {}:{}:{} [{}][{}] {} {} ", getGlogLevelName: VERBOSE, INFO, WARN, ERROR, CRITICAL, FATAL). The glog part
+# stands before NCCL's prefix like any launcher's; ``[thread]`` is the optional group after ``[dev]``. Its
+# error levels are NCCL's WARN (NCCL's own error channel: what the WARN rules and NCCLWarning read), VERBOSE
+# its TRACE.
+_NCCLX_LEVEL = {"ERROR": "WARN", "CRITICAL": "WARN", "FATAL": "WARN", "VERBOSE": "TRACE"}
+# The same header where the NCCL part after it cannot be read (another formatter prefix than "NCCL", a thread
+# name past its bound, a device that is no number): such a line is NCCLX's and is counted as unread, never
+# silently dropped (``Line.unread``). Bounded pieces, linear on any line.
+NCCLX_HEADER = re.compile(r"[IWEFCV]\d{4} \d{2}:\d{2}:\d{2}\.\d{6} {0,8}\d{1,10} [^\s\]]{1,256}:\d{1,10}\] "
+                          r"[^\s:\[\]<>]{1,64}:\d{1,10}:\d{1,10} \[")
 
 PREFIX_MAX: dict[str, int] = {
     # NCCL src/debug.cc (ncclDebugInit): getHostName(hostname, 1024, '.') -- the host name cut at its
@@ -38,6 +53,7 @@ PREFIX_MAX: dict[str, int] = {
     "dev": 11,  # "[%d]" cudaDev
     "ts": 40,  # "[%Y-%m-%d %H:%M:%S]" (2.26+), a fraction when a collector added one
     "src": 256, "func": 256,  # "%s:%d" of __FILE__/__LINE__; "(%s)" of __func__ (2.30+)
+    "thread": 64,  # NCCLX's "[%s]" thread name (folly's; pthread names are at most 15 bytes)
 }  # parse_line checks these unrolled (a test keeps the two equal)
 
 
@@ -56,6 +72,7 @@ class Line:
     over: tuple[str, int, int] | None = None  # (field, length, limit): a prefix field past its bound
     logged: str = ""  # when the container runtime logged it (a pod log's record time), else ""
     stated: str = ""  # the time the line states, RFC 3339 UTC (log_time.stated_time), else ""
+    unread: bool = False  # NCCLX's glog header with an NCCL part that cannot be read (counted, not matched)
 
 
 def parse_line(offset: int, raw: bytes, logged: str = "", *, now: datetime | None = None,
@@ -69,10 +86,11 @@ def parse_line(offset: int, raw: bytes, logged: str = "", *, now: datetime | Non
     m = PREFIX.search(text)
     if m is None:
         return Line(offset, "", 0, -1, "", "", "", "", text, text, logged=logged,
-                    stated=_stated(text, "", logged, now, tz))
+                    stated=_stated(text, "", logged, now, tz), unread=NCCLX_HEADER.search(text) is not None)
     ts, host, pid_s, tid, dev, src, func = m.group("ts", "host", "pid", "tid", "dev", "src", "func")
     if (len(host or "") > 64 or len(pid_s or "") > 7 or len(tid or "") > 7 or len(dev) > 11
-            or len(ts or "") > 40 or len(src or "") > 256 or len(func or "") > 256):  # PREFIX_MAX, unrolled
+            or len(ts or "") > 40 or len(src or "") > 256 or len(func or "") > 256
+            or len(m["thread"] or "") > 64):  # PREFIX_MAX, unrolled
         for name, limit in PREFIX_MAX.items():
             value = m[name]
             if value is not None and len(value) > limit:
@@ -80,7 +98,8 @@ def parse_line(offset: int, raw: bytes, logged: str = "", *, now: datetime | Non
                             over=(name, len(value), limit), logged=logged,
                             stated=_stated(text, "", logged, now, tz))
     pid = int(pid_s) if pid_s and pid_s.isdigit() else 0  # redacted: one process per host
-    return Line(offset, host or "", pid, int(dev), m["level"], ts or "", src or "", func or "", m["msg"], text,
+    level = _NCCLX_LEVEL.get(m["level"], m["level"])
+    return Line(offset, host or "", pid, int(dev), level, ts or "", src or "", func or "", m["msg"], text,
                 logged=logged, stated=_stated(text, ts or "", logged, now, tz))
 
 

@@ -55,7 +55,15 @@ from collectors.nccl.hca_names import exact_hca_value, hca_prefix_surprises
 from collectors.nccl.job_identity import JobName, JobNames
 from collectors.nccl.line import PREFIX_MAX, parse_line
 from collectors.nccl.log_time import node_zone
-from collectors.nccl.matching import REJECTED_SOURCE, Match, Rejected, match_or_reject
+from collectors.nccl.matching import (
+    REJECTED_SOURCE,
+    UNREAD_SOURCE,
+    Match,
+    Rejected,
+    match_or_reject,
+    match_wrapped,
+    wraps,
+)
 from collectors.nccl.prefilter import PREFILTER, candidate_lines
 from collectors.nccl.process import ProcessState
 from collectors.nccl.rank_paths import (
@@ -260,8 +268,20 @@ class NCCLLogsCollector:
             candidates = [(off, content[: self.config.max_line]) for off, content, _t in got.lines]
             logged = {off: t for off, _c, t in got.lines if t}
         pod = pod_of_path(tf.path)
+        joined_to = -1  # (issue 26) the end in data of the last wrapped line joined: its second part is read
         for offset, raw in candidates:
-            m = match_or_reject(parse_line(offset, raw, logged.get(offset, ""), now=read_at, tz=self.zone))
+            if offset - base < joined_to:
+                continue
+            parsed = parse_line(offset, raw, logged.get(offset, ""), now=read_at, tz=self.zone)
+            m = match_or_reject(parsed)
+            if m is None and fmt == "plain" and len(raw) < self.config.max_line and wraps(parsed):
+                # a line a terminal wrapped in two: joined once with a neighbour (matching.match_wrapped)
+                w = match_wrapped(data, offset - base, offset - base + len(raw), self.config.max_line,
+                                  lambda at, b: parse_line(base + at, b, now=read_at, tz=self.zone))
+                if w is not None:
+                    m, joined_to = w[0], w[2]
+            if parsed.unread:  # NCCLX's glog header, its NCCL part unreadable: counted, never dropped unseen
+                self.emit.unparsed(UNREAD_SOURCE, f"{tf.path}:{offset}: {parsed.raw[:200]}")
             if isinstance(m, Rejected):
                 # a field longer than NCCL/PyTorch print (a 5,000-digit commId): no id is cut out of it
                 key = f"{m.rule}.{m.field}"

@@ -64,6 +64,10 @@ class Rule:
     news_only: bool = False  # says something only when its update brought news (not asked otherwise)
     hang: bool = False  # evidence that the job hangs here: the plugin asks RAS and the Flight Recorder
     repeats: bool = False  # the same text again within a window is counted into one summary
+    # a part of the rule's line that a terminal or launcher may have wrapped onto two lines: a candidate line
+    # holding it that no rule matches is joined with the line after it, then with the one before it, once each
+    # (matching.match_wrapped: bounded, one wrap, never a chain)
+    wrap: re.Pattern[str] | None = None
 
     def min_limit(self) -> int:
         """The tightest bound among its fields: a line whose longest value is within it needs no

@@ -33,5 +33,8 @@ _PATTERN = (PG + r"(?P<what>Timeout at NCCL work|Exception (?:\(either an error 
             + seq("done"))
 RULE = Rule("pg_progress", re.compile(_PATTERN),
             "NCCLWatchdogProgress", {**PG_FIELDS, "what": 512, "at": SEQ_BOUND, "enq": SEQ_BOUND, "done": SEQ_BOUND},
-            needles=(b"ast enqueued ",), extract=torchrun_rank, convert=torch_fields, update=record_progress, say=_say,
-            hang=True)
+            # the head's needles too: a line wrapped after its head still reaches the join (matching.match_wrapped)
+            needles=(b"ast enqueued ", b"Timeout at NCCL work: ", b"detected by watchdog at work"),
+            extract=torchrun_rank, convert=torch_fields, update=record_progress, say=_say, hang=True,
+            # a terminal or launcher wraps the long line anywhere: the head with no tail, or the tail alone
+            wrap=re.compile(r"Timeout at NCCL work: |detected by watchdog at work|ast enqueued "))
