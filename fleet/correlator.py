@@ -380,18 +380,23 @@ VERDICT_RULES: tuple[VerdictRule, ...] = tuple(sorted((
     VerdictRule("ras", 4, True, ("NCCLRASReport",), "NCCL RAS on the reporting nodes, bound to the processes' "
                 "own nodes", "the process RAS says died, stopped answering, sent no data or failed",
                 lambda f, _h: _ras(f), symptoms=("NCCLRASReport",)),
-    VerdictRule("behind_rank", 5, True, ("NCCLWatchdogProgress", "TorchFlightRecord"),
+    VerdictRule("desync", 5, True, ("NCCLCollectiveTimeout", "NCCLJobMember"),
+                "each rank's own watchdog line (its OpType at the SeqNum), ranks from membership",
+                "the rank(s) that issued another collective at the same SeqNum of a process group than the others "
+                "(a desynchronised rank: the others wait in a collective it never issues)", lambda f, _h: _desync(f),
+                symptoms=("NCCLCollectiveTimeout",)),
+    VerdictRule("behind_rank", 6, True, ("NCCLWatchdogProgress", "TorchFlightRecord"),
                 "PyTorch's own numbers from each rank's node", "a rank that never entered the collective the "
                 "others wait in", lambda f, _h: _behind(f), symptoms=("NCCLWatchdogProgress", "TorchFlightRecord")),
-    VerdictRule("hung_rank", 6, True, ("NCCLCollectiveTimeout", "NCCLJobMember"),
+    VerdictRule("hung_rank", 7, True, ("NCCLCollectiveTimeout", "NCCLJobMember"),
                 "the job's membership and every other rank's timeout (independent nodes)",
                 "every other rank of the job timed out, this one said nothing", _hung_rank,
                 symptoms=("NCCLCollectiveTimeout",)),
-    VerdictRule("link", 7, True, ("NCCLIBCompletionError",), "the ranks whose completions failed",
+    VerdictRule("link", 8, True, ("NCCLIBCompletionError",), "the ranks whose completions failed",
                 "the IB peer every completion error names", lambda f, _h: _link(f),
                 symptoms=("NCCLIBCompletionError",)),
     # last: a job whose watchdogs abort their communicators closes sockets too; only when nothing else speaks
-    VerdictRule("closed_peer", 8, True, ("NCCLSocketError", "NCCLBackendError"),
+    VerdictRule("closed_peer", 9, True, ("NCCLSocketError", "NCCLBackendError"),
                 "the ranks whose sockets closed, on other nodes", "the one node whose bootstrap address every "
                 "socket the job's ranks saw closed under them names (its ranks went away)",
                 lambda f, _h: _closed_peer(f), symptoms=("NCCLSocketError",)),
@@ -622,6 +627,40 @@ def _ras(f: JobFacts) -> _Verdict | None:
                     f"NCCL's RAS names {plural(len(culprits), 'process', 'processes')} on {first.node} that died, "
                     "stopped "
                     f"answering, sent no data or failed", reporters=reporters[node])
+
+
+def _desync(f: JobFacts) -> _Verdict | None:
+    """Ranks whose watchdog timed out in another collective than the others at the same SeqNum of one process
+    group (PyTorch numbers each group's collectives; "OpType=BROADCAST" where every other rank says ALLREDUCE):
+    the others wait in a collective these never issue. Named when they are few (at most size/8) and on one node,
+    the others a majority of the group's timeouts; ranks from membership, the op from each rank's own line."""
+    ms = f.ms
+    if not ms.size or not f.ops:
+        return None
+    for pg in sorted(f.ops, key=lambda g: (g != "0", g)):
+        for seq, by_op in sorted(f.ops[pg].items()):
+            if len(by_op) < 2:
+                continue
+            ranks = {op: {r for key, _b in held if (r := ms.rank_of_entity(*key)) is not None}
+                     for op, held in by_op.items()}
+            total = sum(len(rs) for rs in ranks.values())
+            major = max(ranks, key=lambda op: (len(ranks[op]), op))
+            odd = sorted({r for op, rs in ranks.items() if op != major for r in rs})
+            if not odd or len(odd) > max(1, ms.size // 8) or len(ranks[major]) * 2 <= total:
+                continue
+            nodes = {ms.ranks[r].node for r in odd}
+            if len(nodes) != 1:
+                continue
+            mem = ms.ranks[odd[0]]
+            ops = sorted(op for op in ranks if op != major and ranks[op])
+            wanted = set(odd)
+            deciding = [b for op in ops for key, b in by_op[op] if ms.rank_of_entity(*key) in wanted]
+            return _Verdict({"node": mem.node, "entity": entities.ranks(odd), "kind": "rank", "rank": str(odd[0])},
+                            0.9, deciding, ("NCCLCollectiveTimeout",),
+                            f"desync: {'rank' if len(odd) == 1 else 'ranks'} {odd} issued {', '.join(ops)} as SeqNum "
+                            f"{seq} of process group {pg} while {len(ranks[major])} other ranks issued {major}",
+                            reporters={ms.ranks[r].reporter for r in odd}, membership_only=True)
+    return None
 
 
 def _behind(f: JobFacts) -> _Verdict | None:

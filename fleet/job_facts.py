@@ -56,6 +56,8 @@ RAS_PER_NODE = 2  # RAS reports kept per reporting node: the newest say what RAS
 PEERS_MAX = 256  # distinct peer addresses of IB completion errors kept per job
 ASYNC_PER_NODE = 16  # ports NCCL saw fail, per node
 FAILURES_MAX = 256  # processes kept whose failure was their own (a crashed rank is one of them)
+OPS_PER_SEQ = 8  # distinct collectives (OpType) kept per process group and sequence number
+KEYS_PER_OP = 4096  # processes kept per such collective (the minority is what is read)
 MEMBERS_PER_NODE = 64  # processes a node may claim in one job (an HGX node runs 8 ranks)
 RELAYED_PER_REPORTER = 4096  # other nodes' processes one node may relay in one job (its job-wide file)
 HOSTS_MAX = 65536  # NCCL hostnames mapped to the nodes that claim them, per job
@@ -402,6 +404,9 @@ class JobFacts:
         # the peers' closed sockets: the other end's address -> the nodes whose ranks saw it go
         self.failures: dict[tuple[str, str], tuple[dict[str, Any], str, str]] = {}
         self.closed_by: dict[str, set[str]] = {}
+        # desync (issue 26): process group -> SeqNum -> the collective (OpType) each timed-out process says it
+        # was in at that number -> (process, brief); the LOW_VALUES lowest numbers per group
+        self.ops: dict[str, dict[int, dict[str, list[tuple[tuple[str, str], dict[str, Any]]]]]] = {}
         self.symptomatic = False
         # Derived per bound rank, kept as each process's numbers or binding change (never recomputed per
         # judgement; rebuilt when the bindings are): kind ("at"/"enq") -> group -> rank -> its number, and
@@ -619,6 +624,8 @@ class JobFacts:
             p.timed_out = True  # it timed out, whatever its numbers are worth
         if d.implausible:
             return
+        if timeout and isinstance(d, CollectiveTimeout) and d.op_type and d.seq_num is not None:
+            self._op(str(d.pg_id or "0")[:64], d.seq_num, d.op_type, key, b or brief(m))
         seq = d.seq_num if isinstance(d, CollectiveTimeout) else d.at_seq
         if isinstance(d, WatchdogProgress) and seq is None and d.signal_from_rank is None:
             return  # "from this local rank": its own watchdog, not a rank that heard of another's
@@ -641,6 +648,29 @@ class JobFacts:
                 self._low("enq", pg, e, key, m, b)
             if not timeout and seq is None:  # heard of the timeout, nothing in flight
                 p.self_reported = True
+
+    def _op(self, pg: str, seq: int, op: str, key: tuple[str, str], b: dict[str, Any]) -> None:
+        """The collective a process's timeout names at a sequence number (bounded: groups, numbers, ops)."""
+        by_seq = self.ops.get(pg)
+        if by_seq is None:
+            if len(self.ops) >= PGS_MAX:
+                return
+            by_seq = self.ops[pg] = {}
+        by_op = by_seq.get(seq)
+        if by_op is None:
+            if len(by_seq) >= LOW_VALUES:
+                top = max(by_seq)
+                if seq > top:
+                    return
+                del by_seq[top]
+            by_op = by_seq[seq] = {}
+        held = by_op.get(op)
+        if held is None:
+            if len(by_op) >= OPS_PER_SEQ:
+                return
+            held = by_op[op] = []
+        if len(held) < KEYS_PER_OP and all(k != key for k, _b in held[-8:]):
+            held.append((key, b))
 
     def weight(self) -> int:
         """Objects held, roughly (the tracker's per-replica budget counts processes)."""

@@ -82,6 +82,9 @@ class CollectiveTimeout(ProcessSummary, kw_only=True, omit_defaults=True):
     # carries them; the node's watchdog rule writes neither (collectors/nccl/rules/watchdog.py)
     last_enqueued: Seq | None = None
     implausible: bool = False
+    # "OpType=%s" (opTypeToString: ALLREDUCE, BROADCAST, _ALLGATHER_BASE, ...): a rank that issued another
+    # collective than the others at the same SeqNum is desynchronised (fleet/correlator.py ``desync``)
+    op_type: Annotated[str, Meta(max_length=64)] | None = None
 
 
 class WatchdogProgress(ProcessSummary, kw_only=True, omit_defaults=True):

@@ -408,8 +408,11 @@ def test_promtool_unit_tests_pass() -> None:
 
 @pytest.mark.skipif(PROMTOOL is None, reason=NO_PROMTOOL)
 @pytest.mark.parametrize("old,new", [
-    ("expr: gna_spool_depth > 1000", "expr: gna_spool_depth >= 1000"),  # the near miss (1000) now fires
-    ("expr: gna_spool_depth > 1000", "expr: gna_spool_depth > 5000"),  # the firing series (5000) no longer does
+    # each mutation is one promtool run (~4 s): one in the default run, the others with the slow marker
+    pytest.param("expr: gna_spool_depth > 1000", "expr: gna_spool_depth >= 1000",  # the near miss (1000) now fires
+                 marks=pytest.mark.slow),
+    pytest.param("expr: gna_spool_depth > 1000", "expr: gna_spool_depth > 5000",  # the firing series no longer does
+                 marks=pytest.mark.slow),
     ('type="GPUFellOffBus"}', 'type="GPUFellOfBus"}'),  # a type's typo: nothing fires
 ])
 def test_the_unit_tests_catch_a_changed_rule(tmp_path: Path, old: str, new: str) -> None:

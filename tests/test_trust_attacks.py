@@ -546,6 +546,7 @@ async def test_a_node_cannot_create_a_stream_that_republishes_as_another_node(
         await admin.close()
 
 
+@pytest.mark.slow  # a foreign stream refused: tests/test_nats_setup.py's refusals and the next test, by default
 async def test_a_stream_precreated_with_republish_is_refused_loudly(
         tmp_path: Path, bare_fleet: tuple[RenderedServer, dict[str, Path], dict[str, str]],
         capfd: pytest.CaptureFixture[str]) -> None:

@@ -12,7 +12,8 @@ from gna_types.subjects import BUDGET_BUCKET
 # Critical hardware conditions that justify taking a node out of scheduling. Application-class
 # Xids never appear here: GPUXidError is an event, and GPUFatalXid only fires for reset/reboot Xids.
 CORDON_TYPES = ["GPUFellOffBus", "GPUFatalXid", "GPUDevicesMissing", "GPULost", "NvidiaControlDeviceMissing",
-                "GPUEccUncorrectable", "GPURowRemapFailure", "IBPortDown", "IBPortFlapping", "IBDeviceMissing",
+                "GPUEccUncorrectable", "GPURowRemapFailure", "GPUGSPTimeout", "GPUPCIeAERError",
+                "IBPortDown", "IBPortFlapping", "IBDeviceMissing",
                 "KernelModuleNotLoaded", "NCCLSocketFallback",
                 # the fleet correlator's verdict (central cordoner only): the node that stalled a job
                 "IncidentCulprit"]

@@ -33,7 +33,9 @@ async def _drained(agent: Any, timeout: float = 60) -> None:
     assert agent.spool.depth == 0, f"{agent.spool.depth} still spooled"
 
 
-@pytest.mark.parametrize("restarts", [8, pytest.param(20, marks=pytest.mark.slow)])
+# restarts under a steady stream: in the default run by tests/test_nats_e2e.py's SIGKILL/outage cases and
+# tests/test_follow.py's resume after a kill; the long runs here with the slow marker (CI's 10-minute budget)
+@pytest.mark.parametrize("restarts", [pytest.param(8, marks=pytest.mark.slow), pytest.param(20, marks=pytest.mark.slow)])
 async def test_nats_restarted_many_times_during_a_steady_stream(tmp_path: Path, nats_server: NatsServerProcess,
                                                                 restarts: int) -> None:
     cfg = agent_config(tmp_path, servers=[nats_server.url])
@@ -77,6 +79,7 @@ def _cluster(tmp: Path, n: int = 3) -> list[NatsServerProcess]:
     return servers
 
 
+@pytest.mark.slow  # a server lost from a 3-node cluster: tests/test_cluster_failover.py in the default run
 async def test_three_node_cluster_loses_a_server_mid_stream(tmp_path: Path) -> None:
     cluster = _cluster(tmp_path)
     try:
