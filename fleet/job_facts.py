@@ -26,7 +26,7 @@ from __future__ import annotations
 import re
 import sys
 from collections import Counter, deque
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import Any
 
 import msgspec
@@ -133,6 +133,20 @@ def brief(m: dict[str, Any], about: str | None = None) -> dict[str, Any]:
     if isinstance(d.get("logged_at"), str):
         out["logged_at"] = d["logged_at"][:64]  # when its source logged it (the kernel log's own time)
     return out
+
+
+def _lowest_slot(by_value: dict[int, Any], v: int, make: Callable[[], Any]) -> Any:
+    """The slot for ``v`` in a dict keeping only the LOW_VALUES lowest keys (made when new, a higher one dropped
+    for it); None when ``v`` is above all of them and there is no room."""
+    held = by_value.get(v)
+    if held is None:
+        if len(by_value) >= LOW_VALUES:
+            top = max(by_value)
+            if v > top:
+                return None
+            del by_value[top]
+        held = by_value[v] = make()
+    return held
 
 
 class Member(msgspec.Struct, gc=False, eq=False, repr_omit_defaults=True):
@@ -582,16 +596,8 @@ class JobFacts:
              b: dict[str, Any] | None) -> None:
         """Keep the message with one of the LOW_VALUES lowest numbers of its group: a rank behind the
         others is among them, whatever how many ranks report the number they all wait in."""
-        by_value = self.low[kind].setdefault(pg, {})
-        held = by_value.get(v)
-        if held is None:
-            if len(by_value) >= LOW_VALUES:
-                top = max(by_value)
-                if v > top:
-                    return
-                del by_value[top]
-            held = by_value[v] = []
-        if len(held) < BRIEFS_PER_VALUE:
+        held = _lowest_slot(self.low[kind].setdefault(pg, {}), v, list)
+        if held is not None and len(held) < BRIEFS_PER_VALUE:
             held.append((key, b or brief(m)))
 
     def _watchdog(self, key: tuple[str, str], d: CollectiveTimeout | WatchdogProgress | FlightRecord,
@@ -656,14 +662,9 @@ class JobFacts:
             if len(self.ops) >= PGS_MAX:
                 return
             by_seq = self.ops[pg] = {}
-        by_op = by_seq.get(seq)
+        by_op = _lowest_slot(by_seq, seq, dict)
         if by_op is None:
-            if len(by_seq) >= LOW_VALUES:
-                top = max(by_seq)
-                if seq > top:
-                    return
-                del by_seq[top]
-            by_op = by_seq[seq] = {}
+            return
         held = by_op.get(op)
         if held is None:
             if len(by_op) >= OPS_PER_SEQ:

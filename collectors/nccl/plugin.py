@@ -758,16 +758,21 @@ class NCCLLogsCollector:
                 return str(next(iter(jobs))) if len(jobs) == 1 else None
         return None
 
+    def _ranked(self, tf: TailedFile, rank: int | None, what: str) -> tuple[ProcessState, bool] | None:
+        """The process an exception line is about: the one of its file whose world rank its ``[rankN]:`` prefix
+        names (else the file's process), as ``_about`` takes it; a line no writer can be told for is counted."""
+        writer = self._owner(tf.path, rank, "", tf.key)
+        if writer is None:
+            self.unattributed += 1
+            return None
+        return self._about(writer[0], writer[1], rank, tf, what)
+
     def _cuda_error(self, c: CudaError, offset: int, tf: TailedFile
                     ) -> tuple[ProcessState, Said, dict[str, Any]] | None:
         """A rank's own CUDA error or GPU out-of-memory (PyTorch's exception, its ``[rankN]:`` prefix naming the
         rank): the rank failed on its own (a hardware cause on its GPU is the node's own finding, and the fleet's
         hardware verdict comes first)."""
-        writer = self._owner(tf.path, c.rank, "", tf.key)
-        if writer is None:
-            self.unattributed += 1
-            return None
-        about = self._about(writer[0], writer[1], c.rank, tf, "CUDA errors")
+        about = self._ranked(tf, c.rank, "CUDA errors")
         if about is None:
             return None
         st, _local = about
@@ -781,11 +786,7 @@ class NCCLLogsCollector:
                        ) -> tuple[ProcessState, Said, dict[str, Any]] | None:
         """PyTorch's NCCL error on a rank (its ``[rankN]:`` prefix, else the file's process): the NCCL result, a
         peer its last error names."""
-        writer = self._owner(tf.path, e.rank, "", tf.key)
-        if writer is None:
-            self.unattributed += 1
-            return None
-        about = self._about(writer[0], writer[1], e.rank, tf, "NCCL errors")
+        about = self._ranked(tf, e.rank, "NCCL errors")
         if about is None:
             return None
         st, _local = about
