@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -71,7 +72,11 @@ def pct(xs: list[float], p: float) -> float:
     return s[min(len(s) - 1, round(p / 100 * (len(s) - 1)))]
 
 
-async def devnode_trials(url: str, work: Path, trials: int, extra: str, name: str) -> list[float]:
+async def devnode_trials(url: str, work: Path, trials: int, extra: str, name: str, phase: float = 1.0) -> list[float]:
+    """Each trial starts at a uniformly random phase of ``phase`` seconds after the previous one resolved (a
+    1 s poller's detection is then uniform over its period, p50 ~500 ms: starting right after the poll that saw
+    the last change would put every trial ~1 s from the next poll, a baseline twice as slow as it is)."""
+    rng = random.Random(name)
     host = SimHost.gpu_node(work / f"host-{name}", gpus=8)
     proc = start_agent(work, host, url, extra, name)
     nc = await nats.connect(url)
@@ -88,7 +93,7 @@ async def devnode_trials(url: str, work: Path, trials: int, extra: str, name: st
             lat.append((t1 - t0) * 1000)
             host.add_dev_node("nvidia3")
             await w.wait_for(lambda m: m["type"] == "GPUDevicesMissing" and m["status"] == "resolved")
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(rng.uniform(0.01, phase))
     finally:
         await nc.close()
         stop(proc)
@@ -186,6 +191,9 @@ async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--trials", type=int, default=200)
     ap.add_argument("--idle", type=float, default=60.0)
+    ap.add_argument("--real-kmsg", action="store_true",
+                    help="write the Xid trials to this machine's /dev/kmsg (only on a scratch machine: every reader "
+                         "of its kernel log, a real agent included, sees them); default: a kmsg fixture file")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="gna-lat-") as tmp:
         work = Path(tmp)
@@ -197,7 +205,7 @@ async def main() -> None:
             poll = await devnode_trials(server.url, work, max(20, args.trials // 10),
                                         "[collectors.gpu_devices]\ninterval = 1.0\njitter = 0.0\nudev = false\n"
                                         "inotify = false\n", "poll-node")
-            real = kmsg_writable()
+            real = args.real_kmsg and kmsg_writable()
             kmsg = await kmsg_trials(server.url, work, args.trials, real)
             udev = await udev_trials(server.url, work, args.trials) if shutil.which("ip") else []
             millicores, rss = await idle(server.url, work, args.idle)
