@@ -87,6 +87,7 @@ class Writers:
         self.errors: dict[str, int] = {}  # what could not be read, by kind
         self._mounts: list[tuple[str, str]] | None = None
         self._mounts_at = -1e18
+        self._shared: dict[str, bool] = {}  # path -> on a network filesystem, until the table is read again
 
     def local(self, name: str, pid: int = 0) -> bool:
         """Whether a line NCCL prefixed with ``name:pid`` was written by a process of this node."""
@@ -105,13 +106,19 @@ class Writers:
         if now - self._mounts_at >= self.refresh:
             self._mounts_at = now
             self._mounts = self._read_mounts()
+            self._shared.clear()
         if self._mounts is None:
             return None
+        if path in self._shared:
+            return self._shared[path]  # a job-wide file asks for each of its other hosts' lines
         best, fstype = -1, ""
         for point, kind in self._mounts:
             if (path == point or path.startswith(point.rstrip("/") + "/")) and len(point) > best:
                 best, fstype = len(point), kind
-        return fstype in NETWORK_FS or (fstype.startswith("fuse.") and fstype != "fuse.lxcfs")
+        got = fstype in NETWORK_FS or (fstype.startswith("fuse.") and fstype != "fuse.lxcfs")
+        if len(self._shared) < 4096:
+            self._shared[path] = got
+        return got
 
     def _read_mounts(self) -> list[tuple[str, str]] | None:
         """(mount point, fstype) of the host's mount table (proc(5): "36 35 98:0 /mnt1 /mnt2 rw,noatime master:1 -
