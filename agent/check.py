@@ -18,7 +18,7 @@ from agent.facts import FactStore
 from agent.framework import is_periodic
 from agent.message import Message, to_dict
 from agent.registry import collector_classes
-from gna_sdk import Checkable, phase_of, plural, severity_rank
+from gna_sdk import Checkable, node_status, phase_of, plural
 from gna_sdk.hostroot import HostRoot
 
 EXIT_HEALTHY, EXIT_WARNING, EXIT_CRITICAL = 0, 1, 2
@@ -62,8 +62,7 @@ async def run_check(config: configmod.Config) -> dict[str, Any]:
     firing = {(m.collector, m.type, m.entity): m for m in messages if m.kind == "condition"}
     conditions = [to_dict(m) for m in firing.values() if (m.collector, m.type, m.entity) in tracker.active]
     events = [to_dict(m) for m in messages if m.kind == "event"]
-    worst = max((severity_rank(m["severity"]) for m in conditions + events), default=0)
-    status = {3: "unhealthy", 2: "degraded"}.get(worst, "healthy")
+    status = node_status(conditions + events)
     not_seen = [{"collector": e.collector, "source": src, "reason": why}
                 for e in emitters for src, why in sorted(e.blind.items())]
     unparsed = [{"collector": e.collector, "source": src, "count": n, "sample": sample}

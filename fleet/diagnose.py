@@ -25,7 +25,7 @@ from typing import Any
 
 from fleet.typed_details import TYPED
 from fleet.wire import Rejected, decode_event, decode_job
-from gna_sdk import plural, severity_rank
+from gna_sdk import node_status, plural
 from gna_types.policy import verdict
 from gna_types.subjects import subjects_for
 
@@ -167,8 +167,7 @@ def join_relayed(reports: list[dict[str, Any]]) -> dict[str, int]:
     for target, m in moved:
         by_node[target]["events"].append(m)
     for r in reports:  # the status is the messages', as a report's is
-        worst = max((severity_rank(m["severity"]) for m in r["conditions"] + r["events"]), default=0)
-        r["status"] = {3: "unhealthy", 2: "degraded"}.get(worst, "healthy")
+        r["status"] = node_status(r["conditions"] + r["events"])
     return counts
 
 
@@ -217,6 +216,5 @@ def load_report(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
         if len(doc[part]) > MAX_REPORT_MESSAGES:
             refused["too_many"] = refused.get("too_many", 0) + len(doc[part]) - MAX_REPORT_MESSAGES
     # the status is the messages', not the report's word
-    worst = max((severity_rank(m["severity"]) for m in kept["conditions"] + kept["events"]), default=0)
-    status = {3: "unhealthy", 2: "degraded"}.get(worst, "healthy")
+    status = node_status(kept["conditions"] + kept["events"])
     return {"node": node, "status": status, "hostnames": hostnames, **kept}, refused

@@ -61,6 +61,13 @@ def severity_rank(severity: Any) -> int:
         return 0
 
 
+def node_status(messages: Any) -> str:
+    """A node's status from its messages' severities (``check``'s exit and ``diagnose``): any critical is
+    unhealthy, any warning degraded, else healthy."""
+    rank = max((severity_rank(m.get("severity")) for m in messages), default=0)
+    return {3: "unhealthy", 2: "degraded"}.get(rank, "healthy")
+
+
 def worst(*severities: Any) -> Severity:
     """The most severe of known severities (info when none is known)."""
     best = max(severities, key=severity_rank, default="info")

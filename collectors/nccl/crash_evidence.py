@@ -99,9 +99,7 @@ def failure_reason(f: RankFailure, oom: Mapping[str, Any] | None, *, aborted_aft
         return "PeerFailure", ABORT_AFTER_FAILURE
     if f.signal:
         if oom is not None and f.signal == "SIGKILL":
-            memcg = ", its cgroup over its limit" if oom.get("memcg") else ""
-            return "OOMKilled", (f"the kernel's OOM killer ended it (Killed process {oom.get('pid')} "
-                                 f"({str(oom.get('comm'))[:64]}){memcg})")
+            return "OOMKilled", oom_explanation(oom)
         return "KilledBySignal", f"killed by {f.signal}"
     text = " ".join(x for x in (f.exception, f.nccl.exception if f.nccl else "", f.nccl.last_error if f.nccl else "")
                     if x)
@@ -109,6 +107,12 @@ def failure_reason(f: RankFailure, oom: Mapping[str, Any] | None, *, aborted_aft
             p in text for p in _PEER_GONE):
         return "PeerFailure", f"exit code {f.exitcode} after a peer went away: {text[:200]}"
     return "ExitedWithError", f"exit code {f.exitcode}" + (f": {f.exception[:300]}" if f.exception else "")
+
+
+def oom_explanation(oom: Mapping[str, Any]) -> str:
+    """An OOM kill of the kernel log (kmsg_xid's kernel.oom_kills) as a crash's explanation."""
+    memcg = ", its cgroup over its limit" if oom.get("memcg") else ""
+    return f"the kernel's OOM killer ended it (Killed process {oom.get('pid')} ({str(oom.get('comm'))[:64]}){memcg})"
 
 
 def oom_of(kills: Iterable[Mapping[str, Any]], pids: Iterable[int], cgroups: Iterable[str]) -> Mapping[str, Any] | None:

@@ -49,7 +49,14 @@ from collectors.formats.torch_failures import RankFailure as RankFailureReport
 from collectors.nccl import container_logs
 from collectors.nccl.container_logs import Format, pod_of_path
 from collectors.nccl.crash_evidence import MARKERS as CRASH_MARKERS
-from collectors.nccl.crash_evidence import CrashReader, exit_reason, failure_reason, oom_of, report_time
+from collectors.nccl.crash_evidence import (
+    CrashReader,
+    exit_reason,
+    failure_reason,
+    oom_explanation,
+    oom_of,
+    report_time,
+)
 from collectors.nccl.hang_evidence import FlightRecords, RasAsker, read_environ
 from collectors.nccl.hca_names import exact_hca_value, hca_prefix_surprises
 from collectors.nccl.job_identity import JobName, JobNames
@@ -81,7 +88,7 @@ from gna_sdk.hostroot import HostRoot
 from gna_sdk.ids import derived_id
 from gna_sdk.tailer import TailedFile, Tailer
 from gna_types import entities
-from gna_types.details import MAX_RANKS, BackendError
+from gna_types.details import MAX_RANKS, BackendError, ProcessSummary
 from gna_types.details import RankFailure as TorchRankFailure
 from gna_types.entities import pci_from_nccl
 from gna_types.policy import RELAYED, verdict
@@ -99,15 +106,12 @@ MAX_RELAYED = 4096  # other nodes' processes tracked from job-wide files (a 512-
 # watchdog's numbers, the errors naming peers and ports; never its warnings or conditions
 RELAYED_TYPES = frozenset({"NCCLJobMember", "NCCLCollectiveTimeout", "NCCLWatchdogProgress",
                            "NCCLIBCompletionError", "NCCLIBAsyncEvent", "NCCLSocketError"})  # and crash reports
-# the typed fields a crash message adds to the process summary (gna_types.details RankFailure, BackendError)
-_CRASH_FIELDS = frozenset({"rank", "local_rank", "exitcode", "signal", "failed_at", "root_cause", "error",
-                           "explanation"})
-_ERROR_FIELDS = frozenset({"nccl_error", "remote", "nccl_version", "rank", "peer", "peer_port"})
+_SUMMARY_FIELDS = frozenset(ProcessSummary.__struct_fields__)
 
 
-def _typed_fields(typed: msgspec.Struct, names: frozenset[str]) -> dict[str, Any]:
-    """The fields of a crash message's typed details it sets (the process summary is added apart)."""
-    return {k: v for k, v in msgspec.structs.asdict(typed).items() if v is not None and k in names}
+def _typed_fields(typed: ProcessSummary) -> dict[str, Any]:
+    """The fields a crash message's typed details set beyond the process summary (which is added apart)."""
+    return {k: v for k, v in msgspec.structs.asdict(typed).items() if v is not None and k not in _SUMMARY_FIELDS}
 _LABEL = re.compile(r"^\s{0,7}(\d{1,7}): ")  # srun --label: "%*d: " (slurm src/common/write_labelled_message.c)
 _NUMBERS = re.compile(r"(?<![0-9])[0-9]{1,12}(?![0-9])")
 
@@ -329,7 +333,6 @@ class NCCLLogsCollector:
                     self.jobs.want_pod(pod.namespace, pod.pod, pod.uid)
             st.last_seen = now
             news = st.apply(m)  # the rule's change to the process (a communicator joined: news)
-            st.collective_failed |= m.rule.hang
             touched[key] = st
             if (m.rule.say is not None and (news or not m.rule.news_only)) or line.level == "WARN":
                 events.append((m, st, news))
@@ -387,7 +390,6 @@ class NCCLLogsCollector:
             st = self.relayed[key] = ProcessState(host, pid, path, relayed=True)
         st.last_seen = now
         news = st.apply(m)
-        st.collective_failed |= m.rule.hang
         if m.rule.say is None or m.rule.type not in RELAYED_TYPES or (m.rule.news_only and not news):
             return None
         return m, st, news
@@ -622,14 +624,13 @@ class NCCLLogsCollector:
             return []
         reader = self.crash_readers.get(tf.key)
         # the markers are prefilter needles: only the chunk's few candidate lines are looked at for them
-        marked = any(mark in raw for _off, raw in candidates for mark in CRASH_MARKERS)
-        if reader is None or not (marked or reader.open):
-            if not marked:
-                return []
-            if reader is None:
-                if len(self.crash_readers) >= MAX_OUTPUTS * 4:
-                    self.crash_readers.clear()  # files long gone; a report open across this is dropped
-                reader = self.crash_readers[tf.key] = CrashReader()
+        if not (reader is not None and reader.open) and not any(
+                mark in raw for _off, raw in candidates for mark in CRASH_MARKERS):
+            return []
+        if reader is None:
+            if len(self.crash_readers) >= MAX_OUTPUTS * 4:
+                self.crash_readers.clear()  # files long gone; a report open across this is dropped
+            reader = self.crash_readers[tf.key] = CrashReader()
         out = []
         for found in reader.read(data, base):
             got = (self._failure(found.failure, found.offset, tf) if found.failure is not None else
@@ -657,6 +658,10 @@ class NCCLLogsCollector:
             st = held[0] if len(held) == 1 else None
         return (st or ProcessState(host, pid, tf.path, relayed=not local)), local
 
+    def _crash_where(self, st: ProcessState, tf: TailedFile, offset: int, line: str) -> dict[str, Any]:
+        """What a crash message carries besides its own fields: the process summary and the line's place."""
+        return {**self._summary(st), "file": tf.path, "offset": offset, "line": line[:2000]}
+
     def _failure(self, f: RankFailureReport, offset: int, tf: TailedFile
                  ) -> tuple[ProcessState, Said, dict[str, Any]] | None:
         """One entry of torchrun's failure report: the worker's rank, how it ended, and why (the OOM killer in
@@ -681,11 +686,10 @@ class NCCLLogsCollector:
                                  signal=f.signal[:16] or None, failed_at=f.time[:64] or None, root_cause=f.root_cause,
                                  error=f.exception[:512] or None, explanation=why[:512])
         said = Said("TorchRankFailed", reason, f"torchrun: rank {f.rank} on {host} (pid {f.pid}) ended: {why}.",
-                    _typed_fields(typed, _CRASH_FIELDS))
+                    _typed_fields(typed))
         when = report_time(f.time, self.zone)
         line = f"{f.script} FAILED: rank {f.rank} exitcode {f.exitcode} (pid {f.pid}) on {f.host}"
-        return st, said, {**self._summary(st), "file": tf.path, "offset": offset, "line": line[:2000],
-                          **({"logged_at": when} if when else {})}
+        return st, said, {**self._crash_where(st, tf, offset, line), **({"logged_at": when} if when else {})}
 
     def _launcher_exit(self, x: LauncherExit, offset: int, tf: TailedFile
                        ) -> tuple[ProcessState, Said, dict[str, Any]] | None:
@@ -705,8 +709,8 @@ class NCCLLogsCollector:
         typed = TorchRankFailure(rank=x.rank if x.rank is not None and x.rank < MAX_RANKS else None,
                                  exitcode=x.exitcode, signal=x.signal[:16] or None, explanation=why[:512])
         said = Said("TorchRankFailed", reason, f"{why}.",
-                    _typed_fields(typed, _CRASH_FIELDS))
-        where = {**self._summary(st), "file": tf.path, "offset": offset, "line": why[:2000]}
+                    _typed_fields(typed))
+        where = self._crash_where(st, tf, offset, why)
         if where.get("job") is None and (job := self._file_job(tf.path)) is not None:
             where["job"] = job  # the process is not known by its NCCL lines: the job the file's processes run
         return st, said, where
@@ -728,11 +732,10 @@ class NCCLLogsCollector:
             st = mine[0]
             if st.ended_told:
                 continue  # its launcher's report said it, with the OOM kill
-            why = (f"the kernel's OOM killer ended it (Killed process {kill['pid']} ({str(kill.get('comm'))[:64]})"
-                   f"{', its cgroup over its limit' if kill.get('memcg') else ''})")
+            why = oom_explanation(kill)
             typed = TorchRankFailure(rank=st.world_rank(), signal="SIGKILL", explanation=why)
             said = Said("TorchRankFailed", "OOMKilled", f"{st.key} (rank {st.world_rank()}) ended: {why}.",
-                        _typed_fields(typed, _CRASH_FIELDS))
+                        _typed_fields(typed))
             when = kill.get("logged_at")
             details = {**self._summary(st), **said.details, "source": "kernel log",
                        "line": f"Killed process {kill['pid']} ({str(kill.get('comm'))[:64]})",
@@ -779,8 +782,8 @@ class NCCLLogsCollector:
         why = f"{'GPU out of memory' if c.out_of_memory else 'a CUDA error of its own'}: {c.text[:300]}"
         typed = TorchRankFailure(rank=st.world_rank(), error=f"{c.exception}: {c.text}"[:512], explanation=why[:512])
         said = Said("TorchRankFailed", "ExitedWithError", f"{st.key} (rank {st.world_rank()}) failed: {why}.",
-                    _typed_fields(typed, _CRASH_FIELDS))
-        return st, said, {**self._summary(st), "file": tf.path, "offset": offset, "line": c.text[:2000]}
+                    _typed_fields(typed))
+        return st, said, self._crash_where(st, tf, offset, c.text)
 
     def _backend_error(self, e: NcclError, offset: int, tf: TailedFile
                        ) -> tuple[ProcessState, Said, dict[str, Any]] | None:
@@ -800,8 +803,8 @@ class NCCLLogsCollector:
         said = Said("NCCLBackendError", "RemoteError" if remote else (e.kind[:40] or "NCCLError"),
                     f"NCCL error on {st.key}: {e.kind or 'unknown'}" + (f" (last error: {e.last_error[:200]})"
                                                                           if e.last_error else "") + ".",
-                    _typed_fields(typed, _ERROR_FIELDS))
-        return st, said, {**self._summary(st), "file": tf.path, "offset": offset, "line": e.exception[:2000]}
+                    _typed_fields(typed))
+        return st, said, self._crash_where(st, tf, offset, e.exception)
 
     async def _flush_warnings(self, *, everything: bool = False) -> None:
         now = time.monotonic()

@@ -97,8 +97,9 @@ class ProcessState:
         return world["rank"] if world is not None else None
 
     def apply(self, m: Match) -> bool:
-        """The line's change to this process's state, as its rule declares it; True: news worth a message
-        (a communicator joined)."""
+        """The line's change to this process's state, as its rule declares it (a hang symptom marks its
+        collective failed); True: news worth a message (a communicator joined)."""
+        self.collective_failed |= m.rule.hang
         return m.rule.update(self, m.fields) if m.rule.update is not None else False
 
     def summary(self) -> dict[str, Any]:
