@@ -126,7 +126,7 @@ async def go():
     watch = watching()
     cfg = NatsConfig(stream_replicas=a["replicas"])
     svc = IncidentService(a["servers"], nats_cfg=cfg, partitions=a["partitions"], partition=a["partition"],
-                          stats_interval=a["stats_interval"])
+                          stats_interval=a["stats_interval"], freeze_heap=a["freeze_heap"])
     await within(svc.start(), cfg.connect_timeout + 1)
     rc = await run_until_closed_or_stopped(watch, None)
     await svc.stop()
@@ -391,10 +391,12 @@ class Correlator:
     """One correlator process; its stderr read line by line: the stats lines, the incidents it wrote,
     and every warning or error it logged (counted by event)."""
 
+    freeze_heap = True  # as the CLI runs it (fleet/heap.py); --no-freeze-heap: CPython's collections as they come
+
     def __init__(self, servers: list[str], cwd: Path, *, stats_interval: float, partitions: int = 1,
                  partition: int = 0, replicas: int = 1, name: str = "correlator") -> None:
         self.cfg = {"servers": servers, "partitions": partitions, "partition": partition, "replicas": replicas,
-                    "stats_interval": stats_interval}
+                    "stats_interval": stats_interval, "freeze_heap": self.freeze_heap}
         self.cwd = cwd
         self.name = name
         self.proc: asyncio.subprocess.Process | None = None
@@ -721,6 +723,9 @@ def held(last: dict[str, Any], hwm: float, hwm0: float, ranks: int, stall_total:
             "stall_cpu_max_ms": last.get("loop_stall_cpu_max_ms"),
             # CPython's longest cyclic collection in the correlator, and how many full ones (gc.callbacks)
             "gc_max_ms": last.get("gc_max_ms"), "gc_full": last.get("gc_full"),
+            # fleet/heap.py: how often the state was frozen out of full collections, the longest such pass
+            "gc_freezes": last.get("gc_freezes"), "gc_freeze_ms_max": last.get("gc_freeze_ms_max"),
+            "gc_frozen": last.get("gc_frozen"),
             "published": last.get("published"), "publish_same": last.get("publish_same"),
             "publish_retries": last.get("publish_retries"), "rejected": last.get("rejected"),
             "refused": last.get("refused"), "dropped_jobs": last.get("dropped_jobs")}
@@ -938,7 +943,8 @@ def run_many_jobs(args: argparse.Namespace, work: Path) -> dict[str, Any]:
           f"{secs(f['hwm_mib'])} MiB ({secs(f['kib_per_rank'])} KiB a rank over {f['ranks_held']} ranks held), "
           f"max loop stall {secs(f['stall_max_ms'])} ms (measured phases: {secs(f['stall_window_ms'])} ms; "
           f"the correlator's own CPU in a stall at most {secs(f['stall_cpu_max_ms'])} ms; its longest garbage "
-          f"collection {secs(f['gc_max_ms'])} ms, {f['gc_full']} full ones); "
+          f"collection {secs(f['gc_max_ms'])} ms, {f['gc_full']} full ones; the state frozen {f['gc_freezes']} times, "
+          f"the longest collect-and-freeze {secs(f['gc_freeze_ms_max'])} ms, {f['gc_frozen']} objects frozen); "
           f"healthy jobs blamed: {f['healthy_blamed']}"
           + (f"; logged: {f['correlator_problems']}" if f["correlator_problems"] else ""))
     for m in metas:
@@ -1358,11 +1364,14 @@ def main() -> None:
     ap.add_argument("--gen-workers", type=int, default=1, help="scenarios generated at a time (processes)")
     ap.add_argument("--gen-dir", help="where host trees are generated (default: TMPDIR); tmpfs is much faster")
     ap.add_argument("--cache", help="keep generated scenarios' messages here across runs")
+    ap.add_argument("--no-freeze-heap", action="store_true",
+                    help="the correlator without fleet/heap.py's freezing (the baseline it is measured against)")
     ap.add_argument("--no-record", action="store_true", help=f"do not append to {RESULTS.relative_to(REPO)}")
     args = ap.parse_args()
     if args.mode == "many-jobs" and not 1 <= args.jobs <= 1000:
         ap.error("--jobs must be 1..1000 (each job's nodes are named by its seed modulo 1,000)")
     args.job_min_clamp = min(args.job_min, max(2, args.fleet_nodes // max(1, args.jobs)))
+    Correlator.freeze_heap = not args.no_freeze_heap
     configure("error", "json")
     started = time.monotonic()
 

@@ -372,7 +372,8 @@ def cmd_correlator(args: argparse.Namespace) -> int:
     return _serve(lambda: IncidentService(nats_servers(args), nats_cfg=ncfg, partitions=args.partitions,
                                           partition=args.partition, history_s=args.history_hours * 3600,
                                           resolve_after=args.resolve_after, lease_ttl=max(0.0, args.lease_ttl),
-                                          straggler_interval=args.straggler_interval, metrics_listen=listen),
+                                          straggler_interval=args.straggler_interval, metrics_listen=listen,
+                                          freeze_heap=True),
                   ncfg, args.duration)
 
 

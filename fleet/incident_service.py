@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import json
 import os
 import socket
@@ -27,6 +26,7 @@ from agent.config import NatsConfig
 from agent.metrics import MetricsServer
 from agent.nats_link import StreamRefused, await_stream, open_kv, stream_configs
 from fleet.follow import Follower
+from fleet.heap import HeapTender
 from fleet.incidents import (
     INCIDENTS_BUCKET,
     JUDGE_SLICE_S,
@@ -69,7 +69,8 @@ class IncidentService:
     def __init__(self, servers: list[str], *, nats_cfg: NatsConfig | None = None, partitions: int = 1,
                  partition: int = 0, history_s: float = 6 * 3600.0, resolve_after: float = 600.0,
                  debounce: float = 0.05, lease_ttl: float = DEFAULT_TTL, straggler_interval: float = 10.0,
-                 stats_interval: float = STATS_INTERVAL_S, metrics_listen: str = "") -> None:
+                 stats_interval: float = STATS_INTERVAL_S, metrics_listen: str = "",
+                 freeze_heap: bool = False) -> None:
         self.servers = servers
         self.nats_cfg = nats_cfg or NatsConfig()
         self.tracker = IncidentTracker(partitions=partitions, partition=partition, resolve_after=resolve_after)
@@ -122,11 +123,11 @@ class IncidentService:
         # of it, at most this much was the process's own work (its thread's CPU time over the late interval):
         # the rest was the thread waiting for a core (on a machine shared with publishers and a server)
         self.loop_stall_cpu_max_ms = 0.0
-        # CPython's cyclic collections, timed (gc.callbacks): the longest pause and how many full (gen 2) ones;
-        # a full collection walks every tracked object of the state and holds the loop all that time
-        self.gc_max_ms = 0.0
-        self.gc_full = 0
-        self._gc_t0 = 0.0
+        # CPython's cyclic collections, timed (gc.callbacks), and with ``freeze_heap`` (the CLI's service) the
+        # long-lived state kept out of full collections (fleet/heap.py): a full pass over a 144k-rank fleet's
+        # state held the loop ~100 ms. Off by default: freezing is process-wide (tests run services in-process).
+        self.heap = HeapTender()
+        self.freeze_heap = freeze_heap
         # /metrics (fleet/metrics.py): read from the state above at scrape time; "" serves none
         self.published_by_status: dict[str, int] = {}
         self.handed_retired: dict[str, int] = {}  # stream -> messages handed on by followers since removed
@@ -134,14 +135,6 @@ class IncidentService:
         self.metrics.attach(self)
         self.metrics_listen = metrics_listen
         self.metrics_server: MetricsServer | None = None
-
-    def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
-        if phase == "start":
-            self._gc_t0 = time.perf_counter()
-            return
-        self.gc_max_ms = max(self.gc_max_ms, (time.perf_counter() - self._gc_t0) * 1000.0)
-        if info.get("generation") == 2:
-            self.gc_full += 1
 
     def _health(self) -> tuple[bool, str]:
         ok = self.nc is not None and bool(self.nc.is_connected)
@@ -156,8 +149,7 @@ class IncidentService:
     async def start(self) -> None:
         if self.metrics_listen and self.metrics_server is None:  # first: a port in use fails at once (ListenError)
             self.metrics_server = await serve_metrics(self.metrics, self.metrics_listen, self._health)
-        if self._on_gc not in gc.callbacks:
-            gc.callbacks.append(self._on_gc)
+        self.heap.install(freeze=self.freeze_heap)
         self.nc = await natsclient.connect(self.servers, cfg=self.nats_cfg, name="gpu-node-agent-correlator",
                                            inbox="correlator")
         js = self.nc.jetstream()
@@ -288,8 +280,7 @@ class IncidentService:
             self._wake.set()
 
     async def stop(self) -> None:
-        with contextlib.suppress(ValueError):
-            gc.callbacks.remove(self._on_gc)
+        self.heap.remove()
         if self.leases is not None and self.nc is not None:
             with contextlib.suppress(Exception):  # hand the partitions over at once, not after the TTL
                 await within(self.leases.release_all(), 3.0)
@@ -625,7 +616,7 @@ class IncidentService:
                            if self.leases is not None else None),
                 "loop_stall_max_ms": round(self.loop_stall_max_ms, 1),
                 "loop_stall_cpu_max_ms": round(self.loop_stall_cpu_max_ms, 1),
-                "gc_max_ms": round(self.gc_max_ms, 1), "gc_full": self.gc_full, **self.tracker.stats()}
+                 **self.heap.stats(), **self.tracker.stats()}
 
     async def _stats_loop(self) -> None:
         """The loop-stall probe (how late a short sleep wakes: what held the loop that long held every
@@ -645,6 +636,7 @@ class IncidentService:
             self.loop_stall_max_ms = max(self.loop_stall_max_ms, stall)
             self.metrics.loop_stall.observe(stall / 1000.0)
             self.loop_stall_cpu_max_ms = max(self.loop_stall_cpu_max_ms, own)
+            self.heap.tick(quiet=not self._dirty)
             if now >= next_line:
                 log.info("correlator_stats", **{**self.stats(), "loop_stall_window_ms": round(window_max, 1),
                                                 "loop_stall_cpu_window_ms": round(window_cpu, 1)})

@@ -196,8 +196,12 @@ class CorrelatorMetrics(ServiceMetrics):
         yield _gauge("gna_correlator_loop_stall_max_seconds", "The longest the event loop was held, since start",
                      svc.loop_stall_max_ms / 1000.0)
         yield _gauge("gna_correlator_gc_pause_max_seconds", "The longest cyclic garbage collection, since start",
-                     svc.gc_max_ms / 1000.0)
-        yield _counter("gna_correlator_gc_full", "Full (generation 2) garbage collections", svc.gc_full)
+                     svc.heap.max_ms / 1000.0)
+        yield _counter("gna_correlator_gc_full", "Full (generation 2) garbage collections", svc.heap.full)
+        yield _counter("gna_correlator_gc_freezes", "Times the long-lived state was frozen out of full collections",
+                       svc.heap.freezes)
+        yield _gauge("gna_correlator_gc_frozen_objects", "Objects no cyclic collection walks (gc.freeze)",
+                     svc.heap.frozen())
 
     @staticmethod
     def _incidents(svc: IncidentService) -> Iterator[Metric]:

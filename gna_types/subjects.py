@@ -8,11 +8,13 @@ always in the payload too.
 
 from __future__ import annotations
 
+import functools
 import re
 
 from gna_types import details
 
 _SAFE = re.compile(r"[A-Za-z0-9-]")
+_SAFE_NAME = re.compile(r"[A-Za-z0-9-]+")  # a name that is its own token (most node and job names)
 _TOKEN = re.compile(r"^[-_=A-Za-z0-9]+$")
 
 EVENTS_PREFIX = "gna.events"
@@ -63,6 +65,8 @@ OTLP_DURABLE = "gna-export-otlp"  # fleet/exporter.py, OTLP logs
 def encode_token(name: str) -> str:
     if not name:
         return "_"  # an empty name still needs a token
+    if _SAFE_NAME.fullmatch(name):
+        return name  # one scan: the correlator encodes a job and a node per message (issue 21)
     out: list[str] = []
     for ch in name:
         if _SAFE.fullmatch(ch):
@@ -116,6 +120,7 @@ def job_subject(job: str, node: str, kind: str) -> str:
     return f"{JOBS_PREFIX}.{encode_token(job)}.{encode_token(node)}.{kind}"
 
 
+@functools.lru_cache(maxsize=4096)  # a fleet has hundreds of jobs; every message of one asks again
 def job_bucket(job_token: str) -> int:
     """The bucket nats-server stores a job's subjects under (``JOBS_TRANSFORM``): FNV-1a 32 of the job's
     subject token, modulo ``JOB_BUCKETS``."""

@@ -1,0 +1,131 @@
+"""What CPython's cycle collector walks in a central service: its long-lived state kept out of full collections.
+
+A full (generation 2) collection visits every tracked container the process holds and the event loop waits
+throughout: over the correlator's state of a 144k-rank fleet it took ~100 ms (docs/benchmarks.md, the
+correlator at fleet scale), far above the few milliseconds a loop may be held (issue 21). CPython runs one
+whenever the objects that survived into the oldest generation grew by a quarter since the last
+(Modules/gcmodule.c, ``long_lived_pending > long_lived_total / 4``, CPython v3.11.7): while a fleet's
+membership arrives, that is a full pass over an ever larger state.
+
+The state is built to hold no reference cycles (fleet/job_facts.py: records, dicts, sets of strings and
+numbers; a dropped job is freed by reference counts alone, tests/test_heap.py). So what survived a while is
+*frozen* (``gc.freeze``: moved to a generation no collection walks) whenever the unfrozen oldest generation
+passes ``young_max`` objects, right after one full collection over the unfrozen part only (so no garbage
+cycle among them is frozen: that collection costs at most what ``young_max`` objects cost). Every
+collection after that walks at most about ``young_max`` objects.
+
+Frozen objects are still freed by reference counting the moment they are dropped; only a *cycle* that
+becomes garbage while frozen waits: every ``thaw_s`` (default 6 h), at a quiet moment, everything is thawed,
+collected once in full (one stall the size of the whole state, timed and logged) and frozen again. What
+that collection finds (``thaw_collected``) says whether anything leaked in between.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+
+log = structlog.get_logger(__name__)
+
+# Objects the unfrozen oldest generation may hold before it is collected and frozen. Filing a 250-job fleet
+# start (72,230 ranks) in process, the longest step of the loop was 5.2 ms at 5,000, 8.2 ms at 10,000, 18.3 ms
+# at 20,000, and 57.4 ms without freezing (bench/correlator_gc.py --young-max, 2-core sandbox, 2026-12-06).
+YOUNG_MAX = 5_000
+THAW_S = 6 * 3600.0  # s between two full collections of everything (cycles that died frozen reclaimed)
+
+
+class HeapTender:
+    """Every collection timed (the longest, how many full); with ``install(freeze=True)`` the freezing above.
+    Call :meth:`tick` often (the stats loop's probe, every 50 ms); it acts only after a collection of
+    generation 1 moved objects into the oldest generation (counted by the ``gc.callbacks`` hook), so an idle
+    service does nothing. :meth:`remove` unhooks and thaws what it froze."""
+
+    def __init__(self, *, young_max: int = YOUNG_MAX, thaw_s: float = THAW_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.young_max, self.thaw_s, self.clock = young_max, thaw_s, clock
+        self.freezes = 0
+        self.freeze_ms_max = 0.0  # the longest collect-and-freeze (its collection walks <= ~young_max objects)
+        self.thaws = 0
+        self.thaw_ms = 0.0  # the last full collection of everything
+        self.thaw_collected = 0  # what it found unreachable (cycles that died while frozen)
+        self.max_ms = 0.0  # the longest collection CPython ran on its own
+        self.full = 0  # CPython's own full collections
+        self._promoted = 0  # generation-1 collections since the last look (the oldest generation grew)
+        self._t0 = 0.0
+        self._thawed_at = clock()
+        self._freezing = False
+
+    def install(self, *, freeze: bool) -> None:
+        """Hook the timing; with ``freeze``, also freeze what the process holds now (its modules, classes and
+        functions: tens of thousands of objects that would otherwise be walked by every full collection)."""
+        if self._on_gc not in gc.callbacks:
+            gc.callbacks.append(self._on_gc)
+        self._freezing = freeze
+        self._thawed_at = self.clock()
+        if freeze:
+            self.freeze()
+
+    def remove(self) -> None:
+        if self._on_gc in gc.callbacks:
+            gc.callbacks.remove(self._on_gc)
+        if self._freezing:
+            gc.unfreeze()
+        self._freezing = False
+
+    def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+            return
+        self.max_ms = max(self.max_ms, (time.perf_counter() - self._t0) * 1000.0)
+        generation = info.get("generation")
+        if generation == 2:
+            self.full += 1
+        if generation in (1, 2):
+            self._promoted += 1
+
+    def tick(self, *, quiet: bool = True) -> None:
+        """Freeze what survived once the oldest generation passed ``young_max``; thaw everything once every
+        ``thaw_s`` when ``quiet`` (the caller has nothing waiting to be judged)."""
+        if not self._freezing:
+            return
+        now = self.clock()
+        if quiet and now - self._thawed_at >= self.thaw_s:
+            self._thaw(now)
+            return
+        if not self._promoted:
+            return
+        self._promoted = 0
+        if len(gc.get_objects(generation=2)) > self.young_max:
+            self.freeze()
+
+    def freeze(self) -> None:
+        t0 = time.perf_counter()
+        gc.collect()  # the frozen generation is not walked: this is a pass over the unfrozen objects only
+        gc.freeze()
+        self._promoted = 0
+        self.freezes += 1
+        self.freeze_ms_max = max(self.freeze_ms_max, (time.perf_counter() - t0) * 1000.0)
+
+    def _thaw(self, now: float) -> None:
+        gc.unfreeze()
+        t0 = time.perf_counter()
+        self.thaw_collected = gc.collect()
+        self.thaw_ms = round((time.perf_counter() - t0) * 1000.0, 1)
+        gc.freeze()
+        self._thawed_at = now
+        self._promoted = 0
+        self.thaws += 1
+        log.info("heap_thawed", collected=self.thaw_collected, ms=self.thaw_ms, frozen=gc.get_freeze_count())
+
+    def frozen(self) -> int:
+        """Objects in the frozen generation (0 when this never froze: another's freeze is not ours to show)."""
+        return gc.get_freeze_count() if self.freezes or self.thaws else 0
+
+    def stats(self) -> dict[str, Any]:
+        return {"gc_max_ms": round(self.max_ms, 1), "gc_full": self.full, "gc_freezes": self.freezes,
+                "gc_freeze_ms_max": round(self.freeze_ms_max, 1), "gc_frozen": self.frozen(),
+                "gc_thaws": self.thaws, "gc_thaw_ms": self.thaw_ms, "gc_thaw_collected": self.thaw_collected}
