@@ -96,7 +96,9 @@ class IncidentService:
         self._tasks: list[asyncio.Task[Any]] = []
         self._following = False
         self.followers: list[Follower] = []
-        self.watch = natsclient.watching()  # a follower that cannot resume ends the process (75)
+        # a follower that cannot resume ends the process (75): the starting task's watch, taken in
+        # start() -- never here, where a synchronous caller would set it in its thread's root context
+        self.watch: natsclient.ConnectionWatch | None = None
         # judging waits until the live followers handed on what the streams held at start (a verdict
         # from half the history would be published, then corrected: two records for one incident)
         self._judging = False
@@ -150,6 +152,7 @@ class IncidentService:
         if self.metrics_listen and self.metrics_server is None:  # first: a port in use fails at once (ListenError)
             self.metrics_server = await serve_metrics(self.metrics, self.metrics_listen, self._health)
         self.heap.install(freeze=self.freeze_heap)
+        self.watch = natsclient.watching()
         self.nc = await natsclient.connect(self.servers, cfg=self.nats_cfg, name="gpu-node-agent-correlator",
                                            inbox="correlator")
         js = self.nc.jetstream()
@@ -403,7 +406,7 @@ class IncidentService:
 
     def _give_up(self, reason: str) -> None:
         log.error("incidents_follower_failed", reason=reason)
-        self.watch.fail(f"the correlator cannot follow its streams: {reason}")
+        (self.watch or natsclient.watching()).fail(f"the correlator cannot follow its streams: {reason}")
 
     def _stream_for(self, subject: str) -> Any:
         events, jobs, signals = stream_configs(self.nats_cfg)

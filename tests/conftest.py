@@ -16,6 +16,7 @@ import nats
 import pytest
 
 from agent import config as configmod
+from agent import natsclient
 from agent.daemon import Agent
 from agent.nats_server import NatsServerProcess
 from sim.host import SimHost
@@ -47,6 +48,21 @@ class Sink:
 
 def validate_message(data: dict[str, Any]) -> None:
     VALIDATOR.validate(data)
+
+
+@pytest.fixture(autouse=True)
+def _no_connection_watch_left_behind() -> Iterator[None]:
+    """A NATS connection watch belongs to a task and the tasks it starts (agent.natsclient.watching).
+    One made by a synchronous caller lands in the thread's root context, and every later test's tasks
+    would share it (CI once failed in test_liveness on a watch holding another test's twelve clients):
+    the test that leaves one behind fails itself, and the next starts clean."""
+    before = natsclient._current.get()
+    yield
+    after = natsclient._current.get()
+    if after is not before:
+        natsclient._current.set(before)
+        pytest.fail("this test left a NATS connection watch in the thread's root context "
+                    "(natsclient.watching() called outside a task)")
 
 
 @pytest.fixture
