@@ -507,7 +507,7 @@ def _crashed(f: JobFacts) -> _Verdict | None:
         return None
     on: dict[str, list[tuple[Member, dict[str, Any], str, str]]] = defaultdict(list)
     for key, (b, why, reporter) in f.failures.items():
-        mem = ms.by_entity.get(key)
+        mem = ms.member_of(*key)
         if mem is not None:
             on[mem.node].append((mem, b, why, reporter))
     if len(on) != 1 or not ms.size:

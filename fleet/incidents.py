@@ -209,7 +209,7 @@ class IncidentTracker:
             procs.add(proc)
             if msg.get("type") == PROCESS_ENDED and (node, proc) not in j.ended and len(j.ended) < 1 << 20:
                 j.ended.add((node, proc))
-                if (node, proc) in j.facts.ms.by_entity:
+                if j.facts.ms.member_of(node, proc) is not None:
                     j.ended_members += 1
             elif len(j.facts.ms.members) > members_before and (node, proc) in j.ended:
                 j.ended_members += 1  # a process that said it ended before its membership arrived

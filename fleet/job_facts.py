@@ -187,7 +187,6 @@ class Membership:
 
     def __init__(self, *, members_per_node: int = MEMBERS_PER_NODE) -> None:
         self.members: dict[tuple[str, str], Member] = {}
-        self.by_entity: dict[tuple[str, str], Member] = {}  # (node, "nccl:host:pid"), a symptom's process
         self.by_node: dict[str, list[Member]] = {}
         self.ranks: dict[int, Member] = {}
         self.size = 0
@@ -232,9 +231,14 @@ class Membership:
             return None
         return mem.rank if self.ranks.get(mem.rank) is mem else None
 
+    def member_of(self, node: str, entity: str) -> Member | None:
+        """A symptom's process (entity ``nccl:<host>:<pid>``) as a member of the job, if it is one: the same
+        record as ``members[(node, "<host>:<pid>")]`` (no second index: issue 21's bytes per rank)."""
+        return self.members.get((node, entity[5:])) if entity.startswith("nccl:") else None
+
     def rank_of_entity(self, node: str, entity: str) -> int | None:
         """The world rank of a symptom's process: the rank its own node bound to it by membership."""
-        return self.rank_of(self.by_entity.get((node, entity)))
+        return self.rank_of(self.member_of(node, entity))
 
     # -- updates ------------------------------------------------------------------------------
     def node_of_host(self, host: str) -> str:
@@ -272,7 +276,6 @@ class Membership:
             node = _intern(node)
             mem = self.members[key] = Member(node, proc, order, order, via=_intern(via) if via else None)
             self.by_node.setdefault(node, []).append(mem)
-            self.by_entity[(node, f"nccl:{proc}")] = mem
         elif via is None and mem.via is not None:
             mem.via = None  # its own node claims it now: its word
             self.own_count[node] = self.own_count.get(node, 0) + 1

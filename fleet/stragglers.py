@@ -40,6 +40,7 @@ import asyncio
 import hashlib
 import os
 import re
+import sys
 import time
 from collections import OrderedDict, defaultdict
 from collections.abc import Generator, Iterable
@@ -232,7 +233,10 @@ def parse_member(msg: dict[str, Any]) -> tuple[str, str, str, tuple[str, ...]] |
     for nic in (d.nics if d.nics is not None else d.hcas or [])[:MAX_PORTS_PER_NODE]:
         if _PORT.fullmatch(nic):
             devs.append(f"ib:{nic}")
-    return node, entity, job, tuple(dict.fromkeys(devs))
+    # held per member for as long as the job runs: one copy of each job id, node and device name (every
+    # rank of a job names the job, a node's ranks the node and its NICs), not one per message (issue 21)
+    return (sys.intern(node), entity, sys.intern(job),
+            tuple(sys.intern(dev) for dev in dict.fromkeys(devs)))
 
 
 def devices_of(messages: list[dict[str, Any]]) -> list[Device]:
