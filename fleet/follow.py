@@ -88,6 +88,9 @@ class Follower:
         self.check_s, self.fail_s = check_s, fail_s
         self.on_fail = on_fail
         self.last = 0  # the last stream sequence handed on
+        # when the stream stored it (epoch s, by the clock of the stream's leader): a stream is stored in
+        # order, so everything it stored before this has been handed on
+        self.last_stored = 0.0
         self.handed = 0
         self.duplicates = 0
         self.resubscribes = 0
@@ -105,13 +108,15 @@ class Follower:
 
     def _deliver(self, m: Any) -> None:
         try:
-            seq = m.metadata.sequence.stream
+            md = m.metadata  # nats-py parses the reply subject's sequences and stored time anyway
+            seq = md.sequence.stream
         except Exception:  # not a JetStream delivery (a status message nats-py let through)
             return
         if seq <= self.last:
             self.duplicates += 1
             return
         self.last = seq
+        self.last_stored = md.timestamp.timestamp()
         self.handed += 1
         self.on_msg(m.subject, m.data)
         if self.mark is not None and seq >= self.mark:

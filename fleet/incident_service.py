@@ -56,6 +56,9 @@ from gna_types.subjects import (
 log = structlog.get_logger(__name__)
 
 CATCH_UP_MAX_S = 120.0  # s: judging starts then even if a follower has not caught up (logged)
+# s two streams' leaders' clocks may disagree (servers kept by NTP agree within milliseconds): the findings
+# follower is current for the evidence filed once it handed on what was stored this long after it
+STREAM_SKEW_S = 0.25
 LAG_HOLD_MAX_S = 5.0  # s verdicts wait for a hardware findings' follower that shows no life (``_findings_current``)
 # s verdicts wait for one that is recovering (reading, resubscribing, retrying): measured on 2 busy cores, an
 # R3 events consumer whose server was SIGKILLed handed on again 6 s after the hold began (CI, stop 34)
@@ -426,6 +429,13 @@ class IncidentService:
         f = next((f for f in self.followers if f.until is None and f.stream == self.nats_cfg.stream), None)
         if f is None or not f.ready.is_set():
             return True  # not following yet: _ready_to_judge waits for the history
+        # Both streams are stored in order: once the findings follower handed on a message its stream stored
+        # after the newest evidence filed (STREAM_SKEW_S later), every finding stored before that evidence has
+        # been read. No round trip, and during a flood no wait for the stream's end (where the mark below is).
+        filed = max((x.last_stored for x in self.followers if x.stream == self.nats_cfg.jobs_stream), default=0.0)
+        if filed and f.last_stored >= filed + STREAM_SKEW_S:
+            self._findings_behind_since = self._findings_mark = None
+            return True
         now = time.monotonic()
         if self._findings_mark is None:  # what the stream held when the hold began: a fixed target
             self._findings_mark = await f.target()

@@ -150,9 +150,12 @@ async def test_a_follower_is_current_only_once_it_handed_on_what_the_stream_held
         try:
             await _until(lambda: len(seen.items) == 20, 10, "the history handed on")
             assert await f.current()
+            stored = f.last_stored  # when the server stored the last message handed on (its clock: this host's)
+            assert time.time() - 30 < stored <= time.time() + 1
             await _publish(js, 20, 5, "t.b")  # the stream's last messages: not followed
             await _publish(js, 25, 3, "t.c")
             await _until(lambda: len(seen.items) == 23, 10, "t.c handed on")
+            assert f.last_stored >= stored  # a stream is stored in order
             await _publish(js, 28, 2, "t.b")
             assert await f.current() and seen.numbers() == [*range(20), 25, 26, 27]
         finally:

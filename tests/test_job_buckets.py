@@ -17,7 +17,7 @@ from agent.config import NatsConfig
 from agent.message import encode, make_message
 from agent.nats_link import JOBS_STREAM_TRANSFORM, StreamRefused, ensure_stream, stream_configs
 from agent.nats_server import NatsServerProcess
-from fleet.incident_service import LAG_HOLD_LIMIT_S, LAG_HOLD_MAX_S, IncidentService
+from fleet.incident_service import LAG_HOLD_LIMIT_S, LAG_HOLD_MAX_S, STREAM_SKEW_S, IncidentService
 from fleet.incidents import owner, partition_buckets
 from gna_types.subjects import JOB_BUCKETS, encode_token, job_bucket, job_subject, stored_job_subject
 
@@ -139,6 +139,7 @@ async def test_verdicts_wait_for_the_hardware_findings_stored_before_them() -> N
         stream = "GNA_EVENTS"
         name = "incidents:GNA_EVENTS"
         last = 7
+        last_stored = 0.0
         resubscribes = failures = unanswered = 0
         recovering = False
         ready = asyncio.Event()
@@ -181,6 +182,46 @@ async def test_verdicts_wait_for_the_hardware_findings_stored_before_them() -> N
     svc._findings_behind_since -= LAG_HOLD_MAX_S + 0.1
     svc._findings_alive_at -= LAG_HOLD_MAX_S + 0.1
     assert await svc._findings_current()
+
+
+async def test_findings_read_past_the_evidence_filed_are_current_without_asking_the_server() -> None:
+    """Both streams are stored in order: once the findings' follower handed on a message its stream stored
+    after the newest evidence the jobs' followers filed (plus the clocks' skew), every finding stored before
+    that evidence was read: no mark, no round trip, and in a flood no wait for the events stream's end."""
+    svc = IncidentService(["nats://127.0.0.1:1"])
+
+    class Follower:
+        until = None
+        last = 7
+        resubscribes = failures = unanswered = 0
+        recovering = False
+        marks = 0
+
+        def __init__(self, stream: str, stored: float) -> None:
+            self.stream, self.name, self.last_stored = stream, f"incidents:{stream}", stored
+            self.ready = asyncio.Event()
+            self.ready.set()
+
+        async def target(self) -> int:
+            self.marks += 1
+            return 1000  # the events stream's end, far ahead during a flood
+
+        async def reached(self, mark: int) -> bool:
+            return self.last >= mark
+
+        async def drained(self) -> bool:
+            return False
+
+    findings = Follower(svc.nats_cfg.stream, 100.0)
+    jobs = Follower(svc.nats_cfg.jobs_stream, 100.0)
+    svc.followers = [findings, jobs]  # type: ignore[list-item]
+    assert not await svc._findings_current() and findings.marks == 1  # stored no later than the evidence
+    findings.last_stored = 100.0 + STREAM_SKEW_S / 2
+    assert not await svc._findings_current()  # within the clocks' skew: not proof
+    findings.last_stored = 100.0 + STREAM_SKEW_S + 0.01
+    assert await svc._findings_current() and findings.marks == 1 and svc._findings_mark is None
+    jobs.last_stored = 200.0  # newer evidence filed: the findings must be read past it again
+    assert not await svc._findings_current()
 
 
 def test_partitions_hold_every_bucket_once() -> None:
