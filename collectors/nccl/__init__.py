@@ -5,6 +5,8 @@ Sources -> transforms -> sinks, one module each:
 - ``line``: NCCL's line prefix (src/debug.cc) split off a raw line, every prefix field bounded.
 - ``prefilter``: the byte scan that decides which lines are decoded at all; its needles (and
   bench/nccl_ingest.py's grep pattern) are the union of the rules' own.
+- ``repeats``: the lines NCCL repeats (a channel per connection, ``Using network`` per communicator): the
+  first of each kind per process decoded, the rest counted by a byte-level key and applied at once.
 - ``rules/``: one module per rule -- its needles, its pattern, the fields it yields with their bounds, how
   it changes a process's state and which typed message it emits. ``rules.RULES`` is the ordered registry.
 - ``matching``: a line against the registry: the first rule that matches, or a rejection (a field longer

@@ -45,6 +45,12 @@ _NCCLX_LEVEL = {"ERROR": "WARN", "CRITICAL": "WARN", "FATAL": "WARN", "VERBOSE":
 NCCLX_HEADER = re.compile(r"[IWEFCV]\d{4} \d{2}:\d{2}:\d{2}\.\d{6} {0,8}\d{1,10} [^\s\]]{1,256}:\d{1,10}\] "
                           r"[^\s:\[\]<>]{1,64}:\d{1,10}:\d{1,10} \[")
 
+# NCCL's own prefix on an INFO line with nothing before it, as a repeated line's digit shape reads it
+# (collectors/nccl/repeats.py: every digit 0): "host:pid:tid [cudaDev] NCCL INFO ", the host ASCII word characters,
+# dots and dashes only, every part within PREFIX_MAX; the group ``who`` is "host:pid". PREFIX splits every line
+# this matches the same way (host, pid, tid, dev; no timestamp, thread, source or function).
+INFO_SHAPE = rb"(?P<who>[\w.-]{1,64}:0{1,7}):0{1,7} \[0{1,11}\] NCCL INFO "
+
 PREFIX_MAX: dict[str, int] = {
     # NCCL src/debug.cc (ncclDebugInit): getHostName(hostname, 1024, '.') -- the host name cut at its
     # first dot; the kernel's nodename is at most 64 bytes (__NEW_UTS_LEN, include/uapi/linux/utsname.h)

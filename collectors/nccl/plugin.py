@@ -71,8 +71,8 @@ from collectors.nccl.matching import (
     match_wrapped,
     wraps,
 )
-from collectors.nccl.prefilter import PREFILTER, candidate_lines
-from collectors.nccl.process import ProcessState
+from collectors.nccl.prefilter import PREFILTER, REPEATING, best_engine, candidate_lines, hits
+from collectors.nccl.process import ProcessState, pci_of
 from collectors.nccl.rank_paths import (
     Unjudged,
     far_nic_finding,
@@ -80,7 +80,8 @@ from collectors.nccl.rank_paths import (
     parse_nccl_version,
     rank_gdr_finding,
 )
-from collectors.nccl.rule import Heard, Said
+from collectors.nccl.repeats import Repeats, Split
+from collectors.nccl.rule import Fields, Heard, Rule, Said
 from collectors.nccl.rules import WARNING_RULE
 from collectors.nccl.writers import Writers, short_host
 from gna_sdk import CollectorSettings, Emitter, HostPaths
@@ -90,7 +91,6 @@ from gna_sdk.tailer import TailedFile, Tailer
 from gna_types import entities
 from gna_types.details import MAX_RANKS, BackendError, ProcessSummary
 from gna_types.details import RankFailure as TorchRankFailure
-from gna_types.entities import pci_from_nccl
 from gna_types.policy import RELAYED, verdict
 
 log = structlog.get_logger(__name__)
@@ -188,6 +188,7 @@ class NCCLLogsCollector:
         # (proc, text) -> [first, count, sample, {file key: offset of the last line counted}]
         self.warn_windows: dict[tuple[str, str], list[Any]] = {}
         self.lines_matched = 0
+        self.repeats = Repeats()  # NCCL's repeated lines, counted rather than decoded (collectors/nccl/repeats.py)
         # the name this node's own processes print (the kernel's, else the root's /etc/hostname, else the
         # agent's node name), cut at the first dot as NCCL cuts it
         self.node_host = short_host(host.read_text("/proc/sys/kernel/hostname", limit=512)
@@ -247,6 +248,15 @@ class NCCLLogsCollector:
         return self._tri(self.config.nvlink, any(d.get("nvlinks") for d in devs))
 
     # -- chunks ---------------------------------------------------------------------------
+    def _local_writer(self, who: bytes) -> bool:
+        """Whether "host:pid" (a repeated line's writer: repeats.py) is one of this node's processes."""
+        host, _, pid = who.decode("ascii").rpartition(":")
+        return self.writers.local(host, int(pid))
+
+    def _current(self, st: ProcessState) -> bool:
+        """Whether ``st`` is still the state tracked for its process (not ended and forgotten since)."""
+        return self.procs.get(st.key) is st
+
     def _format(self, tf: TailedFile, data: bytes) -> Format:
         fmt = self.formats.get(tf.key)
         if fmt is None:
@@ -255,11 +265,18 @@ class NCCLLogsCollector:
         return fmt
 
     async def _handle(self, tf: TailedFile, data: bytes, base: int) -> bool:
-        matches: list[Match] = []
-        candidates = candidate_lines(data, base, max_line=self.config.max_line, engine=self.engine)
         logged: dict[int, str] = {}
         read_at = dt.datetime.now(dt.UTC)  # a stamp without a year is of the latest year not after this
         fmt = self._format(tf, data)
+        pod = pod_of_path(tf.path)
+        split: Split | None = None
+        if fmt == "plain" and pod is None:
+            # NCCL's repeated lines (a channel per connection) counted, not decoded: collectors/nccl/repeats.py
+            split = self.repeats.split(data, base, hits(data, best_engine() if self.engine == "auto" else self.engine),
+                                       self.config.max_line, self._local_writer, self._current)
+            candidates = split.candidates
+        else:
+            candidates = candidate_lines(data, base, max_line=self.config.max_line, engine=self.engine)
         if fmt != "plain":  # a container log: records to lines, partial ones joined, the runtime's header off
             got = container_logs.lines(
                 fmt, data, base, candidates, final=not self.live,
@@ -271,11 +288,11 @@ class NCCLLogsCollector:
             self.container_stats["bad_records"] += got.bad
             candidates = [(off, content[: self.config.max_line]) for off, content, _t in got.lines]
             logged = {off: t for off, _c, t in got.lines if t}
-        pod = pod_of_path(tf.path)
-        joined_to = -1  # (issue 26) the end in data of the last wrapped line joined: its second part is read
-        for offset, raw in candidates:
-            if offset - base < joined_to:
-                continue
+
+        def decode(offset: int, raw: bytes) -> tuple[Match | None, int]:
+            """The line's match (None: none, or rejected and counted), and the end in data of the line a wrapped
+            line's join consumed (-1: no join)."""
+            joined = -1
             parsed = parse_line(offset, raw, logged.get(offset, ""), now=read_at, tz=self.zone)
             m = match_or_reject(parsed)
             if m is None and fmt == "plain" and len(raw) < self.config.max_line and wraps(parsed):
@@ -283,7 +300,7 @@ class NCCLLogsCollector:
                 w = match_wrapped(data, offset - base, offset - base + len(raw), self.config.max_line,
                                   lambda at, b: parse_line(base + at, b, now=read_at, tz=self.zone))
                 if w is not None:
-                    m, joined_to = w[0], w[2]
+                    m, joined = w[0], w[2]
             if parsed.unread:  # NCCLX's glog header, its NCCL part unreadable: counted, never dropped unseen
                 self.emit.unparsed(UNREAD_SOURCE, f"{tf.path}:{offset}: {parsed.raw[:200]}")
             if isinstance(m, Rejected):
@@ -292,23 +309,71 @@ class NCCLLogsCollector:
                 self.rejected[key] = self.rejected.get(key, 0) + 1
                 self.emit.unparsed(REJECTED_SOURCE, f"{tf.path}:{offset}: {m.rule} {m.field} is {m.length} "
                                                     f"characters (at most {m.limit}): {m.line.raw[:120]}")
-            elif m is not None:
-                matches.append(m)
-        self.lines_matched += len(matches)
+                return None, joined
+            return m, joined
+
+        def line_at(offset: int) -> bytes:
+            start = offset - base
+            end = data.find(b"\n", start)
+            return data[start : end if end >= 0 else len(data)]
+
+        matches: list[tuple[int, Match]] = []  # (the candidate's offset, its match), in the order of the file
+        firsts = split.firsts if split is not None else {}
+        decoded: dict[int, Match] = {}  # the first lines of repeats (repeats.Split.firsts): what they decoded to
+        spans: list[tuple[int, int]] = []  # (after, before): the lines wrapped lines' joins consumed
+        joined_to = -1  # (issue 26) the end in data of the last wrapped line joined: its second part is read
+        for offset, raw in candidates:
+            if offset - base < joined_to:
+                continue
+            m, joined = decode(offset, raw)
+            if joined >= 0:
+                joined_to = joined
+                spans.append((offset, base + joined))
+            if m is not None:
+                matches.append((offset, m))
+                if offset in firsts:
+                    decoded[offset] = m
+        # the first line of each repeat decoded to its rule (always, for the lines Rule.repeat matches): its later
+        # lines in the chunk are tallied with it; else they are decoded like any line, in their place
+        heads: dict[int, tuple[Match, int, bytes, list[int]]] = {}
+        if split is not None:
+            if spans:
+                split.drop(spans)
+            late: list[int] = []
+            for off, (ri, key, offs) in firsts.items():
+                m = decoded.get(off)
+                if m is not None and m.rule is REPEATING[ri] and m.line.host:
+                    heads[off] = (m, ri, key, offs)
+                else:
+                    late += offs
+            if late:
+                for off in late:
+                    m, _joined = decode(off, line_at(off))
+                    if m is not None:
+                        matches.append((off, m))
+                matches.sort(key=lambda om: om[0])
+        counted = 0 if split is None else (sum(len(rep.counted) for rep in split.known)
+                                           + sum(len(head[3]) for head in heads.values()))
+        self.lines_matched += len(matches) + counted
         now = time.monotonic()
         touched: dict[str, ProcessState] = {}
+        first_at: dict[str, int] = {}  # touched process -> the offset of its first line in the chunk
+        last_of: dict[tuple[str, str], int] = {}  # (process, Rule.last_wins rule) -> the offset of its last line
         events: list[tuple[Match, ProcessState, bool]] = []
-        if tf.key not in self.file_local and any(
-                m.line.host and self.writers.local(m.line.host, m.line.pid) for m in matches):
+        if tf.key not in self.file_local and (
+                any(m.line.host and self.writers.local(m.line.host, m.line.pid) for _o, m in matches)
+                or (split is not None and any(rep.counted for rep in split.known))):  # (counted: this node's)
             self.file_local.add(tf.key)  # before its lines are judged: a job-wide file's other hosts are relayed
-        for m in matches:
+
+        def judge(at: int, m: Match) -> ProcessState | None:
+            """The match applied to its writer's state (None: not a process of this node's)."""
             line = m.line
             writer = (line.host, line.pid) if line.host else self._owner(tf.path, m.fields.get("rank"), line.raw,
                                                                           tf.key)
             if writer is None:
                 self.unattributed += 1
                 self.emit.unparsed(f"{tf.path}: lines no writer can be told for (evidence for nobody)", line.raw[:200])
-                continue
+                return None
             host, pid = writer
             if not self.writers.local(host, pid):
                 self.foreign_lines += 1
@@ -317,10 +382,10 @@ class NCCLLogsCollector:
                     relayed = self._relay(m, host, pid, tf.path, now)
                     if relayed is not None:
                         events.append(relayed)
-                    continue
+                    return None
                 self.emit.unparsed(f"{tf.path}: lines other nodes' processes wrote (their agents judge them)",
                                    line.raw[:200])
-                continue
+                return None
             self.file_local.add(tf.key)
             key = f"{host}:{pid}"
             st = self.procs.get(key)
@@ -334,8 +399,48 @@ class NCCLLogsCollector:
             st.last_seen = now
             news = st.apply(m)  # the rule's change to the process (a communicator joined: news)
             touched[key] = st
+            first_at.setdefault(key, at)
+            if m.rule.last_wins:
+                last_of[key, m.rule.name] = at
             if (m.rule.say is not None and (news or not m.rule.news_only)) or line.level == "WARN":
                 events.append((m, st, news))
+            return st
+
+        confirmed: list[tuple[ProcessState, tuple[Match, int, bytes, list[int]]]] = []
+        for at, m in matches:
+            st = judge(at, m)
+            if heads and (head := heads.get(at)) is not None and head[0] is m:
+                del heads[at]
+                if st is not None:
+                    confirmed.append((st, head))
+                else:  # its writer is not this node's after all (a refresh in between): its lines decoded, judged
+                    for off in head[3]:
+                        again, _joined = decode(off, line_at(off))
+                        if again is not None:
+                            judge(off, again)
+        if split is not None:
+            # the counted repeats: their state at once (ProcessState.tally: a rule's counts; a Rule.last_wins rule's
+            # state only when its last line in the chunk is a counted one); a process's place among the touched is
+            # where its first line was
+            groups = [(rep.st, REPEATING[rep.rule], rep.fields, rep.counted) for rep in split.known if rep.counted]
+            for st, (m, ri, key, offs) in confirmed:
+                self.repeats.remember(ri, key, m.fields, st)
+                if offs:
+                    groups.append((st, m.rule, m.fields, offs))
+            last: dict[tuple[str, str], tuple[int, ProcessState, Rule, Fields, int]] = {}
+            for st, rule, fields, offs in groups:
+                st.last_seen = now
+                touched.setdefault(st.key, st)
+                first_at[st.key] = min(first_at.get(st.key, offs[0]), offs[0])
+                if not rule.last_wins:
+                    st.tally(rule, fields, len(offs))
+                elif offs[-1] > last_of.get((st.key, rule.name), -1) and offs[-1] > last.get(
+                        (st.key, rule.name), (-1,))[0]:
+                    last[st.key, rule.name] = (offs[-1], st, rule, fields, len(offs))
+            for _at, st, rule, fields, n in last.values():
+                st.tally(rule, fields, n)
+            if len(touched) > 1:
+                touched = dict(sorted(touched.items(), key=lambda kv: first_at[kv[0]]))
         crashes = self._crashes(tf, data, base, fmt, candidates)
         if not events and not touched and not crashes:
             return True
@@ -362,8 +467,9 @@ class NCCLLogsCollector:
             if not await self._publish(st, said, {**where, **said.details}, msg_id):
                 return False
             k += 1
+        node: dict[str, Any] = {}  # the node's facts, read once for the chunk's processes
         for st in touched.values():
-            if not await self._evaluate(st):
+            if not await self._evaluate(st, node):
                 return False
         return True
 
@@ -826,21 +932,27 @@ class NCCLLogsCollector:
         return await self.emit.condition(type_, firing=True, severity=v.severity, entity=st.entity, reason=reason,
                                          message=message, details=details, suggested_action=v.action)
 
-    async def _evaluate(self, st: ProcessState) -> bool:
+    async def _evaluate(self, st: ProcessState, node: dict[str, Any] | None = None) -> bool:
+        """The conditions over the process's state. ``node``: the node's facts (ACTIVE RDMA ports, GPUDirect,
+        NVLink) as read for another process of the same chunk, filled as they are read."""
+        node = {} if node is None else node
         ok = True
         base = self._summary(st)
-        rdma = self._active_rdma_ports()
+        if "rdma" not in node:
+            node["rdma"] = self._active_rdma_ports()
+        rdma: list[str] = node["rdma"]
         transport = st.transport()
         if transport == "Socket" or (transport is None and st.ib_no_device):
             ok &= await self._socket_fallback(st, base, rdma)
-        if (st.non_gdr_channels or st.gdr_disabled) and transport != "Socket" and self._gdr_available():
+        if (st.non_gdr_channels or st.gdr_disabled) and transport != "Socket" and (
+                node["gdr"] if "gdr" in node else node.setdefault("gdr", self._gdr_available())):
             ok &= await self._firing(
                 st, "NCCLNoGDRDMA", "GDRNotUsed",
                 message=f"NCCL in {st.key} moves IB traffic through host memory (no GPUDirect RDMA) although "
                         f"the node supports it.",
                 details={**base, "channels_without_gdrdma": st.non_gdr_channels,
                          "gdr_disabled_hcas": sorted(st.gdr_disabled)})
-        if st.shm_channels and self._nvlink():
+        if st.shm_channels and (node["nvlink"] if "nvlink" in node else node.setdefault("nvlink", self._nvlink())):
             ok &= await self._firing(
                 st, "NCCLP2PViaHost", "SHMOnNVLinkNode",
                 message=f"NCCL in {st.key} sends GPU-to-GPU traffic through host shared memory on an NVLink node "
@@ -860,15 +972,16 @@ class NCCLLogsCollector:
                            ": a storage NIC excluded by config") + ".",
                 details={**base, "selected": selected, "nccl_ib_hca": env or None, "unintended": surprises,
                          "storage_nics": storage})
-        ok &= await self._topology_checks(st, base, env)
+        ok &= await self._topology_checks(st, base, env, rdma)
         return ok
 
-    async def _topology_checks(self, st: ProcessState, base: dict[str, Any], env_hca: str) -> bool:
+    async def _topology_checks(self, st: ProcessState, base: dict[str, Any], env_hca: str, rdma: list[str]) -> bool:
         """The rank's GPU and NICs against this node's PCIe tree (docs/topology.md, "NCCL ranks and the tree"):
         NCCLFarNIC when its own channels use a NIC farther than the GPU's nearest one, NCCLGDRLevel when
         NCCL_NET_GDR_LEVEL (its environ as written, else its log's echo) turns GPUDirect RDMA off for that pair
-        or is a form NCCL misreads. A log here is taken as this node's job, like every check above."""
-        gpus = {g for c in st.comms.values() if (g := pci_from_nccl(c.get("bus_id")))}
+        or is a form NCCL misreads. A log here is taken as this node's job, like every check above. ``rdma``: the
+        node's ACTIVE RDMA ports, as _evaluate read them."""
+        gpus = {g for c in st.comms.values() if (g := pci_of(c.get("bus_id")))}
         used = st.direct_nics()
         facts = self.emit.facts.get("nccl_env.gdr_level") or {}
         level = (facts.get(str(st.pid)) if self._checkable(st) else None) or st.env.get("NCCL_NET_GDR_LEVEL")
@@ -879,7 +992,7 @@ class NCCLLogsCollector:
         if self.topo is None or now - self.topo[0] > self.config.interval:
             self.topo = (now, await asyncio.to_thread(read_topology, self.host))
         topo = self.topo[1]
-        active = {e.split(":", 1)[-1].rsplit("/", 1)[0] for e in self._active_rdma_ports()}
+        active = {e.split(":", 1)[-1].rsplit("/", 1)[0] for e in rdma}
         ok = True
         found: list[Finding] = []
         checked = far_nic_finding(topo, gpu, used or [], listed=[d["name"] for d in st.ib_devices], active=active,
@@ -990,6 +1103,7 @@ class NCCLLogsCollector:
                                               reason="LogQuiet" if quiet else "LogGone" if gone else "ProcessEnded",
                                               message=f"{type_} for {st.key} cleared: the process {why}.")
             del self.procs[key]
+        self.repeats.prune(self._current)  # their repeated lines' keys with them
 
     async def run(self) -> None:
         self.ras.enabled = self.config.ras

@@ -2,7 +2,8 @@
 
 Only lines containing one of the needles are decoded. Channel lines over P2P/SHM-free paths (the numerous
 intra-node ones) never pass; every NET channel line does: which NIC each channel uses (NET/IB/<n>) is the
-rank's real NIC, GDRDMA or not (a few hundred lines per job start). The needles are the union of the rules'
+rank's real NIC, GDRDMA or not (a few hundred lines per job start; those alike are counted, not decoded:
+repeats.py, which ``hits`` serves). The needles are the union of the rules'
 own (rules/*.py), so a rule brings its own (tests/test_nccl_formats.py: every golden line a rule matches
 holds one of its needles), and the markers of a crashed rank's multi-line reports (crash_evidence.py: a chunk
 holding one is read line by line); bench/nccl_ingest.py's ``grep -cE`` pattern is built from the same list.
@@ -14,11 +15,20 @@ import re
 from typing import Any
 
 from collectors.nccl.crash_evidence import MARKERS
+from collectors.nccl.rule import Rule
 from collectors.nccl.rules import RULES, WARNING_RULE
 
 # any WARN line is an NCCLWarning (WARNING_RULE), whatever rule it also matches
 NEEDLES: tuple[bytes, ...] = tuple(dict.fromkeys([*(n for r in (*RULES, WARNING_RULE) for n in r.needles), *MARKERS]))
 PREFILTER = re.compile(b"|".join(re.escape(n) for n in NEEDLES))
+# Rules whose repeated lines are tallied, not decoded (Rule.repeat, collectors/nccl/repeats.py): a hit of one of
+# their needles carries the rule's kind (1 + its index here), any other needle's kind 0. ``hits`` packs a hit as
+# ``end << KIND_BITS | kind``.
+REPEATING: tuple[Rule, ...] = tuple(r for r in RULES if r.repeat is not None)
+KIND_BITS = 3
+assert len(REPEATING) < 1 << KIND_BITS
+NEEDLE_KIND: dict[bytes, int] = {n: next((i + 1 for i, r in enumerate(REPEATING) if n in r.needles), 0)
+                                 for n in NEEDLES}
 
 
 def grep_pattern() -> str:
@@ -34,7 +44,9 @@ def _hyperscan() -> Any:
         return None
     exprs = [re.escape(n) for n in NEEDLES]
     db = hyperscan.Database()
-    db.compile(expressions=exprs, ids=list(range(len(exprs))), elements=len(exprs), flags=[0] * len(exprs))
+    # an expression's id is its needle's kind (ids need not be unique): ``hits`` learns it from the match itself
+    db.compile(expressions=exprs, ids=[NEEDLE_KIND[n] for n in NEEDLES], elements=len(exprs),
+               flags=[0] * len(exprs))
     return db
 
 
@@ -72,6 +84,21 @@ def _match_ends(data: bytes, name: str) -> list[int]:
         return sorted(ends)
     scanner = engine("re2") if name in ("hyperscan", "re2") else None
     return [m.end() for m in (scanner or PREFILTER).finditer(data)]
+
+
+def hits(data: bytes, name: str) -> list[int]:
+    """Every needle match, ascending: ``end << KIND_BITS | kind`` (``end`` just past the match; ``kind`` that of
+    its needle, NEEDLE_KIND). Hyperscan reports every match, overlapping ones too; the regular-expression engines
+    the leftmost of overlapping ones (a line holding any needle is found by all three alike)."""
+    if name == "hyperscan" and (hs := engine("hyperscan")) is not None:
+        out: list[int] = []
+        add = out.append
+        hs.scan(data, match_event_handler=lambda kind, _frm, to, _fl, _ctx: add(to << KIND_BITS | kind))
+        out.sort()  # already in order of their ends: a linear pass
+        return out
+    scanner = (engine("re2") if name in ("hyperscan", "re2") else None) or PREFILTER
+    kinds = NEEDLE_KIND
+    return [m.end() << KIND_BITS | kinds.get(m.group(), 0) for m in scanner.finditer(data)]
 
 
 def candidate_lines(data: bytes, base: int, *, max_line: int = 65536,

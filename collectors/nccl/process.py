@@ -7,6 +7,7 @@ fleet correlator lives on (gna_types.details.ProcessSummary).
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -15,8 +16,12 @@ from collectors.nccl.hca_names import natural_key
 from gna_types import entities
 from gna_types.entities import pci_from_nccl
 
+# a GPU's PCI address from NCCL's busId (pure; a process's is asked for at every chunk that touches it)
+pci_of = functools.lru_cache(maxsize=1024)(pci_from_nccl)
+
 if TYPE_CHECKING:
     from collectors.nccl.matching import Match
+    from collectors.nccl.rule import Rule
 
 _IB_DEV = re.compile(r"\[(\d+)\]([^\s:\[\]]+):(\d+)/(IB|RoCE)(/SHARP)?")
 
@@ -102,13 +107,20 @@ class ProcessState:
         self.collective_failed |= m.rule.hang
         return m.rule.update(self, m.fields) if m.rule.update is not None else False
 
+    def tally(self, rule: Rule, fields: dict[str, Any], n: int) -> None:
+        """``n`` lines of a rule that only tallies its repeats (Rule.tally), all of them decoding to ``fields``
+        for what the tally reads: the state ``apply`` would leave after each of them."""
+        self.collective_failed |= rule.hang
+        if rule.tally is not None:
+            rule.tally(self, fields, n)
+
     def summary(self) -> dict[str, Any]:
         first = next(iter(self.comms.values()), {})
         world: tuple[str | None, dict[str, Any]] = max(self.comms.items(), key=lambda kv: kv[1]["nranks"],
                                                        default=(None, {}))
         return {"host": self.host, "pid": self.pid, "file": self.file, "ranks": self.ranks(),
                 "nranks": first.get("nranks"), "bus_id": first.get("bus_id"),
-                "pci": pci_from_nccl(first.get("bus_id")),
+                "pci": pci_of(first.get("bus_id")),
                 "comm_ids": sorted(self.comms)[:8], "job": world[0], "world_rank": world[1].get("rank"),
                 "world_size": world[1].get("nranks"), "transport": self.transport(),
                 "hcas": sorted({f"{d['name']}/{d['port']}" for d in self.ib_devices})[:16], "oob": self.oob or None,

@@ -68,6 +68,23 @@ class Rule:
     # holding it that no rule matches is joined with the line after it, then with the one before it, once each
     # (matching.match_wrapped: bounded, one wrap, never a chain)
     wrap: re.Pattern[str] | None = None
+    # A line NCCL prints over and over (a channel line per connection, "Using network" per communicator):
+    # ``repeat`` fullmatches the whole line as NCCL prints it, nothing before or after its prefix, with every
+    # digit read as 0 (repeats.py matches a line's digit shape), its group ``who`` the writer's "host:pid" at the
+    # line's start (line.INFO_SHAPE) and its group ``key`` the part of the line that decides every field
+    # ``update`` reads. Each line it matches must decode to this rule, within every bound, whatever its digits,
+    # and no rule before it may match one -- but for a literal digit in the key ("0x" stands for any digit
+    # before an x): a key is counted only after its first line decoded to the rule, and the key's text is that
+    # line's. The first line of a (who, key) is decoded; the same writer's later
+    # ones in a chunk are counted, and ``tally(st, fields, n)`` leaves the state ``update`` would after n of them
+    # (tests/test_nccl_repeats.py holds the two to the same state). ``update`` must return False for them (no
+    # news: a repeat says nothing) and touch only state no other rule writes.
+    repeat: re.Pattern[bytes] | None = None
+    tally: Callable[[ProcessState, Fields, int], None] | None = None
+    # the state it writes is its last line's ("Using network X" after "Using network Y"): counted lines are
+    # applied only when one of them is the process's last line of the rule in the chunk (else order is free:
+    # counts and sets only grow)
+    last_wins: bool = False
 
     def min_limit(self) -> int:
         """The tightest bound among its fields: a line whose longest value is within it needs no

@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 
 from collectors.nccl.bounds import INT_DIGITS
+from collectors.nccl.line import INFO_SHAPE
 from collectors.nccl.process import MAX_COMMS, ProcessState
 from collectors.nccl.rule import Fields, Heard, Rule, Said
 from gna_types.details import JobMember
@@ -35,6 +36,17 @@ def _say(f: Fields, h: Heard) -> Said | None:
                  "pci": member.pci})
 
 
+def _tally(st: ProcessState, f: Fields, _n: int) -> None:
+    _update(st, f)  # its communicator is known (or the bound reached) since its first line: no change
+
+
+# The same line again (Rule.repeat): ncclCommInitRank's root form as 2.16-2.30 print it (docs/formats.md section
+# 8), "%p" and "0x%llx" within "comm" and "commid"'s bounds, "%lx" within "bus"'s; the split form (parent,
+# color, key) is decoded each time.
+REPEAT = re.compile(INFO_SHAPE + rb"(?P<key>(?:ncclComm[A-Za-z]{1,40} )?comm 0x[0-9a-f]{1,16} rank 0{1,10} nranks "
+                                 rb"0{1,10} cudaDev 0{1,10}(?: nvmlDev 0{1,10})? busId [0-9a-f]{1,16}"
+                                 rb"(?: commId 0x[0-9a-f]{1,16})? - Init COMPLETE)")
+
 RULE = Rule("init", re.compile(r"comm (?P<comm>0x[0-9a-f]+) rank (?P<rank>\d+) nranks (?P<nranks>\d+) cudaDev "
                                  r"(?P<cuda>\d+)(?: nvmlDev (?P<nvml>\d+))?(?: busId (?P<bus>[0-9a-f]+))?"
                                  r"(?: commId (?P<commid>0x[0-9a-f]+))?.*Init COMPLETE"),
@@ -44,4 +56,4 @@ RULE = Rule("init", re.compile(r"comm (?P<comm>0x[0-9a-f]+) rank (?P<rank>\d+) n
             {"comm": 18, "commid": 18, "bus": 16, "rank": INT_DIGITS, "nranks": INT_DIGITS, "cuda": INT_DIGITS,
              "nvml": INT_DIGITS},
             guard=re.compile(r"Init COMPLETE"), needles=(b"Init COMPLETE",), update=_update, say=_say,
-            news_only=True)
+            news_only=True, repeat=REPEAT, tally=_tally)
