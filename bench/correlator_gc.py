@@ -17,15 +17,15 @@ whichever step allocates at the wrong moment; their longest pause is reported to
 Each run is a fresh process (freezing is process-wide), alternating: the baseline (CPython's collections
 as they come: the service before fleet/heap.py) then with freezing; medians over ``--runs`` pairs. The
 input messages themselves are frozen out of the collector in both (what the service holds is measured, not
-the bench's input list). A JSON line with the figures, the commit and the command goes to
-bench/results/correlator_gc.jsonl (--no-record: printed only).
+the bench's input list). The result goes to bench/results/correlator_gc.jsonl through bench/record.py
+(figures, baseline, parameters, commit, machine, fingerprint of the code measured; --no-record: printed
+only).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime
 import gc
 import glob
 import gzip
@@ -41,10 +41,12 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
 
-from fleet.heap import YOUNG_MAX  # noqa: E402  (after the path: run as a script)
+import record as results  # noqa: E402  (after the path: run as a script)
 
-RESULTS = REPO / "bench" / "results" / "correlator_gc.jsonl"
+from fleet.heap import YOUNG_MAX  # noqa: E402
+
 TICK_S = 0.05  # the service's stall probe wakes this often and ticks the heap (fleet/incident_service.py)
 
 
@@ -124,7 +126,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--runs", type=int, default=3, help="pairs of runs (baseline, freezing)")
     ap.add_argument("--young-max", type=int, default=0, help="fleet/heap.py's bound (default: its YOUNG_MAX)")
-    ap.add_argument("--no-record", action="store_true", help=f"do not append to {RESULTS.relative_to(REPO)}")
+    ap.add_argument("--no-record", action="store_true", help="do not append to bench/results/correlator_gc.jsonl")
     ap.add_argument("--child", choices=("off", "on"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -156,19 +158,18 @@ def main() -> None:
     for k in keys:
         a, b = summary["off"][k], summary["on"][k]
         print(f"{k:28}{a:12.2f}{b:12.2f}{(b / a if a else float('nan')):8.2f}")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=REPO).stdout.strip()
-    dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                                text=True, cwd=REPO).stdout.strip())
-    record = {"bench": "correlator_gc", "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-              "commit": commit, "dirty": dirty, "command": " ".join(sys.orig_argv), "cpus": os.cpu_count(),
-              "messages": first["messages"], "ranks": first["ranks"], "runs": args.runs,
-              "young_max": args.young_max or YOUNG_MAX, "summary": summary,
-              "rows": rows}
-    print(json.dumps(record))
-    if not args.no_record:
-        with RESULTS.open("a") as f:
-            f.write(json.dumps(record) + "\n")
+    figures = [results.figure(f"{k} ({unit})", round(summary["on"][k], 2), unit,
+                              baseline=round(summary["off"][k], 2),
+                              baseline_name="CPython's collections as they come (no freezing)",
+                              higher_is_better=False)
+               for k, unit in (("step_max_ms", "ms"), ("step_p999_ms", "ms"), ("gc_max_ms", "ms"),
+                               ("cpu_s", "s"), ("us_per_message", "us"))]
+    figures.append(results.figure("ranks held", first["ranks"]))
+    out = results.record("correlator_gc", figures, variant="one-job" if args.nodes and not args.cache else "",
+                         params={"messages": first["messages"], "ranks": first["ranks"], "runs": args.runs,
+                                 "young_max": args.young_max or YOUNG_MAX},
+                         raw={"summary": summary, "rows": rows}, write=not args.no_record)
+    print(json.dumps({k: out[k] for k in ("commit", "dirty", "fingerprint")}))
 
 
 if __name__ == "__main__":

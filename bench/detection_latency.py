@@ -10,7 +10,9 @@
 (d) idle CPU (millicores) and RSS of an agent on an 8-GPU / 8-HCA simulated node with every
     collector at its default interval.
 
-    python bench/detection_latency.py [--trials 200] [--idle 60]
+    python bench/detection_latency.py [--trials 200] [--idle 60] [--no-record]
+
+The result goes to bench/results/detection_latency.jsonl (bench/record.py).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import nats
+import record as results
 from procstat import cpu_seconds, stop
 from procstat import status_mib as rss_mib
 
@@ -194,6 +197,7 @@ async def main() -> None:
     ap.add_argument("--real-kmsg", action="store_true",
                     help="write the Xid trials to this machine's /dev/kmsg (only on a scratch machine: every reader "
                          "of its kernel log, a real agent included, sees them); default: a kmsg fixture file")
+    ap.add_argument("--no-record", action="store_true", help="print only: nothing appended to bench/results/")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="gna-lat-") as tmp:
         work = Path(tmp)
@@ -226,6 +230,26 @@ async def main() -> None:
               "   (goal p99 <= 100 ms)")
     print(f"(d) idle agent, 8 GPUs + 8 HCAs, default intervals, {args.idle:.0f} s: {millicores:.2f} millicores, "
           f"RSS {rss:.1f} MiB")
+    figures = [
+        results.figure("/dev/nvidiaN deleted -> GPUDevicesMissing, p50 (inotify)", round(pct(fast, 50), 1), "ms",
+                       baseline=round(pct(poll, 50), 1), baseline_name="the same agent polling every 1 s, p50",
+                       higher_is_better=False),
+        results.figure("/dev/nvidiaN deleted -> GPUDevicesMissing, p99 (inotify)", round(pct(fast, 99), 1), "ms",
+                       baseline=round(pct(poll, 99), 1), baseline_name="polling every 1 s, p99",
+                       higher_is_better=False, goal="p99 <= 100 ms"),
+        results.figure(f"Xid line -> GPUXidError, p99 ({'real /dev/kmsg' if real else 'kmsg fixture file'})",
+                       round(pct(kmsg, 99), 1), "ms", goal="p99 <= 100 ms"),
+    ]
+    if udev:
+        figures.append(results.figure("kernel uevent -> IBDeviceMissing, p99", round(pct(udev, 99), 1), "ms",
+                                      goal="p99 <= 100 ms"))
+    figures += [results.figure("idle agent, 8 GPUs + 8 HCAs, default intervals", round(millicores, 2),
+                               "millicores", goal="<= 0.6 millicores (issue 27)"),
+                results.figure("idle agent RSS", round(rss, 1), "MiB", goal="<= 36 MiB (issue 27)")]
+    results.record("detection_latency", figures,
+                   params={k: v for k, v in vars(args).items() if k != "no_record"},
+                   raw={"trials": {"inotify": len(fast), "poll": len(poll), "kmsg": len(kmsg), "udev": len(udev)}},
+                   write=not args.no_record)
 
 
 if __name__ == "__main__":

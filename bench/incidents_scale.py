@@ -53,8 +53,9 @@ culprit replaced by "no culprit" within 5 s). Per correlator: CPU seconds (utime
 peak RSS (VmHWM), the longest loop stall its stats lines report (``loop_stall_max_ms``: since it
 started; ``loop_stall_window_ms``: over the measured phases; ``loop_stall_cpu_max_ms``: how much of a
 stall was at most its own CPU, the rest being the thread waiting for a core), memory per rank held (VmHWM growth over
-the ranks its stats hold). A summary JSON line goes to bench/results/incidents_scale.jsonl with the commit,
-the date and the command line (--no-record: printed only).
+the ranks its stats hold). The result goes to bench/results/incidents_scale.jsonl through bench/record.py
+(its figures; the whole summary as ``raw``; the commit, the machine, the fingerprint of the code measured;
+--no-record: printed only).
 """
 
 from __future__ import annotations
@@ -84,6 +85,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import nats
+import record as results
 from procstat import cpu_seconds, status_mib
 
 from agent.config import NatsConfig
@@ -106,7 +108,6 @@ PARTITIONS = 3
 STARTED: list[Any] = []
 TIMELINE = ("lease_lost", "lease_taken_over", "replay_failed", "incidents_follower_failed", "incidents_caught_up",
             "incident_publish_retry")
-RESULTS = REPO / "bench" / "results" / "incidents_scale.jsonl"
 
 # The correlator as `gpu-node-agent correlator` runs it (fleet/cli.py cmd_correlator), with the stats
 # line every few seconds (the CLI has no flag for it) and JSON logs on stderr.
@@ -1366,7 +1367,7 @@ def main() -> None:
     ap.add_argument("--cache", help="keep generated scenarios' messages here across runs")
     ap.add_argument("--no-freeze-heap", action="store_true",
                     help="the correlator without fleet/heap.py's freezing (the baseline it is measured against)")
-    ap.add_argument("--no-record", action="store_true", help=f"do not append to {RESULTS.relative_to(REPO)}")
+    ap.add_argument("--no-record", action="store_true", help="do not append to bench/results/incidents_scale.jsonl")
     args = ap.parse_args()
     if args.mode == "many-jobs" and not 1 <= args.jobs <= 1000:
         ap.error("--jobs must be 1..1000 (each job's nodes are named by its seed modulo 1,000)")
@@ -1406,11 +1407,35 @@ def main() -> None:
               **({"trials": out["trials"]} if "trials" in out else {})}
     line = json.dumps(rounded(record), default=str, separators=(",", ":"))
     print("\n" + line)
-    if not args.no_record:
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        with RESULTS.open("a") as f:
-            f.write(line + "\n")
-        print(f"(appended to {RESULTS.relative_to(REPO)})")
+    results.record("incidents_scale", figures_of(out), variant=args.mode + ("-fleet-start" if args.fleet_start else ""),
+                   params={k: v for k, v in vars(args).items() if k not in ("no_record", "cache", "gen_dir")},
+                   raw=json.loads(line), write=not args.no_record)
+
+
+def figures_of(out: dict[str, Any]) -> list[dict[str, Any]]:
+    """The recorded figures (bench/record.py): per group of faults, how many were named right and how fast;
+    for a fleet, how long its membership took to digest, bytes per rank, the longest loop stall, healthy
+    nodes blamed. No same-invocation baseline: the goals are the issue's (right, within 3 s)."""
+    figs: list[dict[str, Any]] = []
+    for s in out.get("summary") or []:
+        g = s["group"]
+        figs.append(results.figure(f"{g}: named right", f"{s['right']}/{s['total']}", goal="all"))
+        if s.get("median_after_decisive_s") is not None:
+            figs.append(results.figure(f"{g}: after the decisive message, median / max",
+                                       f"{s['median_after_decisive_s']:.2f} / {s['max_after_decisive_s']:.2f}", "s",
+                                       goal="<= 3 s"))
+        if s.get("withdrawn"):
+            figs.append(results.figure(f"{g}: withdrawn", s["withdrawn"], goal="0"))
+    fleet = out.get("fleet") or {}
+    for key, name, unit, goal in (("digest_all_s", "fleet's membership digested", "s", "seconds"),
+                                  ("kib_per_rank", "memory per rank held (VmHWM growth)", "KiB", ""),
+                                  ("stall_window_ms", "longest loop stall, measured phases", "ms", "a few ms"),
+                                  ("gc_max_ms", "longest CPython collection", "ms", ""),
+                                  ("healthy_blamed", "healthy nodes blamed", "", "0")):
+        if fleet.get(key) is not None:
+            v = fleet[key]
+            figs.append(results.figure(name, round(v, 2) if isinstance(v, float) else v, unit, goal=goal))
+    return figs
 
 
 if __name__ == "__main__":

@@ -12,16 +12,16 @@ scanner doing only the search) and the collector's whole ingest (tailer -> prefi
 rules -> events into an accepting sink). It prints medians, CPU per MB, and what that CPU is as a share
 of one core at a given write rate (``--rate-kb``: each chatty pod's bytes per second).
 
-    python bench/pod_logs.py [--pods 100] [--mb-per-pod 2] [--runs 5] [--rate-kb 20]
+    python bench/pod_logs.py [--pods 100] [--mb-per-pod 2] [--runs 5] [--rate-kb 20] [--no-record]
 
-Results are appended to bench/results/pod_logs.jsonl with the commit they measured.
+The result goes to bench/results/pod_logs.jsonl (bench/record.py: figures, baseline, parameters, commit,
+machine, and a fingerprint of the code measured).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import platform
 import random
 import statistics
 import subprocess
@@ -33,8 +33,10 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench.nccl_ingest import GREP_PATTERN
+import record as results
+from nccl_ingest import GREP_PATTERN
 
 CHATTY = [
     '10.42.{a}.{b} - - [03/Dec/2026:10:{m:02d}:{s:02d} +0000] "GET /api/v1/items/{n}?page={p} HTTP/1.1" 200 {z} "-" '
@@ -139,6 +141,7 @@ def main() -> None:
     ap.add_argument("--mb-per-pod", type=float, default=2.0)
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--rate-kb", type=float, default=20.0, help="bytes each chatty pod writes per second, in KB")
+    ap.add_argument("--no-record", action="store_true", help="print only: nothing appended to bench/results/")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="gna-pods-") as tmp:
         root = Path(tmp)
@@ -164,17 +167,19 @@ def main() -> None:
     print(f"nccl_logs          : median {o:.2f} s ({mb / o:.0f} MB/s): " + ", ".join(f"{r['wall']:.2f}" for r in ours)
           + f"; ratio {g / o:.2f}x grep; CPU {ms_per_mb:.2f} ms/MB; peak RSS {max(r['rss_mib'] for r in ours):.0f} MiB")
     print(f"at {args.rate_kb:.0f} KB/s per pod ({load:.1f} MB/s on the node): {share:.2%} of one core")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=Path(__file__).parent, check=False).stdout.strip()
-    dirty = bool(subprocess.run(["git", "status", "--porcelain", "--", "collectors", "gna_sdk", "bench"],
-                                capture_output=True, text=True, cwd=Path(__file__).parent, check=False).stdout.strip())
-    result = {"bench": "pod_logs", "commit": commit, "dirty": dirty, "machine": platform.machine(),
-              "cpus": __import__("os").cpu_count(), "params": vars(args), "mb": round(mb, 1),
-              "grep_s": greps, "ours_s": [r["wall"] for r in ours], "cpu_ms_per_mb": round(ms_per_mb, 3),
-              "core_share": round(share, 5), "found": found, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    out = Path(__file__).parent / "results" / "pod_logs.jsonl"
-    with open(out, "a") as fh:
-        fh.write(json.dumps(result) + "\n")
+    rss = max(r["rss_mib"] for r in ours)
+    results.record("pod_logs", [
+        results.figure("ingest throughput", round(mb / o), "MB/s", baseline=round(mb / g),
+                       baseline_name="grep -cE, the prefilter's needles"),
+        results.figure("CPU per MB", round(ms_per_mb, 3), "ms/MB", higher_is_better=False),
+        results.figure(f"CPU at {args.rate_kb:g} KB/s from each of {args.pods} pods", round(share * 100, 3),
+                       "% of a core", higher_is_better=False),
+        results.figure("peak RSS", round(rss, 1), "MiB", higher_is_better=False),
+        results.figure("training pod's findings", ", ".join(found)),
+    ], params={k: v for k, v in vars(args).items() if k != "no_record"},
+        raw={"mb": round(mb, 1), "grep_s": [round(x, 4) for x in greps], "ours_s": [round(r["wall"], 4) for r in ours],
+             "joined": ours[0]["joined"]},
+        write=not args.no_record)
 
 
 if __name__ == "__main__":

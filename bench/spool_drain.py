@@ -4,7 +4,10 @@
 Baseline in the same invocation: publishing the same messages with a synchronous
 ``js.publish`` (one round trip each). Prints medians of --runs runs and the ratio.
 
-    python bench/spool_drain.py [--events 100000] [--runs 3] [--baseline-events 20000]
+    python bench/spool_drain.py [--events 100000] [--runs 3] [--baseline-events 20000] [--no-record]
+
+The result goes to bench/results/spool_drain.jsonl (bench/record.py: figures, baseline, parameters,
+commit, machine, and a fingerprint of the code measured).
 """
 
 from __future__ import annotations
@@ -19,8 +22,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import nats
+import record as results
 
 from agent.bus import LocalBus
 from agent.config import NatsConfig
@@ -131,6 +136,7 @@ async def main() -> None:
     ap.add_argument("--window", type=int, default=1024)
     ap.add_argument("--latency-events", type=int, default=2000)
     ap.add_argument("--latency-rate", type=float, default=500.0)
+    ap.add_argument("--no-record", action="store_true", help="print only: nothing appended to bench/results/")
     args = ap.parse_args()
     configure("error")
     with tempfile.TemporaryDirectory(prefix="gna-bench-") as tmp:
@@ -156,6 +162,14 @@ async def main() -> None:
     print(f"ratio drain / sync publish: {d / b:.1f}x   (goal: >= 10,000 events/s)")
     print(f"end-to-end latency emit -> spool fsync -> JetStream -> subscriber, {args.latency_events} events at "
           f"{args.latency_rate:.0f}/s: p50 {p50:.2f} ms, p99 {p99:.2f} ms")
+    results.record("spool_drain", [
+        results.figure("spool drain after an outage (fsync on)", round(d), "events/s", baseline=round(b),
+                       baseline_name="sync js.publish, one round trip each", goal=">= 10,000 events/s"),
+        results.figure("end-to-end latency p50", round(p50, 2), "ms"),
+        results.figure("end-to-end latency p99", round(p99, 2), "ms"),
+    ], params={k: v for k, v in vars(args).items() if k != "no_record"},
+        raw={"drains": [round(x) for x in drains], "baselines": [round(x) for x in bases]},
+        write=not args.no_record)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """The correlator's straggler watch at 100k+ members: how long one evaluation holds the event loop.
 
-    .venv/bin/python bench/straggler_watch.py [--nodes 13000] [--runs 3] [--old] [--freeze]
+    .venv/bin/python bench/straggler_watch.py [--nodes 13000] [--runs 3] [--old] [--freeze] [--no-record]
 
 A fleet from sim/stragglers.py (8 GPUs and 9 ports per node, one NCCLJobMember per GPU: 13,000 nodes
 are 104,000 members, 117,000 ports) is fed to fleet.stragglers.StragglerWatch, then judged with
@@ -13,6 +13,10 @@ show 96d274a:fleet/stragglers.py), which judged everything in one synchronous ca
 ``gc.freeze()`` once the fleet is loaded (what a long-running correlator can do after replaying
 history): CPython's full collections then skip the watch's long-lived objects; without it a full
 collection (100-400 ms over a heap of this size) lands in whichever slice allocates at that moment.
+
+The result goes to bench/results/straggler_watch.jsonl (bench/record.py; variant ``old`` and/or
+``freeze``): per round, the evaluation's wall time, the longest slice and the loop's lateness, the
+longest slice against the goal of a few milliseconds. ``--no-record``: print only.
 """
 
 from __future__ import annotations
@@ -31,8 +35,11 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fleet.stragglers import StragglerWatch
+import record as results
+
+from fleet.stragglers import SLICE_S, StragglerWatch
 from sim.stragglers import generate
 
 
@@ -88,7 +95,8 @@ def _old_watch() -> Any:
     return mod.StragglerWatch()
 
 
-async def run(nodes: int, runs: int, old: bool, freeze: bool) -> None:
+async def run(nodes: int, runs: int, old: bool, freeze: bool) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Print the table; return its figures (bench/record.py) and the per-run numbers."""
     names = ("start (all new)", "1 % members replaced", "5 % vectors new")
     rows: dict[str, list[tuple[float, float, float, int]]] = {n: [] for n in names}
     members = 0
@@ -116,9 +124,18 @@ async def run(nodes: int, runs: int, old: bool, freeze: bool) -> None:
     print(f"{'old' if old else 'new'} StragglerWatch, {nodes} nodes, {members} members, {nodes * 9} ports, "
           f"median of {runs} runs{', gc.freeze()' if freeze else ''}")
     print(f"{'round':<24}{'wall':>10}{'longest slice':>16}{'loop late by':>15}{'records':>9}")
+    figures: list[dict[str, Any]] = []
     for name in names:
         wall, sl, late, n = (statistics.median(x[i] for x in rows[name]) for i in range(4))
         print(f"{name:<24}{wall * 1000:>8.0f} ms{sl * 1000:>13.1f} ms{late * 1000:>12.1f} ms{n:>9.0f}")
+        figures.append(results.figure(f"{name}: wall", round(wall * 1000), "ms", higher_is_better=False))
+        if not old:
+            figures.append(results.figure(f"{name}: longest synchronous slice", round(sl * 1000, 1), "ms",
+                                          higher_is_better=False,
+                                          goal=f"a step past slice_s ({SLICE_S * 1000:g} ms): a few ms"))
+        figures.append(results.figure(f"{name}: loop late by", round(late * 1000, 1), "ms", higher_is_better=False))
+    raw = {"members": members, "runs": {name: [[round(x, 6) for x in row] for row in rows[name]] for name in names}}
+    return figures, raw
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -127,8 +144,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=3, help="fleets (default 3); the median is printed")
     ap.add_argument("--old", action="store_true", help="the previous synchronous StragglerWatch.evaluate")
     ap.add_argument("--freeze", action="store_true", help="gc.freeze() once the fleet is loaded")
+    ap.add_argument("--no-record", action="store_true", help="print only: nothing appended to bench/results/")
     args = ap.parse_args(argv)
-    asyncio.run(run(args.nodes, args.runs, args.old, args.freeze))
+    figures, raw = asyncio.run(run(args.nodes, args.runs, args.old, args.freeze))
+    variant = "-".join(v for v, on in (("old", args.old), ("freeze", args.freeze)) if on)
+    results.record("straggler_watch", figures, variant=variant,
+                   params={k: v for k, v in vars(args).items() if k != "no_record"}, raw=raw,
+                   write=not args.no_record)
     return 0
 
 
