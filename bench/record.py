@@ -12,7 +12,8 @@ command is in the result and in docs/benchmarks.md), commit the new line.
 The fingerprint hashes each Python file's syntax tree without docstrings (``ast.dump``), so a
 comment, a docstring or a reformatting does not stale a figure, and any change to what runs does;
 other files (data, config) are hashed as bytes. It needs no git history (a shallow clone or an
-unpacked tarball checks the same way).
+unpacked tarball checks the same way). ``ast.dump``'s text belongs to the interpreter's minor version:
+results are recorded, and checked, with the project's Python (3.11, as CI runs it).
 
 docs/benchmarks.md's "Recorded results" section is generated from the newest result of each bench
 and variant (``python bench/record.py --docs`` rewrites it, ``--check`` says whether it is in sync;
@@ -237,10 +238,10 @@ def render() -> str:
                       f"{m.get('mem_gib')} GiB, Python {m.get('python')}", "",
                       "| figure | value | baseline | ratio | goal |", "| --- | --- | --- | --- | --- |"]
             for f in r["figures"]:
-                base = f"{_cell(f['baseline'])} {f.get('unit', '')} ({f.get('baseline_name', '')})" \
-                    if "baseline" in f else ""
+                unit = f" {f['unit']}" if f.get("unit") else ""
+                base = f"{_cell(f['baseline'])}{unit} ({_cell(f.get('baseline_name', ''))})" if "baseline" in f else ""
                 ratio = f"{f['ratio']:.2f}x" if "ratio" in f else ""
-                lines.append(f"| {_cell(f['name'])} | {_cell(f['value'])} {f.get('unit', '')} | {base} | {ratio} "
+                lines.append(f"| {_cell(f['name'])} | {_cell(f['value'])}{unit} | {base} | {ratio} "
                              f"| {_cell(f.get('goal', ''))} |")
             lines.append("")
     lines.append(END)
