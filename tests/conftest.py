@@ -46,6 +46,16 @@ class Sink:
         return [m for m in self.messages if m.type == type_]
 
 
+class Clock:
+    """A settable clock (``t``, s) for code that takes a ``clock`` callable."""
+
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
 def validate_message(data: dict[str, Any]) -> None:
     VALIDATOR.validate(data)
 

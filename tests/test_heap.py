@@ -21,19 +21,12 @@ from fleet.incident_service import IncidentService
 from fleet.incidents import IncidentTracker
 from fleet.wire import as_received
 from sim.scenarios import generate
+from tests.conftest import Clock
 
 
 class Node:  # a tracked, weak-referenceable object
     def __init__(self) -> None:
         self.peer: Any = None
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 @pytest.fixture

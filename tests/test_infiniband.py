@@ -22,7 +22,7 @@ from collectors.formats.ib_sysfs import (
 )
 from gna_sdk.hostroot import HostRoot
 from sim.host import SimHost
-from tests.conftest import Sink
+from tests.conftest import Clock, Sink
 from tests.ttar import extract
 
 # Metric families a real node_exporter 1.5 (Debian) exposes for this tree (names without _total).
@@ -37,14 +37,6 @@ NODE_EXPORTER_1_5 = {f"node_infiniband_{n}" for n in (
 FIXTURE = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "procfs-sys-class-infiniband.ttar"
 
 
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 @pytest.fixture

@@ -28,18 +28,10 @@ from collectors.roce import RoCEConfig
 from gna_sdk.hostroot import HostRoot
 from gna_types.policy import verdict
 from sim.host import SimHost
-from tests.conftest import Sink
+from tests.conftest import Clock, Sink
 
 ROCE = "mlx5_1"
 IB = "mlx5_0"
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 @pytest.fixture
