@@ -63,6 +63,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import nats
 import record as results
+from procstat import cpu_seconds
 
 from agent.message import rfc3339
 from agent.nats_link import STREAM_SUBJECTS
@@ -73,11 +74,6 @@ from gna_types.subjects import EVENTS_PREFIX, encode_token, event_subject
 TYPES = ["GPUDevicesMissing", "IBPortDown", "NCCLSocketFallback", "JuiceFSCacheHitRatioLow", "GPUFatalXid"]
 STREAM = "GNA_EVENTS"
 SUBSCRIBER, POLLER = "_subscriber", "_poller"  # this script's helper processes (first argument)
-
-
-def cpu_s(pid: int) -> float:
-    f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(f[11]) + int(f[12])) / 100
 
 
 def pct(values: list[float], p: float) -> float | None:
@@ -332,9 +328,9 @@ async def settled(port: int, nodes: int, quiet_s: float = 1.0, timeout: float = 
 
 
 async def idle_cpu(pid: int, seconds: float) -> float:
-    c0, w0 = cpu_s(pid), time.monotonic()
+    c0, w0 = cpu_seconds(pid), time.monotonic()
     await asyncio.sleep(seconds)
-    return (cpu_s(pid) - c0) / (time.monotonic() - w0)
+    return (cpu_seconds(pid) - c0) / (time.monotonic() - w0)
 
 
 # -- the bench --------------------------------------------------------------------------------------
@@ -364,14 +360,14 @@ async def main(args: argparse.Namespace) -> None:
                 sub = await spawn(SUBSCRIBER, server.url, str(tmp / "sub.json"))
                 before = get_json(port, "/api/stats")
                 count0 = int(before["messages"])
-                d0, w0 = cpu_s(dash.pid), time.monotonic()
+                d0, w0 = cpu_seconds(dash.pid), time.monotonic()
                 run = await load(server.url, names, args.rate, args.seconds)
                 t_drain = time.monotonic() + args.drain
                 while time.monotonic() < t_drain:  # until it has applied the last event
                     if int(get_json(port, "/api/stats")["messages"]) - count0 >= run.sent:
                         break
                     await asyncio.sleep(0.1)
-                d1, w1 = cpu_s(dash.pid), time.monotonic()
+                d1, w1 = cpu_seconds(dash.pid), time.monotonic()
                 await asyncio.sleep(args.settle)  # the subscriber's last arrivals
                 polled = await finish(poller, tmp / "polls.json")
                 run_sub = await finish(sub, tmp / "sub.json")

@@ -49,6 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import record as results
+from procstat import status_mib, threads_cpu_ns
 
 from agent.emitter import CollectorEmitter, ConditionTracker
 from agent.facts import FactStore
@@ -79,26 +80,9 @@ def ensure_node_exporter() -> str:
     return shutil.which(NODE_EXPORTER) or f"/usr/bin/{NODE_EXPORTER}"
 
 
-def task_cpu_ns(pid: int) -> int:
-    total = 0
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            total += int((task / "schedstat").read_text().split()[0])
-        except (OSError, ValueError, IndexError):
-            continue
-    return total
-
-
 def settled_cpu_ns(pid: int) -> int:
     time.sleep(SETTLE_S)
-    return task_cpu_ns(pid)
-
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
+    return threads_cpu_ns(pid)
 
 
 def move_counters(host: SimHost, n: int) -> None:
@@ -213,7 +197,7 @@ def bench(binary: str, host: SimHost, work: Path, cycles: int) -> Samples:
                 s.scrapes.append((o2 - o1) / 1e6)
                 s.cycles.append((o2 - o0) / 1e6)
                 s.ne_body, s.our_body = Body.of(ne_text), Body.of(our_text)
-        s.ne_rss, s.our_rss = rss_mib(ne.pid), rss_mib(pid)
+        s.ne_rss, s.our_rss = status_mib(ne.pid), status_mib(pid)
         return s
     finally:
         if ours is not None:
@@ -280,10 +264,10 @@ def idle_agent(host: SimHost, work: Path, seconds: float) -> tuple[float, float]
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         time.sleep(5)
-        c0, t0 = task_cpu_ns(proc.pid), time.monotonic()
+        c0, t0 = threads_cpu_ns(proc.pid), time.monotonic()
         time.sleep(seconds)
-        c1, t1 = task_cpu_ns(proc.pid), time.monotonic()
-        return (c1 - c0) / 1e6 / (t1 - t0), rss_mib(proc.pid)  # ms of CPU per second = millicores
+        c1, t1 = threads_cpu_ns(proc.pid), time.monotonic()
+        return (c1 - c0) / 1e6 / (t1 - t0), status_mib(proc.pid)  # ms of CPU per second = millicores
     finally:
         proc.terminate()
         proc.wait(15)

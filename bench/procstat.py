@@ -16,6 +16,17 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+def threads_cpu_ns(pid: int) -> int:
+    """On-CPU time of all the process's threads, ns (/proc/<pid>/task/*/schedstat: finer than the ticks above)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue
+    return total
+
+
 def status_mib(pid: int, key: str = "VmRSS") -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith(f"{key}:"):

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import functools
 import glob
 import hashlib
 import os
@@ -158,6 +159,26 @@ class NCCLLogsConfig(CollectorSettings, kw_only=True, forbid_unknown_fields=True
     # PyTorch Flight Recorder dumps of a hung rank (collectors/nccl/flight_recorder.py): looked for this long
     flight_recorder: bool = True
     flight_recorder_wait: Annotated[float, msgspec.Meta(ge=0, le=3600)] = 60.0
+
+
+class NodeFacts:
+    """The node's facts the conditions read (ACTIVE RDMA ports, GPUDirect, NVLink), each read at most once for
+    all the processes one chunk touched."""
+
+    def __init__(self, collector: NCCLLogsCollector) -> None:
+        self._c = collector
+
+    @functools.cached_property
+    def rdma(self) -> list[str]:
+        return self._c._active_rdma_ports()
+
+    @functools.cached_property
+    def gdr(self) -> bool:
+        return self._c._gdr_available()
+
+    @functools.cached_property
+    def nvlink(self) -> bool:
+        return self._c._nvlink()
 
 
 class NCCLLogsCollector:
@@ -467,7 +488,7 @@ class NCCLLogsCollector:
             if not await self._publish(st, said, {**where, **said.details}, msg_id):
                 return False
             k += 1
-        node: dict[str, Any] = {}  # the node's facts, read once for the chunk's processes
+        node = NodeFacts(self)  # the node's facts, read once for the chunk's processes
         for st in touched.values():
             if not await self._evaluate(st, node):
                 return False
@@ -932,27 +953,24 @@ class NCCLLogsCollector:
         return await self.emit.condition(type_, firing=True, severity=v.severity, entity=st.entity, reason=reason,
                                          message=message, details=details, suggested_action=v.action)
 
-    async def _evaluate(self, st: ProcessState, node: dict[str, Any] | None = None) -> bool:
-        """The conditions over the process's state. ``node``: the node's facts (ACTIVE RDMA ports, GPUDirect,
-        NVLink) as read for another process of the same chunk, filled as they are read."""
-        node = {} if node is None else node
+    async def _evaluate(self, st: ProcessState, node: NodeFacts | None = None) -> bool:
+        """The conditions over the process's state. ``node``: the node's facts, shared by the processes of one
+        chunk (each read once)."""
+        node = NodeFacts(self) if node is None else node
         ok = True
         base = self._summary(st)
-        if "rdma" not in node:
-            node["rdma"] = self._active_rdma_ports()
-        rdma: list[str] = node["rdma"]
+        rdma = node.rdma
         transport = st.transport()
         if transport == "Socket" or (transport is None and st.ib_no_device):
             ok &= await self._socket_fallback(st, base, rdma)
-        if (st.non_gdr_channels or st.gdr_disabled) and transport != "Socket" and (
-                node["gdr"] if "gdr" in node else node.setdefault("gdr", self._gdr_available())):
+        if (st.non_gdr_channels or st.gdr_disabled) and transport != "Socket" and node.gdr:
             ok &= await self._firing(
                 st, "NCCLNoGDRDMA", "GDRNotUsed",
                 message=f"NCCL in {st.key} moves IB traffic through host memory (no GPUDirect RDMA) although "
                         f"the node supports it.",
                 details={**base, "channels_without_gdrdma": st.non_gdr_channels,
                          "gdr_disabled_hcas": sorted(st.gdr_disabled)})
-        if st.shm_channels and (node["nvlink"] if "nvlink" in node else node.setdefault("nvlink", self._nvlink())):
+        if st.shm_channels and node.nvlink:
             ok &= await self._firing(
                 st, "NCCLP2PViaHost", "SHMOnNVLinkNode",
                 message=f"NCCL in {st.key} sends GPU-to-GPU traffic through host shared memory on an NVLink node "
