@@ -37,12 +37,13 @@ from agent.cliargs import (
 from agent.natsclient import NatsUnavailable
 from agent.shutdown import EX_SOFTWARE
 from agent.topo_cmd import add_command as add_topo_command
+from agent.validate.cli import add_command as add_validate_command
 from gna_sdk import plural
 
 COMMANDS_GROUP = "gpu_node_agent.commands"
 
 
-NODE_COMMANDS = {"run", "check", "config", "warmup", "topo"}
+NODE_COMMANDS = {"run", "check", "config", "warmup", "topo", "validate"}
 
 
 def build_parser(*, with_commands: bool = True) -> argparse.ArgumentParser:
@@ -129,6 +130,7 @@ def build_parser(*, with_commands: bool = True) -> argparse.ArgumentParser:
     cc.set_defaults(handler=cmd_config_check)
     warm.set_defaults(handler=cmd_warmup)
     add_topo_command(sub)
+    add_validate_command(sub)
     for ep in sorted(entry_points(group=COMMANDS_GROUP), key=lambda e: e.name) if with_commands else ():
         try:
             ep.load()(sub)

@@ -104,6 +104,51 @@ class ExportsConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     nvsentinel: NVSentinelConfig = msgspec.field(default_factory=NVSentinelConfig)
 
 
+class ValidateTools(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """[validate.tools]: each active check's executable; "" finds it on PATH (docs/validate.md)."""
+
+    all_reduce_perf: str = ""  # nccl-tests
+    nvbandwidth: str = ""
+    dcgmi: str = ""
+    ib_write_bw: str = ""  # perftest, built with CUDA (--use_cuda)
+
+
+class ValidateTimeouts(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """[validate.timeouts]: seconds each check may run before it is killed (and fails)."""
+
+    passive: float = 120.0
+    nccl_allreduce: float = 300.0
+    nvbandwidth: float = 600.0
+    dcgm_diag: float = 1800.0  # -r 2 takes minutes, -r 3 ~30 min on 8 GPUs
+    ib_write_bw: float = 120.0
+
+
+class ValidateThresholds(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """[validate.thresholds]: overrides of the SKU table (agent/validate/thresholds.py); unset: the table's."""
+
+    nccl_allreduce_busbw: float | None = None  # GB/s, busbw at the largest size
+    nccl_allreduce_bytes: str = ""  # message size, all_reduce_perf's -e syntax ("16G")
+    h2d: float | None = None  # GB/s per GPU, nvbandwidth host_to_device_memcpy_ce
+    d2h: float | None = None  # GB/s per GPU, device_to_host_memcpy_ce
+    p2p: float | None = None  # GB/s per GPU pair, device_to_device_memcpy_read_ce
+    ib_gdr: float | None = None  # Gb/s per HCA, ib_write_bw --use_cuda loopback
+
+
+class ValidateConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """[validate]: ``gpu-node-agent validate`` and the post-repair validation (docs/validate.md)."""
+
+    sku: str = "auto"  # a row of the SKU table ("nd_h100_v5"), or "auto": detected from the GPUs' model and count
+    tools: ValidateTools = msgspec.field(default_factory=ValidateTools)
+    timeouts: ValidateTimeouts = msgspec.field(default_factory=ValidateTimeouts)
+    thresholds: ValidateThresholds = msgspec.field(default_factory=ValidateThresholds)
+    schedule_interval: float = 0.0  # seconds between scheduled runs while no job holds the GPUs; 0: never
+    schedule_level: Literal["quick", "standard", "full"] = "quick"
+    full_dcgm_level: int = 3  # dcgmi diag -r for --level full (4: the hours-long extended run)
+    ib_port_base: int = 18515  # ib_write_bw's TCP port for the first HCA's loopback, +1 per further HCA
+    server_start_delay: float = 1.0  # seconds between starting an ib_write_bw server and its client
+    max_output_bytes: int = 4 << 20  # of each tool's stdout/stderr kept (the rest is read and dropped)
+
+
 class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     node: str = ""
     host_root: str = "/"
@@ -118,6 +163,7 @@ class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     collectors: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)
     remediations: RemediationsConfig = msgspec.field(default_factory=RemediationsConfig)
     exports: ExportsConfig = msgspec.field(default_factory=ExportsConfig)
+    validate: ValidateConfig = msgspec.field(default_factory=ValidateConfig)
 
     def node_name(self) -> str:
         """The configured name; else, under a host root, that host's own ``/etc/hostname`` (a check
@@ -369,6 +415,34 @@ def _check_values(config: Config, file: str, text: str) -> None:
         fail("exports.nvsentinel.max_pending_events", "must be >= 1")
     if nv.enabled and not nv.socket.startswith("/"):
         fail("exports.nvsentinel.socket", f"must be an absolute path, got {nv.socket[:80]!r}")
+    va = cfg.validate
+    if va.sku != "auto":
+        from agent.validate.thresholds import SKU_KEYS
+
+        if va.sku not in SKU_KEYS:
+            raise ConfigError(f"validate.sku: unknown SKU {va.sku!r}{_suggest(va.sku, ['auto', *SKU_KEYS])}",
+                              file=file, line=_find_line(text, ["validate", "sku"]), key="validate.sku")
+    for name in msgspec.structs.asdict(va.timeouts):
+        if not getattr(va.timeouts, name) > 0:
+            fail(f"validate.timeouts.{name}", "must be > 0")
+    for name, value in msgspec.structs.asdict(va.thresholds).items():
+        if isinstance(value, float) and not value >= 0:
+            fail(f"validate.thresholds.{name}", "must be >= 0")
+    if va.thresholds.nccl_allreduce_bytes and not re.fullmatch(r"\d{1,15}[KMG]?", va.thresholds.nccl_allreduce_bytes):
+        fail("validate.thresholds.nccl_allreduce_bytes", "expected a size like 16G, 512M or 1048576")
+    if va.schedule_interval < 0:
+        fail("validate.schedule_interval", "must be >= 0 (0: no schedule)")
+    if va.full_dcgm_level not in (1, 2, 3, 4):
+        fail("validate.full_dcgm_level", "must be 1, 2, 3 or 4 (dcgmi diag -r)")
+    if not 1024 <= va.ib_port_base <= 65535 - 64:
+        fail("validate.ib_port_base", "must be in 1024..65471")
+    if not 0 <= va.server_start_delay <= 60:
+        fail("validate.server_start_delay", "must be in [0, 60]")
+    if va.max_output_bytes < 4096:
+        fail("validate.max_output_bytes", "must be at least 4096")
+    for name, path in msgspec.structs.asdict(va.tools).items():
+        if path and not path.startswith("/"):
+            fail(f"validate.tools.{name}", f"must be an absolute path, got {path[:80]!r}")
     if cfg.metrics.listen and not re.match(r"^[^:]+:\d+$|^\[[0-9a-fA-F:]+\]:\d+$", cfg.metrics.listen):
         fail("metrics.listen", f"expected HOST:PORT, got {cfg.metrics.listen!r}")
 

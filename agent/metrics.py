@@ -73,6 +73,13 @@ class AgentMetrics:
         self.remediation_decisions = Counter("gna_remediation_decisions", "The node's remediation decisions "
                                              "(audited): executed, dry_run, skipped or failed, per plugin and action",
                                              ["remediation", "action", "decision"], registry=r)
+        # node repair (agent/remediation/repair.py): NVSentinel's MTTR / MTBI, as histograms
+        days = (60, 300, 900, 1800, 3600, 7200, 14400, 43200, 86400, 259200, 604800, 2592000)
+        self.time_to_repair = Histogram("gna_remediation_time_to_repair_seconds", "From this agent's cordon to "
+                                        "its uncordon after a validation passed (MTTR)", registry=r, buckets=days)
+        self.time_between_incidents = Histogram("gna_remediation_time_between_incidents_seconds",
+                                                "Between two repair episodes of this node (MTBI)", registry=r,
+                                                buckets=days)
         self._types: set[tuple[str, str]] = set()
         self._condition_labels: set[tuple[str, str, str, str]] = set()
 

@@ -47,6 +47,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
 import structlog
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, KeyValueConfig
 
@@ -162,7 +163,11 @@ class Cordoner:
         plugins = {n: p for n, p in loaded.available.items() if p.needs_budget}
         for name in sorted(set(loaded.available) - set(plugins)):
             loaded.unavailable[name] = f"{name} acts on a node's own host: the node agent runs it, not the cordoner"
-        self.engine = Engine(self.cfg.remediations, plugins, audit=audit, alert=alert, budget=lambda: budget,
+        # Repair episodes and validation run on the node (its tools, its GPUs): a central cordon is undone
+        # after the hold-down as before (docs/repair.md, "central cordons").
+        rcfg = msgspec.structs.replace(self.cfg.remediations, validate_before_uncordon=False,
+                                       repair=msgspec.structs.replace(self.cfg.remediations.repair, enabled=False))
+        self.engine = Engine(rcfg, plugins, audit=audit, alert=alert, budget=lambda: budget,
                              unavailable=loaded.unavailable, spare=self._spare)
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._watch_incidents(js), name="cordoner:incidents"))

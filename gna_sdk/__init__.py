@@ -336,6 +336,11 @@ async def run_command(argv: list[str], *, timeout: float = 60.0) -> tuple[int, s
         proc.kill()
         await proc.wait()
         raise CommandError(f"{argv[0]} timed out after {timeout:g}s") from None
+    except asyncio.CancelledError:  # the caller gave up (a shutdown): the child must not outlive it
+        if proc.returncode is None:
+            proc.kill()
+            await asyncio.shield(proc.wait())
+        raise
     return proc.returncode or 0, out.decode("utf-8", "replace")[:4000], err.decode("utf-8", "replace")[:4000]
 
 

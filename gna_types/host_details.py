@@ -112,6 +112,18 @@ class RemediationBudgetExhausted(msgspec.Struct, kw_only=True, omit_defaults=Tru
     trigger: Annotated[str, Meta(max_length=128)] | None  # the triggering message's type
 
 
+class RemediationNodeKeptOut(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """``RemediationNodeKeptOut`` (agent/remediation/repair.py): a node this agent cordoned stays out of
+    service — a repeat offender, no repair step left, or handed off — until an operator acts."""
+
+    node: Annotated[str, Meta(max_length=253)] | None
+    trigger: Annotated[str, Meta(max_length=128)] | None  # the triggering message's type
+    entity: Annotated[str, Meta(max_length=256)] | None
+    why: Annotated[str, Meta(max_length=ERROR_MAX)]
+    ladder: Annotated[str, Meta(max_length=128)]
+    steps: Annotated[list[Annotated[str, Meta(max_length=64)]], Meta(max_length=32)]  # the repair steps that ran
+
+
 class ConditionsAggregated(msgspec.Struct, kw_only=True, omit_defaults=True):
     """Any condition type, reason ``Aggregated`` (agent/emitter.py ``_fold``): the conditions beyond a
     collector's cap, folded into one per type."""
@@ -138,4 +150,5 @@ HOST_DETAILS: Final[dict[str, type[msgspec.Struct]]] = {
     "SpoolOverflow": SpoolOverflow,
     "SpoolCorrupted": SpoolCorrupted,
     "RemediationBudgetExhausted": RemediationBudgetExhausted,
+    "RemediationNodeKeptOut": RemediationNodeKeptOut,
 }

@@ -30,6 +30,8 @@ A_REASONS = "gpu-node-agent/conditions"
 A_MESSAGE_ID = "gpu-node-agent/message-id"
 A_SINCE = "gpu-node-agent/cordoned-at"
 A_CATEGORIES = "gpu-node-agent/node-conditions"  # the category conditions this agent set False
+L_REPLACE = "gpu-node-agent/replace"  # a label: selectable (kubectl get nodes -l gpu-node-agent/replace=true)
+A_REPLACE_WHY = "gpu-node-agent/replace-reason"
 
 
 class KubernetesConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -146,6 +148,28 @@ class KubernetesRemediation:
             await self.client().create(ev, namespace=self.config.event_namespace)
         except ApiError as exc:
             log.warning("kubernetes_event_failed", node=name, code=exc.status.code, error=exc.status.message)
+
+    async def mark_for_replacement(self, msg: dict[str, Any], why: str) -> Result:
+        """A node that stays out (a repeat offender, no repair left): labelled for replacement, the reason
+        annotated, an Event recorded. Only on a node this agent cordoned; the cordon stays."""
+        from lightkube import ApiError
+        from lightkube.resources.core_v1 import Node
+        from lightkube.types import PatchType
+
+        name = self._node(msg)
+        try:
+            node = await self._get(name)
+        except ApiError as exc:
+            return Result("failed", f"GET node {name}: {exc.status.code} {exc.status.message}")
+        if (node.metadata.annotations or {}).get(MARKER) != MARK_VALUE:
+            return Result("already_done", "not cordoned by this agent: left alone")
+        patch = {"metadata": {"labels": {L_REPLACE: "true"}, "annotations": {A_REPLACE_WHY: why[:1000]}}}
+        try:
+            await self.client().patch(Node, name, patch, patch_type=PatchType.MERGE)
+        except ApiError as exc:
+            return Result("failed", f"PATCH node {name}: {exc.status.code} {exc.status.message}")
+        await self._event(name, "MarkedForReplacement", f"gpu-node-agent keeps the node out: {why}")
+        return Result("executed", f"labelled {name} {L_REPLACE}=true")
 
     async def uncordon(self, msg: dict[str, Any]) -> Result:
         from lightkube import ApiError

@@ -72,6 +72,17 @@ class SlurmRemediation:
             timeout=self.config.timeout)
         return Result("executed", f"drained {node}") if rc == 0 else Result("failed", err.strip() or f"rc {rc}")
 
+    async def mark_for_replacement(self, msg: dict[str, Any], why: str) -> Result:
+        """Keep our drain, its reason saying the node is to be replaced (an operator's `sinfo -R` shows it)."""
+        node, type_ = _checked({**msg, "type": msg.get("type") or "X"}, self.config)
+        state = await self._show(node)
+        if not state.get("Reason", "").startswith(REASON_PREFIX):
+            return Result("already_done", f"drain reason is not ours ({state.get('Reason', '')!r}): left alone")
+        reason = f"{REASON_PREFIX} replace ({type_})"
+        rc, _out, err = await run_command([self.scontrol, "update", f"NodeName={node}", "State=DRAIN",
+                                           f"Reason={reason}"], timeout=self.config.timeout)
+        return Result("executed", f"{node}: {reason}") if rc == 0 else Result("failed", err.strip() or f"rc {rc}")
+
     async def uncordon(self, msg: dict[str, Any]) -> Result:
         node, _ = _checked({**msg, "type": msg.get("type") or "X"}, self.config)
         state = await self._show(node)

@@ -83,7 +83,7 @@ def test_an_unknown_remediation_action_names_file_line_and_the_closest_plugin(tm
     assert (err.key, err.line) == ("remediations.rules.action", 13)
     assert str(err).startswith("f.toml:13: ") and "'modprob'" in str(err) and "did you mean 'modprobe'?" in str(err)
     # nothing close: the installed plugins are listed (and "cordon")
-    with pytest.raises(configmod.ConfigError, match=r"'page_oncall'.*juicefs_warmup, kubernetes, modprobe, slurm"):
+    with pytest.raises(configmod.ConfigError, match=r"'page_oncall'.*breakfix, drain, gpu_reset, juicefs_warmup, kubernetes, modprobe, reboot_request, slurm"):
         configmod.parse('[[remediations.rules]]\nname = "p"\naction = "page_oncall"\n[remediations.rules.match]\n')
     # inline rules: the line that names the action
     with pytest.raises(configmod.ConfigError) as ei:

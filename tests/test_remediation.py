@@ -19,7 +19,8 @@ from agent.nats_server import NatsServerProcess
 from agent.remediation.budget import FleetBudget
 from agent.remediation.engine import Engine
 from agent.remediation.loader import load_plugins
-from agent.remediation.policy import Match, RemediationsConfig, Rule
+from agent.remediation.policy import Match, RemediationsConfig, RepairConfig, Rule
+from agent.remediation.repair import Validation
 from gna_sdk.hostroot import HostRoot
 from remediations.kubernetes import KubernetesConfig, KubernetesRemediation
 from sim.host import SimHost
@@ -101,10 +102,19 @@ class Audits:
         self.alerts.append((t, m))
 
 
-def _engine(cfg: RemediationsConfig, host: HostRoot, audits: Audits, budget: Any = None) -> Engine:
+# The cordon mechanics alone: no repair episode after a cordon (tests/test_repair_loop.py walks those).
+NO_REPAIR = RepairConfig(enabled=False)
+
+
+async def _passes(level: str) -> Validation:
+    return Validation("passed", f"{level}: 3 checks, none failed")
+
+
+def _engine(cfg: RemediationsConfig, host: HostRoot, audits: Audits, budget: Any = None,
+            validator: Any = None) -> Engine:
     loaded = load_plugins(cfg, host)
     return Engine(cfg, loaded.available, audit=audits, alert=audits.alert, budget=budget,
-                  unavailable=loaded.unavailable)
+                  unavailable=loaded.unavailable, validator=validator)
 
 
 async def test_fresh_config_is_dry_run_and_audits_what_it_would_do(tools: Path, tmp_path: Path) -> None:
@@ -137,7 +147,7 @@ async def test_a_dry_run_cooldown_says_nothing_acted_and_never_holds_back_a_real
     assert (repeat["decision"], repeat["reason"]) == ("skipped",
                                                       "cooldown: would have acted 7s ago (dry run; cooldown 600s)")
     assert "acted 7s ago (cooldown" not in repeat["reason"]
-    enforcing = RemediationsConfig(cordon_with="slurm", enforce=True)
+    enforcing = RemediationsConfig(cordon_with="slurm", enforce=True, repair=NO_REPAIR)
     eng2 = Engine(enforcing, load_plugins(enforcing, HostRoot(tmp_path)).available, audit=audits,
                   budget=lambda: _Granted(), clock=lambda: now[0])
     eng2.attempts = eng.attempts  # a reload carries the attempts over (agent/daemon.py)
@@ -176,9 +186,9 @@ async def test_a_missing_binary_is_named_in_the_audit_not_a_missing_plugin(tmp_p
 
 
 async def test_slurm_drain_is_idempotent_and_resume_only_our_drain(tools: Path, tmp_path: Path) -> None:
-    cfg = RemediationsConfig(enforce=True, cordon_with="slurm", uncordon_hold_down=0.2)
+    cfg = RemediationsConfig(enforce=True, cordon_with="slurm", uncordon_hold_down=0.2, repair=NO_REPAIR)
     audits = Audits()
-    eng = _engine(cfg, HostRoot(tmp_path), audits, budget=lambda: _AlwaysBudget())
+    eng = _engine(cfg, HostRoot(tmp_path), audits, budget=lambda: _AlwaysBudget(), validator=_passes)
     await eng.handle(_msg())
     await eng.handle(_msg(entity="gpu:0000:2a:00.0"))  # second trigger: already draining -> no second update
     updates = [a for a in argv_log(tools) if a[1] == "update"]
@@ -262,8 +272,9 @@ def kube() -> Any:
 def _kube_engine(kube: FakeKube, tmp_path: Path, audits: Audits, token: str = "agent-token",
                  hold: float = 0.3) -> Engine:
     kc = kube.kubeconfig(tmp_path / f"kubeconfig-{token}", token)
-    cfg = RemediationsConfig(enforce=True, uncordon_hold_down=hold, plugins={"kubernetes": {"kubeconfig": str(kc)}})
-    return _engine(cfg, HostRoot(tmp_path), audits, budget=lambda: _AlwaysBudget())
+    cfg = RemediationsConfig(enforce=True, uncordon_hold_down=hold, plugins={"kubernetes": {"kubeconfig": str(kc)}},
+                             repair=NO_REPAIR)
+    return _engine(cfg, HostRoot(tmp_path), audits, budget=lambda: _AlwaysBudget(), validator=_passes)
 
 
 async def test_kubernetes_cordon_taint_condition_event_then_uncordon(kube: FakeKube, tmp_path: Path) -> None:
@@ -299,6 +310,9 @@ async def test_kubernetes_cordon_taint_condition_event_then_uncordon(kube: FakeK
     assert conds["GPUFellOffBus"] == "False" and conds["AcceleratedHardwareReady"] == "True"
     assert "gpu-node-agent/node-conditions" not in node["metadata"]["annotations"]
     assert audits.records[-1]["action"] == "uncordon" and audits.records[-1]["decision"] == "executed"
+    gate = audits.records[-2]  # issue 28: back in service only after validation passed
+    assert (gate["action"], gate["decision"]) == ("validate", "executed") and "passed" in gate["reason"]
+    assert "validation passed" in audits.records[-1]["reason"]
 
 
 async def test_operator_cordoned_node_is_left_alone(kube: FakeKube, tmp_path: Path) -> None:
@@ -330,7 +344,7 @@ async def test_unknown_node_and_forbidden(kube: FakeKube, tmp_path: Path) -> Non
 # -- fleet budget over a real nats-server ---------------------------------------------------
 
 async def test_100_agents_race_for_a_budget_of_5(tools: Path, tmp_path: Path, nats_server: NatsServerProcess) -> None:
-    cfg = RemediationsConfig(enforce=True, cordon_with="slurm")
+    cfg = RemediationsConfig(enforce=True, cordon_with="slurm", repair=NO_REPAIR)
     conns = [await nats.connect(nats_server.url) for _ in range(100)]
     try:
         budgets = [FleetBudget(nc.jetstream(), max_nodes=5, max_percent=0.0, window=600) for nc in conns]

@@ -12,6 +12,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -19,10 +20,11 @@ import structlog
 from agent.message import rfc3339
 from agent.remediation.budget import BudgetUnavailable, FleetBudget
 from agent.remediation.policy import RemediationsConfig, Rule, effective_rules
+from agent.remediation.repair import Observer, Repairs, Validator
 from gna_sdk import Result, Uncordons
 from gna_sdk.ids import new_id
 from gna_sdk.retry import delay_after
-from gna_types.host_details import RemediationBudgetExhausted
+from gna_types.host_details import RemediationBudgetExhausted, RemediationNodeKeptOut
 from gna_types.node_details import wire
 
 log = structlog.get_logger(__name__)
@@ -52,7 +54,9 @@ class Engine:
     def __init__(self, cfg: RemediationsConfig, plugins: dict[str, Any], *, audit: AuditSink,
                  alert: AlertSink | None = None, budget: BudgetGetter | None = None,
                  clock: Callable[[], float] = time.monotonic, unavailable: dict[str, str] | None = None,
-                 spare: Callable[[dict[str, Any]], str | None] | None = None) -> None:
+                 spare: Callable[[dict[str, Any]], str | None] | None = None, validator: Validator | None = None,
+                 repair_state: Path | None = None, boot_id: Callable[[], str] = lambda: "",
+                 observe: Observer | None = None) -> None:
         self.cfg = cfg
         self.rules = effective_rules(cfg)
         self.plugins = plugins
@@ -68,6 +72,10 @@ class Engine:
         self.decisions: list[dict[str, Any]] = []  # recent, for tests and `status`
         self._lock = asyncio.Lock()
         self._budget_alerted = False
+        self.validator = validator
+        # after a cordon: drain, repair, validate, uncordon (agent/remediation/repair.py)
+        self.repairs = Repairs(self, cfg.repair, validator=validator, state_path=repair_state, boot_id=boot_id,
+                               observe=observe)
 
     @property
     def budget_exhausted(self) -> bool:
@@ -141,6 +149,9 @@ class Engine:
             return await self._audit(msg, rule, name, "skipped", "backing off after a failure", args=args)
         if plugin.needs_budget and self.spare is not None and (spared := self.spare(msg)):
             return await self._audit(msg, rule, name, "skipped", spared, args=args)
+        if not plugin.needs_budget and not dry and (busy := self.repairs.busy(node)):
+            return await self._audit(msg, rule, name, "skipped", f"{busy}: one action at a time on a node",
+                                     args=args)
         try:
             plan = plugin.plan(msg, args)
         except ValueError as exc:  # a value outside the plugin's allowlist
@@ -148,7 +159,8 @@ class Engine:
         if dry:
             att.last_done, att.last_dry_run = now, True
             self._track(msg, name, plugin)
-            return await self._audit(msg, rule, name, "dry_run", f"would {plan}", args=args)
+            then = f", {self.repairs.plan(msg)}" if plugin.needs_budget and self.cfg.repair.enabled else ""
+            return await self._audit(msg, rule, name, "dry_run", f"would {plan}{then}", args=args)
         if plugin.needs_budget:
             verdict = await self._take_budget(msg, rule, name, args)
             if verdict is not None:
@@ -165,10 +177,14 @@ class Engine:
             return await self._audit(msg, rule, name, "failed", f"{plan} failed", args=args, result=result,
                                      error=result.detail)
         att.last_done, att.last_dry_run, att.failures = now, False, 0
-        self._track(msg, name, plugin, cordoned=result.outcome == "executed" and plugin.needs_budget)
+        cordoned = result.outcome == "executed" and plugin.needs_budget
+        self._track(msg, name, plugin, cordoned=cordoned)
         decision = "executed" if result.outcome == "executed" else "skipped"
         reason = plan if result.outcome == "executed" else f"already done: {result.detail}"
-        return await self._audit(msg, rule, name, decision, reason, args=args, result=result)
+        record = await self._audit(msg, rule, name, decision, reason, args=args, result=result)
+        if cordoned:
+            self.repairs.begin(name, msg)
+        return record
 
     async def _take_budget(self, msg: dict[str, Any], rule: Rule, name: str,
                            args: dict[str, Any]) -> dict[str, Any] | None:
@@ -212,6 +228,8 @@ class Engine:
             if node != msg.get("node", "") or (msg.get("type"), msg.get("entity")) not in t.active:
                 continue
             t.active.discard((msg.get("type", ""), msg.get("entity", "")))
+            if self.repairs.holds(node):
+                continue  # the repair episode validates and uncordons (or keeps the node out)
             if not t.active and t.uncordon_task is None:
                 t.uncordon_task = asyncio.get_running_loop().create_task(self._uncordon_later(name, node, msg))
 
@@ -219,33 +237,85 @@ class Engine:
         await asyncio.sleep(self.cfg.uncordon_hold_down)
         async with self._lock:
             t = self.triggers.get(f"{name}|{node}")
-            if t is None or t.active:
+            if t is None or t.active or self.repairs.holds(node):
                 return
-            plugin = self.plugins[name]
             t.uncordon_task = None
             if self.dry_run(name) or not t.cordoned_by_us:
                 await self._audit(msg, None, name, "dry_run" if self.dry_run(name) else "skipped",
                                   "would uncordon: every trigger resolved" if self.dry_run(name) else
                                   "not uncordoning: this agent did not cordon it", action="uncordon")
                 return
+        why = "every trigger resolved for the hold-down"
+        if self.cfg.validate_before_uncordon:
+            if self.validator is None:
+                await self._audit(msg, None, name, "skipped", "not uncordoning: validation is required "
+                                  "(validate_before_uncordon) and no validator is wired", action="uncordon")
+                return
+            result = await self.validator(self.cfg.repair.validate_level)
+            await self._audit(msg, None, "validate", "executed" if result.verdict == "passed" else "failed",
+                              f"validation ({self.cfg.repair.validate_level}) {result.verdict}: {result.summary}",
+                              action="validate")
+            if result.verdict != "passed":
+                await self.alert_kept_out(msg, f"every trigger resolved but validation {result.verdict}: "
+                                               f"{result.summary}")
+                return
+            why += " and validation passed"
+        await self.uncordon_now(name, node, msg, why)
+
+    async def uncordon_now(self, name: str, node: str, msg: dict[str, Any], why: str) -> bool:
+        """Uncordon a node this agent cordoned (audited, its budget slot released); True when it is back."""
+        async with self._lock:
+            t = self.triggers.get(f"{name}|{node}")
+            plugin = self.plugins.get(name)
+            if t is None or not t.cordoned_by_us:
+                await self._audit(msg, None, name, "skipped", "not uncordoning: this agent did not cordon it",
+                                  action="uncordon")
+                return False
+            if self.dry_run(name):
+                await self._audit(msg, None, name, "dry_run", f"would uncordon: {why}", action="uncordon")
+                return False
             if not isinstance(plugin, Uncordons):
                 await self._audit(msg, None, name, "skipped", f"the {name} plugin cannot uncordon: undo it by hand",
                                   action="uncordon")
-                return
+                return False
             try:
                 result = await plugin.uncordon(msg)
             except Exception as exc:
                 await self._audit(msg, None, name, "failed", "uncordon failed", error=repr(exc), action="uncordon")
-                return
+                return False
+            if result.outcome == "failed":
+                await self._audit(msg, None, name, "failed", "uncordon failed", result=result, error=result.detail,
+                                  action="uncordon")
+                return False
             if self.budget and (budget := self.budget()) is not None:
                 try:
                     await budget.release(node)
                 except Exception as exc:
                     log.warning("budget_release_failed", node=node, error=repr(exc))
+            if t.uncordon_task is not None:
+                t.uncordon_task.cancel()
             del self.triggers[f"{name}|{node}"]
             await self._audit(msg, None, name, "executed" if result.outcome == "executed" else "skipped",
-                              "uncordoned: every trigger resolved for the hold-down" if result.outcome == "executed"
+                              f"uncordoned: {why}" if result.outcome == "executed"
                               else f"not uncordoned: {result.detail}", result=result, action="uncordon")
+            return True
+
+    async def audit_repair(self, msg: dict[str, Any], plugin: str, decision: str, reason: str, *,
+                           result: Result | None = None, error: str = "", action: str = "repair") -> None:
+        """A repair episode's step, validation or marking, audited like every other decision."""
+        await self._audit(msg, None, plugin, decision, reason, result=result, error=error, action=action)
+
+    async def alert_kept_out(self, msg: dict[str, Any], why: str) -> None:
+        node = _str_or_none(msg.get("node"))
+        ep = self.repairs.episodes.get(node or "")
+        log.warning("remediation_node_kept_out", node=node, why=why)
+        if self.alert:
+            await self.alert("RemediationNodeKeptOut", f"{node} stays out of service: {why}",
+                             wire(RemediationNodeKeptOut(
+                                 node=node, trigger=_str_or_none(msg.get("type")),
+                                 entity=_str_or_none(msg.get("entity")), why=why[:500],
+                                 ladder=(ep.ladder if ep else "")[:128],
+                                 steps=[s[:64] for s in (ep.done_steps if ep else [])][:32])))
 
 
 def _str_or_none(v: object) -> str | None:

@@ -52,6 +52,38 @@ class BudgetConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     window: float = 3600.0
 
 
+class Ladder(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The repair steps for the triggers it matches, tried in order until a validation passes."""
+
+    name: str
+    match: Match
+    steps: list[str] = msgspec.field(default_factory=list)  # remediation plugin names; empty: validate only
+    suspect: bool = False  # software evidence alone: drained of the job, validated at once, no repair first
+    validate_first: bool = False  # validate before the first step (a fault that may have cleared by itself)
+
+
+class RepairConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """After a cordon: drain, repair step by step, validate, and only then uncordon (agent/remediation/repair.py)."""
+
+    enabled: bool = True
+    drain_with: str = "drain"  # the plugin that drains a cordoned node ("" : none; Slurm's DRAIN drains itself)
+    validate_level: str = "standard"
+    validate_retries: int = 6  # a validation refused as busy (a job still holds the GPUs) is retried this often
+    validate_retry_delay: float = 60.0
+    settle: float = 30.0  # after a repair step, before validating (a reset GPU re-initialises)
+    reboot_wait: float = 1800.0  # a reboot requested and the agent still up after this long: the step failed
+    repeat_max: int = 3  # repair episodes of one node or GPU within repeat_window before it stays out
+    repeat_window: float = 7 * 86400.0
+    default_ladders: bool = True
+    ladders: list[Ladder] = msgspec.field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.validate_level not in ("quick", "standard", "full"):
+            raise ValueError("validate_level is quick, standard or full")
+        if self.repeat_max < 1 or self.repeat_window <= 0 or self.validate_retries < 0:
+            raise ValueError("repeat_max >= 1, repeat_window > 0 and validate_retries >= 0")
+
+
 class RemediationsConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     enforce: bool = False  # dry-run by default: audit what would be done, do nothing
     default_policy: bool = True
@@ -60,6 +92,9 @@ class RemediationsConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tru
     rules: list[Rule] = msgspec.field(default_factory=list)
     plugins: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)  # per plugin: dry_run + settings
     budget: BudgetConfig = msgspec.field(default_factory=BudgetConfig)
+    # a cordoned node returns only after `validate` passes (false: after the hold-down alone, as before)
+    validate_before_uncordon: bool = True
+    repair: RepairConfig = msgspec.field(default_factory=RepairConfig)
 
 
 def default_rules() -> list[Rule]:
@@ -81,3 +116,35 @@ def default_rules() -> list[Rule]:
 def effective_rules(cfg: RemediationsConfig) -> list[Rule]:
     rules = (default_rules() if cfg.default_policy else []) + list(cfg.rules)
     return [msgspec.structs.replace(r, action=cfg.cordon_with) if r.action == "cordon" else r for r in rules]
+
+
+# Software evidence alone (the correlator's verdict, a job's own symptom): the node is a suspect.
+SUSPECT_TYPES = ["IncidentCulprit", "NCCLSocketFallback"]
+GPU_FAULT_TYPES = ["GPUFatalXid", "GPUEccUncorrectable", "GPUGSPTimeout", "GPULost", "GPUFellOffBus",
+                   "GPUPCIeAERError"]
+
+
+def default_ladders() -> list[Ladder]:
+    """Which repair comes first for which culprit, following NVSentinel's fault-remediation (RESET_GPU
+    before RESTART_BM, a hand-off when neither helps) and NVIDIA's Xid catalog resolutions (docs/repair.md)."""
+    return [
+        Ladder(name="suspect-software-evidence", match=Match(type=SUSPECT_TYPES, status=["firing", "event"]),
+               steps=["reboot_request", "breakfix"], suspect=True),
+        Ladder(name="gpu-row-remap-failure", match=Match(type=["GPURowRemapFailure"]), steps=["breakfix"]),
+        Ladder(name="gpu-fault", match=Match(type=GPU_FAULT_TYPES, entity="gpu:*"),
+               steps=["gpu_reset", "reboot_request", "breakfix"]),
+        Ladder(name="driver-or-devices", match=Match(type=["GPUDevicesMissing", "NvidiaControlDeviceMissing",
+                                                           "KernelModuleNotLoaded", *GPU_FAULT_TYPES]),
+               steps=["reboot_request", "breakfix"]),
+        Ladder(name="network", match=Match(type=["IBPortDown", "IBPortFlapping", "IBDeviceMissing"]),
+               steps=["reboot_request", "breakfix"], validate_first=True),
+        Ladder(name="anything-else", match=Match(type=["*"], status=["firing", "event"]), steps=["breakfix"]),
+    ]
+
+
+def ladder_for(cfg: RepairConfig, msg: dict[str, Any]) -> Ladder:
+    """The first ladder (configured before the defaults) whose match takes the message."""
+    for ladder in [*cfg.ladders, *(default_ladders() if cfg.default_ladders else [])]:
+        if ladder.match.matches(msg):
+            return ladder
+    return Ladder(name="none", match=Match(), steps=[])

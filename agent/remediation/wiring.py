@@ -10,6 +10,7 @@ must undo. The bus subscription is made once; a reload swaps the engine behind i
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any, Protocol
 
 import structlog
@@ -22,11 +23,15 @@ from agent.nats_link import NatsLink
 from agent.remediation.incidents import IncidentView
 from gna_sdk import Emitter
 from gna_sdk.hostroot import HostRoot
+from gna_sdk.persist import boot_id
 from gna_types.subjects import action_subject
 
 log = structlog.get_logger(__name__)
 
 AGENT_COLLECTOR = "agent"
+# the agent's own remediation alerts: type -> (entity, reason)
+ALERTS = {"RemediationBudgetExhausted": ("fleet:budget", "BudgetExhausted"),
+          "RemediationNodeKeptOut": ("remediation:repair", "KeptOut")}
 
 
 class RemediationHost(Protocol):
@@ -38,6 +43,7 @@ class RemediationHost(Protocol):
     bus: LocalBus | None
     link: NatsLink | None
     metrics: AgentMetrics
+    state_dir: Path
 
     def emitter_for(self, collector: str, max_conditions: int = ...) -> Emitter: ...
 
@@ -63,12 +69,36 @@ class RemediationWiring:
 
     def restart(self, agent: RemediationHost) -> None:
         old = self.engine
-        self.start(agent)
+        self.start(agent, resume=False)
         if old is not None and self.engine is not None:
             self.engine.attempts = old.attempts
             self.engine.triggers = old.triggers
+            # the running repair episodes go on under the new rules (their tasks keep their state)
+            old.repairs.engine, old.repairs.cfg = self.engine, self.engine.cfg.repair
+            old.repairs.validator = self.engine.validator
+            self.engine.repairs = old.repairs
 
-    def start(self, agent: RemediationHost) -> None:
+    @staticmethod
+    def validator(agent: RemediationHost) -> Any:
+        """``validate`` at a level, its report published as a NodeValidation event (agent/validate/)."""
+
+        async def validate(level: str) -> Any:
+            from agent.remediation.repair import Validation
+            from agent.validate import NODE_VALIDATION, run_validation
+
+            report = await run_validation(agent.cfg, agent.host, level)
+            failed = [c.name for c in report.checks if c.status in ("failed", "error")]
+            summary = (f"{len(report.checks)} checks, failed: {', '.join(failed)}" if failed
+                       else f"{len(report.checks)} checks, none failed")
+            await agent.emitter_for("validate").event(
+                NODE_VALIDATION, severity="info" if report.verdict == "passed" else "warning",
+                entity="node", reason=report.verdict.capitalize(), message=f"validation ({level}) {report.verdict}: "
+                f"{summary}", details=report.to_details())
+            return Validation(report.verdict, summary)
+
+        return validate
+
+    def start(self, agent: RemediationHost, *, resume: bool = True) -> None:
         from agent.remediation.budget import FleetBudget
         from agent.remediation.engine import Engine
         from agent.remediation.loader import load_plugins
@@ -94,11 +124,20 @@ class RemediationWiring:
                                            json.dumps(record, separators=(",", ":")).encode(), sev)
 
         async def alert(type_: str, message: str, details: dict[str, Any]) -> None:
-            await agent.emitter_for(AGENT_COLLECTOR).event(type_, severity="critical", entity="fleet:budget",
-                                                           reason="BudgetExhausted", message=message, details=details)
+            entity, reason = ALERTS.get(type_, ("remediation", type_))
+            await agent.emitter_for(AGENT_COLLECTOR).event(type_, severity="critical", entity=entity,
+                                                           reason=reason, message=message, details=details)
+
+        def observe(what: str, seconds: float) -> None:
+            hist = {"time_to_repair": agent.metrics.time_to_repair,
+                    "time_between_incidents": agent.metrics.time_between_incidents}.get(what)
+            if hist is not None:
+                hist.observe(seconds)
 
         self.engine = Engine(rcfg, plugins, audit=audit, alert=alert, budget=budget, unavailable=loaded.unavailable,
-                             spare=self.incident_view.spare)
+                             spare=self.incident_view.spare, validator=self.validator(agent),
+                             repair_state=agent.state_dir / "remediation-repairs.json",
+                             boot_id=lambda: boot_id(agent.host), observe=observe)
 
         async def on_message(msg: Message) -> None:
             assert self.engine is not None
@@ -111,5 +150,7 @@ class RemediationWiring:
         assert agent.bus is not None
         if not any(sub.name == "remediation" for sub in agent.bus.subscriptions):  # a reload swaps the engine only
             agent.bus.subscribe("remediation", on_message)
+        if resume:
+            self.engine.repairs.resume()  # episodes a previous run left (a reboot it requested, among others)
         log.info("remediation_ready", plugins=sorted(plugins), unavailable=loaded.unavailable, enforce=rcfg.enforce,
                  rules=[r.name for r in self.engine.rules])
