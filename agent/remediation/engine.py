@@ -262,10 +262,15 @@ class Engine:
             why += " and validation passed"
         await self.uncordon_now(name, node, msg, why)
 
-    async def uncordon_now(self, name: str, node: str, msg: dict[str, Any], why: str) -> bool:
-        """Uncordon a node this agent cordoned (audited, its budget slot released); True when it is back."""
+    async def uncordon_now(self, name: str, node: str, msg: dict[str, Any], why: str, *,
+                           episode: bool = False) -> bool:
+        """Uncordon a node this agent cordoned (audited, its budget slot released); True when it is back.
+        ``episode``: a repair episode owns the node — its state file says this agent cordoned it, also
+        across a restart (the plugin checks its own marker on the node again)."""
         async with self._lock:
             t = self.triggers.get(f"{name}|{node}")
+            if t is None and episode:
+                t = self.triggers[f"{name}|{node}"] = NodeTriggers(cordoned_by_us=True)
             plugin = self.plugins.get(name)
             if t is None or not t.cordoned_by_us:
                 await self._audit(msg, None, name, "skipped", "not uncordoning: this agent did not cordon it",
@@ -299,6 +304,10 @@ class Engine:
                               f"uncordoned: {why}" if result.outcome == "executed"
                               else f"not uncordoned: {result.detail}", result=result, action="uncordon")
             return True
+
+    async def close(self) -> None:
+        """Stop the running repair episodes (their state file keeps where each one was)."""
+        await self.repairs.close()
 
     async def audit_repair(self, msg: dict[str, Any], plugin: str, decision: str, reason: str, *,
                            result: Result | None = None, error: str = "", action: str = "repair") -> None:

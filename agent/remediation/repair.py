@@ -346,7 +346,7 @@ class Repairs:
         if result.verdict != "passed":
             return False
         for attempt in range(3):
-            if await self.engine.uncordon_now(ep.cordon, ep.node, msg, "validation passed"):
+            if await self.engine.uncordon_now(ep.cordon, ep.node, msg, "validation passed", episode=True):
                 self._finish(ep, "repaired")
                 if self.observe:
                     self.observe("time_to_repair", max(0.0, self.wall() - ep.started))

@@ -31,9 +31,9 @@ def add_command(sub: argparse._SubParsersAction[Parser]) -> None:
         description="Run the active checks of a level against the node's SKU thresholds (docs/validate.md): "
                     "quick = the passive checks + a short all_reduce_perf; standard = quick + nvbandwidth + dcgmi "
                     "diag -r 2 + a GPUDirect (ib_write_bw with CUDA) loopback per active InfiniBand port; "
-                    "full = standard with an all_reduce_perf size sweep, dcgmi diag -r 3 and longer runs. A check whose tool is absent "
-                    "is skipped with the reason. Refused while any process holds a GPU (read from /proc), unless "
-                    "--force.",
+                    "full = standard with an all_reduce_perf size sweep, dcgmi diag -r 3 and longer runs. A check "
+                    "whose tool is absent is skipped with the reason. Refused while any process holds a GPU (read "
+                    "from /proc), unless --force.",
         exit_codes={0: "every check that ran passed (skipped checks are listed)",
                     EX_FAILED: "a check failed: figures under threshold, #wrong > 0, a failed diagnostic, a tool "
                                "error or timeout",

@@ -1,0 +1,245 @@
+"""Issue 28: a node walked through the whole loop — culprit -> cordon -> drain -> GPU reset -> validate fails
+-> reboot request -> (the agent restarts after the reboot) -> validate passes -> uncordon — against the fake
+Kubernetes API with the real plugins, recording fakes of nvidia-smi and of the validation tools, and a host
+tree; a repeat offender that stays out, labelled for replacement; a suspect validated at once."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent import config as configmod
+from agent.message import make_message, to_dict
+from agent.remediation.engine import Engine
+from agent.remediation.loader import load_plugins
+from agent.remediation.policy import RemediationsConfig, RepairConfig
+from agent.remediation.repair import Validation
+from agent.validate import run_validation
+from gna_sdk.hostroot import HostRoot
+from sim.host import SimHost
+from tests.fake_kube import FakeKube
+from tests.test_repair_plugins import FAKE_NVIDIA_SMI
+
+FAKES = Path(__file__).parent / "fakes" / "validate"
+GPU = "0000:18:00.0"
+FAST_VALIDATE = """
+[validate]
+server_start_delay = 0.05
+[validate.timeouts]
+nccl_allreduce = 10
+nvbandwidth = 10
+dcgm_diag = 10
+ib_write_bw = 10
+"""
+
+
+class Audits:
+    def __init__(self) -> None:
+        self.records: list[dict[str, Any]] = []
+        self.alerts: list[tuple[str, str, dict[str, Any]]] = []
+
+    async def __call__(self, r: dict[str, Any]) -> None:
+        self.records.append(r)
+
+    async def alert(self, t: str, m: str, d: dict[str, Any]) -> None:
+        self.alerts.append((t, m, d))
+
+    def trail(self) -> list[tuple[str, str, str]]:
+        return [(r["remediation"], r["action"], r["decision"]) for r in self.records]
+
+
+class _Budget:
+    def __init__(self) -> None:
+        self.released: list[str] = []
+
+    async def take(self, node: str, reason: str) -> Any:
+        from agent.remediation.budget import SlotDecision
+        return SlotDecision(True, "granted", 1, 5, False)
+
+    async def release(self, node: str) -> None:
+        self.released.append(node)
+
+
+@pytest.fixture
+def kube() -> Any:
+    k = FakeKube().start()
+    yield k
+    k.stop()
+
+
+@pytest.fixture
+def loop_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kube: FakeKube) -> dict[str, Any]:
+    """The host tree, the tools on PATH (fake nvidia-smi and validation tools, python3 for them), the Node
+    with a training pod and a DaemonSet pod, and the remediation config with every step enforced."""
+    host = SimHost.gpu_node(tmp_path / "host", gpus=8, hcas=2)
+    host.set_boot("boot-1")
+    (host.root / "run").mkdir(exist_ok=True)
+    (host.root / "var").mkdir(exist_ok=True)
+    (host.root / "var/run").symlink_to("/run")  # as on every systemd host: kured's sentinel lands in /run
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "python3").symlink_to(sys.executable)
+    for name in ("all_reduce_perf", "nvbandwidth", "dcgmi", "ib_write_bw"):
+        (bindir / name).symlink_to(FAKES / name)
+    smi = bindir / "nvidia-smi"
+    smi.write_text(FAKE_NVIDIA_SMI)
+    smi.chmod(smi.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("GNA_TEST_ARGV_LOG", str(tmp_path / "argv.log"))
+    monkeypatch.setenv("GNA_TEST_HOST_ROOT", str(host.root))
+    monkeypatch.setenv("FAKE_VALIDATE_LOG", str(tmp_path / "validate.log"))
+    monkeypatch.setenv("FAKE_DCGMI_MODE", "fail")  # the GPU reset does not cure it: dcgmi diag still fails
+    kube.add_node("gpu-01")
+    kube.add_pod("train", "trainer-0", "uid-t0", node_name="gpu-01", labels={"job": "llm"},
+                 resources={"limits": {"nvidia.com/gpu": "8"}})
+    kube.add_pod("kube-system", "dcgm-exporter-x", "uid-d", node_name="gpu-01",
+                 owners=[{"kind": "DaemonSet", "name": "dcgm-exporter", "apiVersion": "apps/v1", "uid": "ds"}],
+                 resources={"limits": {"nvidia.com/gpu": "0"}})
+    kc = str(kube.kubeconfig(tmp_path / "kubeconfig"))
+    cfg = RemediationsConfig(
+        enforce=True, uncordon_hold_down=0.1,
+        repair=RepairConfig(settle=0.0, reboot_wait=30.0, validate_retry_delay=0.05, validate_level="standard"),
+        plugins={"kubernetes": {"kubeconfig": kc},
+                 "drain": {"kubeconfig": kc, "mode": "evict", "timeout": 0.0, "poll_interval": 0.05,
+                           "deadline": 10.0, "backoff_initial": 0.05},
+                 "gpu_reset": {}, "reboot_request": {"method": "sentinel"},
+                 "breakfix": {"method": "event", "kubeconfig": kc}})
+    return {"host": host, "cfg": cfg, "state": tmp_path / "state" / "remediation-repairs.json"}
+
+
+def _validator(host: SimHost, levels: list[str]) -> Any:
+    """The real active checks (tests/fakes/validate on PATH); the passive pass is tests/test_validate.py's."""
+    agent_cfg = configmod.parse(FAST_VALIDATE, file="<test>").agent
+
+    async def validate(level: str) -> Validation:
+        levels.append(level)
+        report = await run_validation(agent_cfg, HostRoot(host.root), level, node="gpu-01", skip=("passive",))
+        failed = [c.name for c in report.checks if c.status in ("failed", "error")]
+        return Validation(report.verdict, f"failed: {', '.join(failed)}" if failed else "none failed")
+
+    return validate
+
+
+def _engine(env: dict[str, Any], audits: Audits, budget: _Budget, levels: list[str],
+            observed: list[tuple[str, float]]) -> Engine:
+    host: SimHost = env["host"]
+    loaded = load_plugins(env["cfg"], HostRoot(host.root))
+    assert set(loaded.unavailable) <= {"juicefs_warmup", "modprobe", "slurm"}, loaded.unavailable
+    return Engine(env["cfg"], loaded.available, audit=audits, alert=audits.alert, budget=lambda: budget,
+                  validator=_validator(host, levels), repair_state=env["state"],
+                  boot_id=lambda: (host.root / "proc/sys/kernel/random/boot_id").read_text().strip(),
+                  observe=lambda what, s: observed.append((what, s)))
+
+
+def _culprit(type_: str = "GPUFatalXid", entity: str = f"gpu:{GPU}") -> dict[str, Any]:
+    return to_dict(make_message(node="gpu-01", collector="kmsg_xid", kind="condition", type=type_,
+                                status="firing", severity="critical", entity=entity, reason="Xid79",
+                                message="GPU has fallen off the bus"))  # type: ignore[arg-type]
+
+
+async def _until(pred: Any, timeout: float = 20.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not pred():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.02)
+
+
+async def test_culprit_to_cordon_drain_reset_reboot_validate_uncordon(loop_env: dict[str, Any], kube: FakeKube,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    host: SimHost = loop_env["host"]
+    audits, budget, levels, observed = Audits(), _Budget(), [], []
+    eng = _engine(loop_env, audits, budget, levels, observed)
+    await eng.handle(_culprit())
+    sentinel = host.root / "run/reboot-required"
+    await _until(lambda: sentinel.exists())
+    node = kube.nodes["gpu-01"]
+    assert node["spec"]["unschedulable"] is True
+    assert ("train", "trainer-0") not in kube.pods, "the training pod was evicted"
+    assert ("kube-system", "dcgm-exporter-x") in kube.pods, "a DaemonSet's pod is left alone"
+    assert [t for t in audits.trail() if t[1] != "apply" or t[0] == "kubernetes"] == [
+        ("kubernetes", "apply", "executed"), ("drain", "repair", "executed"), ("gpu_reset", "repair", "executed"),
+        ("validate", "validate", "failed"), ("reboot_request", "repair", "executed")]
+    failed = next(r for r in audits.records if r["remediation"] == "validate")
+    assert "dcgm_diag" in failed["reason"] and levels == ["standard"]
+    assert eng.repairs.episodes["gpu-01"].state == "awaiting_reboot"
+    await eng.close()  # the machine reboots: this agent stops
+
+    # After the reboot: a new boot id, the GPU healthy again, a new agent from the same state directory.
+    host.set_boot("boot-2")
+    monkeypatch.setenv("FAKE_DCGMI_MODE", "pass")
+    audits2 = Audits()
+    eng2 = _engine(loop_env, audits2, budget, levels, observed)
+    eng2.repairs.resume()
+    await _until(lambda: any(r["action"] == "uncordon" for r in audits2.records))
+    assert audits2.trail() == [("validate", "validate", "executed"), ("kubernetes", "uncordon", "executed")]
+    node = kube.nodes["gpu-01"]
+    assert node["spec"].get("unschedulable") is False and "gpu-node-agent/cordoned-by" not in \
+        node["metadata"]["annotations"]
+    assert budget.released == ["gpu-01"] and "gpu-01" not in eng2.repairs.episodes
+    assert [w for w, _ in observed] == ["time_to_repair"]
+    history = eng2.repairs.history
+    assert [(h["outcome"], h["steps"]) for h in history] == [("repaired", ["gpu_reset", "reboot_request"])]  # a drain is not a repair
+    await eng2.close()
+
+
+async def test_a_repeat_offender_stays_out_labelled_for_replacement(loop_env: dict[str, Any],
+                                                                    kube: FakeKube) -> None:
+    audits, budget, levels, observed = Audits(), _Budget(), [], []
+    eng = _engine(loop_env, audits, budget, levels, observed)
+    now = eng.repairs.wall()
+    eng.repairs.history = [{"node": "gpu-01", "entity": f"gpu:{GPU}", "type": "GPUFatalXid", "started": now - d,
+                            "outcome": "repaired"} for d in (86400.0, 3 * 86400.0, 5 * 86400.0)]
+    await eng.handle(_culprit())
+    await _until(lambda: bool(audits.alerts))
+    kind, message, details = audits.alerts[0]
+    assert kind == "RemediationNodeKeptOut" and "repeat offender: the GPU" in message
+    assert "4 repairs within 7 days (limit 3)" in details["why"]
+    node = kube.nodes["gpu-01"]
+    assert node["spec"]["unschedulable"] is True and node["metadata"]["labels"]["gpu-node-agent/replace"] == "true"
+    assert [e["reason"] for e in kube.events] == ["Cordoned", "MarkedForReplacement", "GPUNodeNeedsRepair"]
+    assert not any(r["remediation"] in ("drain", "gpu_reset", "reboot_request") for r in audits.records), \
+        "no repair is tried on a repeat offender"
+    assert [w for w, _ in observed] == ["time_between_incidents"]
+    await eng.handle(to_dict(make_message(node="gpu-01", collector="kmsg_xid", kind="condition", type="GPUFatalXid",
+                                          status="resolved", severity="critical", entity=f"gpu:{GPU}",
+                                          reason="Xid79", message="resolved")))  # type: ignore[arg-type]
+    await asyncio.sleep(0.3)  # past the hold-down: a kept-out node is not uncordoned by its trigger resolving
+    assert kube.nodes["gpu-01"]["spec"]["unschedulable"] is True
+    assert not any(r["action"] == "uncordon" for r in audits.records)
+    await eng.close()
+
+
+async def test_a_suspect_is_validated_at_once_and_back_without_repair(loop_env: dict[str, Any], kube: FakeKube,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAKE_DCGMI_MODE", "pass")
+    audits, budget, levels, observed = Audits(), _Budget(), [], []
+    eng = _engine(loop_env, audits, budget, levels, observed)
+    await eng.handle(_culprit(type_="IncidentCulprit", entity="rank:3"))
+    await _until(lambda: any(r["action"] == "uncordon" for r in audits.records))
+    assert audits.trail() == [("kubernetes", "apply", "executed"), ("drain", "repair", "executed"),
+                              ("validate", "validate", "executed"), ("kubernetes", "uncordon", "executed")]
+    assert ("train", "trainer-0") not in kube.pods, "drained of the job"
+    assert kube.nodes["gpu-01"]["spec"].get("unschedulable") is False
+    await eng.close()
+
+
+async def test_dry_run_says_the_whole_loop_and_does_nothing(loop_env: dict[str, Any], kube: FakeKube) -> None:
+    import msgspec
+
+    loop_env["cfg"] = msgspec.structs.replace(loop_env["cfg"], enforce=False)
+    audits, budget, levels, observed = Audits(), _Budget(), [], []
+    eng = _engine(loop_env, audits, budget, levels, observed)
+    await eng.handle(_culprit())
+    await asyncio.sleep(0.1)
+    assert audits.trail() == [("kubernetes", "apply", "dry_run")]
+    reason = audits.records[0]["reason"]
+    assert "drain with drain -> gpu_reset, validate -> reboot_request, validate -> breakfix" in reason
+    assert kube.nodes["gpu-01"]["spec"].get("unschedulable") is not True and ("train", "trainer-0") in kube.pods
+    assert levels == [] and not eng.repairs.episodes
+    await eng.close()
