@@ -40,6 +40,7 @@ from agent.sdnotify import Notifier
 from agent.shutdown import EX_SOFTWARE, ShutdownGuard
 from agent.signals import install_signal_handlers
 from agent.spool import SEVERITY_NAMES, Spool
+from agent.validate.service import ValidationService
 from gna_sdk import ExportsMetrics, plural
 from gna_sdk.aio import cancel_and_wait, within
 from gna_sdk.hostroot import HostRoot
@@ -71,6 +72,7 @@ class Agent:
         self.embedded: NatsServerProcess | None = None
         self.link: NatsLink | None = None
         self.remediation = RemediationWiring()  # agent/remediation/wiring.py
+        self.validation = ValidationService(self)  # agent/validate/service.py: after repairs, on a schedule
         self.forwarder: Forwarder | None = None
         self.runners: dict[str, CollectorRunner] = {}
         self._collector_tasks: dict[str, asyncio.Task[None]] = {}
@@ -258,6 +260,9 @@ class Agent:
         self._tasks = [loop.create_task(self.link.connect(), name="nats:connect"),
                        loop.create_task(self.forwarder.run(), name="nats:forwarder"),
                        loop.create_task(nodestate.run(), name="nats:nodestate")]
+        if self.cfg.validate.schedule_interval > 0:
+            self._tasks.append(loop.create_task(self.validation.schedule(self.remediation.owns_a_node),
+                                                name="validate:schedule"))
         if self.remediation.cordons_itself():
             self.remediation.watching_incidents = True
             self._tasks.append(loop.create_task(self.remediation.watch_incidents(self.link),

@@ -80,6 +80,11 @@ class AgentMetrics:
         self.time_between_incidents = Histogram("gna_remediation_time_between_incidents_seconds",
                                                 "Between two repair episodes of this node (MTBI)", registry=r,
                                                 buckets=days)
+        self.validation_runs = Counter("gna_validation_runs", "Validations (agent/validate/) by level, verdict "
+                                       "(passed, failed, busy, unavailable, error) and trigger (repair, schedule)",
+                                       ["level", "verdict", "trigger"], registry=r)
+        self.validation_last_run = Gauge("gna_validation_last_run_timestamp_seconds", "When a validation last "
+                                         "ended with this verdict", ["verdict"], registry=r)
         self._types: set[tuple[str, str]] = set()
         self._condition_labels: set[tuple[str, str, str, str]] = set()
 

@@ -28,6 +28,7 @@ from gna_types.detail_fields import (
     UnsetType,
     Word,
 )
+from gna_types.validation import NODE_VALIDATION, ValidationReport
 
 Entity = Annotated[str, Meta(max_length=512)]  # fleet/wire.py FIELD_MAX["entity"]
 
@@ -151,4 +152,5 @@ HOST_DETAILS: Final[dict[str, type[msgspec.Struct]]] = {
     "SpoolCorrupted": SpoolCorrupted,
     "RemediationBudgetExhausted": RemediationBudgetExhausted,
     "RemediationNodeKeptOut": RemediationNodeKeptOut,
+    NODE_VALIDATION: ValidationReport,  # agent/validate/service.py: a validation's whole report
 }

@@ -243,3 +243,66 @@ async def test_dry_run_says_the_whole_loop_and_does_nothing(loop_env: dict[str, 
     assert kube.nodes["gpu-01"]["spec"].get("unschedulable") is not True and ("train", "trainer-0") in kube.pods
     assert levels == [] and not eng.repairs.episodes
     await eng.close()
+
+
+async def test_an_operator_puts_a_kept_out_node_back_and_the_count_starts_again(
+        loop_env: dict[str, Any], kube: FakeKube, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAKE_DCGMI_MODE", "pass")
+    audits, budget, levels, observed = Audits(), _Budget(), [], []
+    eng = _engine(loop_env, audits, budget, levels, observed)
+    now = eng.repairs.wall()
+    eng.repairs.history = [{"node": "gpu-01", "entity": f"gpu:{GPU}", "type": "GPUFatalXid", "started": now - d,
+                            "outcome": "repaired"} for d in (3600.0, 7200.0, 10800.0)]
+    await eng.handle(_culprit())
+    await _until(lambda: bool(audits.alerts))
+    assert eng.repairs.episodes["gpu-01"].state == "kept_out"
+    # The operator replaces the GPU and uncordons by hand (kubectl uncordon; the marks removed).
+    node = kube.nodes["gpu-01"]
+    node["spec"]["unschedulable"] = False
+    for key in [k for k in node["metadata"]["annotations"] if k.startswith("gpu-node-agent/")]:
+        del node["metadata"]["annotations"][key]
+    eng.attempts.clear()  # past the rule's cooldown
+    await eng.handle(_culprit())
+    await _until(lambda: any(r["action"] == "uncordon" for r in audits.records))
+    assert [t for t in audits.trail() if t[0] in ("gpu_reset", "validate", "kubernetes")][-3:] == [
+        ("gpu_reset", "repair", "executed"), ("validate", "validate", "executed"), ("kubernetes", "uncordon", "executed")]
+    assert eng.repairs.repeats("gpu-01", f"gpu:{GPU}") == (1, 1), "counted from the operator's release on"
+    await eng.close()
+
+
+async def test_the_daemon_validates_on_a_schedule_and_publishes_each_report(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, nats_server: Any) -> None:
+    """The daemon's schedule (validate.schedule_interval): a run while no job holds the GPUs is a NodeValidation
+    event on NATS with the whole report, counted in gna_validation_runs; a run refused because a job holds a
+    GPU is counted, not published."""
+    from gna_types.validation import decode
+    from tests.conftest import agent_config, running_agent, stream_messages
+
+    host = SimHost.gpu_node(tmp_path / "host", gpus=8, hcas=2)
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "python3").symlink_to(sys.executable)
+    for name in ("all_reduce_perf", "nvbandwidth", "dcgmi", "ib_write_bw"):
+        (bindir / name).symlink_to(FAKES / name)
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_VALIDATE_LOG", str(tmp_path / "validate.log"))
+    monkeypatch.setenv("FAKE_NVBANDWIDTH_MODE", "low_p2p")
+    extra = FAST_VALIDATE.replace("[validate]\n", "[validate]\nschedule_interval = 0.3\nschedule_level = \"standard\"\n")
+    cfg = agent_config(tmp_path, servers=[nats_server.url], host_root=host.root, extra=extra)
+    async with running_agent(cfg) as agent:
+        runs = agent.metrics.validation_runs
+        await _until(lambda: runs.labels("standard", "failed", "schedule")._value.get() >= 1)
+        # a job starts: its process holds /dev/nvidia3
+        fd = host.root / "proc/4242/fd"
+        fd.mkdir(parents=True)
+        (fd / "7").symlink_to("/dev/nvidia3")
+        (host.root / "proc/4242/comm").write_text("python3\n")
+        await _until(lambda: runs.labels("standard", "busy", "schedule")._value.get() >= 1)
+        while agent.spool and agent.spool.depth:
+            await asyncio.sleep(0.02)
+    msgs = [m for m in await stream_messages(nats_server.url, "gna.events.>") if m["type"] == "NodeValidation"]
+    assert msgs and all(m["collector"] == "validate" for m in msgs)
+    report = decode(msgs[0]["details"])
+    assert report.verdict == "failed" and report.check("nvbandwidth").status == "failed"  # type: ignore[union-attr]
+    assert msgs[0]["severity"] == "warning" and "failed: nvbandwidth" in msgs[0]["message"]
+    assert not any(decode(m["details"]).verdict == "busy" for m in msgs), "a busy node is normal: not published"

@@ -18,7 +18,9 @@ Safety, beyond the engine's own (dry-run, budget, cooldowns, audits):
 - a node this agent did not cordon is never drained, repaired or uncordoned by an episode;
 - a **repeat offender** — a node, or a GPU, whose repair episodes within ``repeat_window`` reach
   ``repeat_max`` — is not repaired again: it stays cordoned, is marked for replacement (the cordon
-  plugin's ``mark_for_replacement`` when it has one), handed off (``breakfix``), and reported;
+  plugin's ``mark_for_replacement`` when it has one), handed off (``breakfix``), and reported. An
+  operator puts it back by uncordoning it by hand (the cordon plugins uncordon only their own marks, so
+  the agent never does): the next cordon of that node starts a fresh count;
 - an episode survives a restart (the state file ``remediation-repairs.json``): a reboot it requested
   is seen by the boot id changing, then the node is validated; no reboot within ``reboot_wait`` and the
   step failed.
@@ -160,14 +162,21 @@ class Repairs:
 
     def repeats(self, node: str, entity: str) -> tuple[int, int]:
         """Episodes of this node, and of this entity (a GPU) on it, within the window (this one not included)."""
-        since = self.wall() - self.cfg.repeat_window
-        recent = [h for h in self.history if h.get("node") == node and float(h.get("started", 0)) >= since]
+        mine = [h for h in self.history if h.get("node") == node]
+        # an operator who put a kept-out node back (see begin) vouched for it: count from then on
+        since = max([self.wall() - self.cfg.repeat_window, *(float(h["released"]) for h in mine if "released" in h)])
+        recent = [h for h in mine if float(h.get("started", 0)) >= since]
         return len(recent), sum(1 for h in recent if entity and h.get("entity") == entity)
 
     def begin(self, cordon: str, msg: dict[str, Any]) -> None:
         """The engine cordoned the node for ``msg`` (called under the engine's lock)."""
         node = str(msg.get("node", ""))
-        if not self.cfg.enabled or (node in self.episodes and self.episodes[node].state != "done"):
+        if not self.cfg.enabled:
+            return
+        if (old := self.episodes.get(node)) is not None and old.state == "kept_out":
+            # The cordon plugin cordoned anew, so the node was back in service: an operator released it.
+            self._finish(old, "released")
+        elif old is not None and old.state != "done":
             return  # one episode per node: a second trigger joins the running one
         ladder: Ladder = ladder_for(self.cfg, msg)
         entity = str(msg.get("entity", ""))
@@ -377,7 +386,10 @@ class Repairs:
     def _finish(self, ep: Episode, outcome: str, *, keep: bool = False) -> None:
         for h in reversed(self.history):
             if h.get("node") == ep.node and h.get("started") == ep.started:
-                h["outcome"], h["ended"], h["steps"] = outcome, self.wall(), list(ep.done_steps)
+                if outcome != "released":  # a kept-out episode's end stays when (and why) it was kept out
+                    h["outcome"], h["ended"], h["steps"] = outcome, self.wall(), list(ep.done_steps)
+                else:
+                    h["released"] = self.wall()
                 break
         if keep:
             self.episodes[ep.node] = ep

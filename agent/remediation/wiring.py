@@ -21,6 +21,7 @@ from agent.message import Message, to_dict
 from agent.metrics import AgentMetrics
 from agent.nats_link import NatsLink
 from agent.remediation.incidents import IncidentView
+from agent.validate.service import ValidationService
 from gna_sdk import Emitter
 from gna_sdk.hostroot import HostRoot
 from gna_sdk.persist import boot_id
@@ -44,6 +45,7 @@ class RemediationHost(Protocol):
     link: NatsLink | None
     metrics: AgentMetrics
     state_dir: Path
+    validation: ValidationService
 
     def emitter_for(self, collector: str, max_conditions: int = ...) -> Emitter: ...
 
@@ -78,23 +80,20 @@ class RemediationWiring:
             old.repairs.validator = self.engine.validator
             self.engine.repairs = old.repairs
 
+    def owns_a_node(self) -> bool:
+        """A repair episode owns this node (a scheduled validation waits: the episode validates)."""
+        return self.engine is not None and any(self.engine.repairs.holds(n) for n in self.engine.repairs.episodes)
+
     @staticmethod
     def validator(agent: RemediationHost) -> Any:
-        """``validate`` at a level, its report published as a NodeValidation event (agent/validate/)."""
+        """``validate`` at a level through the daemon's service (one NodeValidation event per run)."""
 
         async def validate(level: str) -> Any:
             from agent.remediation.repair import Validation
-            from agent.validate import NODE_VALIDATION, run_validation
+            from agent.validate.service import summary
 
-            report = await run_validation(agent.cfg, agent.host, level)
-            failed = [c.name for c in report.checks if c.status in ("failed", "error")]
-            summary = (f"{len(report.checks)} checks, failed: {', '.join(failed)}" if failed
-                       else f"{len(report.checks)} checks, none failed")
-            await agent.emitter_for("validate").event(
-                NODE_VALIDATION, severity="info" if report.verdict == "passed" else "warning",
-                entity="node", reason=report.verdict.capitalize(), message=f"validation ({level}) {report.verdict}: "
-                f"{summary}", details=report.to_details())
-            return Validation(report.verdict, summary)
+            report = await agent.validation.run(level, trigger="repair")
+            return Validation(report.verdict, summary(report))
 
         return validate
 

@@ -1,0 +1,87 @@
+"""Validation inside the daemon: after a repair (the remediation engine's validator) and on a schedule.
+
+Each run is one ``NodeValidation`` event on the bus (details: the report, gna_types/validation.py) and
+counted in ``gna_validation_runs{level,verdict,trigger}``; ``gna_validation_last_run_timestamp_seconds
+{verdict}`` says when the node last passed or failed. One run at a time on a node (an episode's and a
+scheduled one never load the GPUs together).
+
+The schedule (``validate.schedule_interval`` > 0) runs only while no job holds the GPUs — a refused
+("busy") scheduled run is counted, never published (a busy node is the normal case) — and never while a
+repair episode owns the node (it validates by itself).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import structlog
+
+from agent import config as configmod
+from agent.validate.checks import run_validation
+from gna_sdk import Emitter, Severity
+from gna_sdk.hostroot import HostRoot
+from gna_types.validation import NODE_VALIDATION, ValidationReport
+
+log = structlog.get_logger(__name__)
+
+COLLECTOR = "validate"
+
+
+class ValidationHost(Protocol):
+    """What the service takes from the daemon (agent/daemon.py ``Agent``)."""
+
+    config: configmod.Config
+    cfg: configmod.AgentConfig
+    host: HostRoot
+    node: str
+    metrics: Any
+
+    def emitter_for(self, collector: str, max_conditions: int = ...) -> Emitter: ...
+
+
+def summary(report: ValidationReport) -> str:
+    if report.verdict == "busy":
+        return report.reason
+    failed = [c.name for c in report.checks if c.status in ("failed", "error")]
+    ran = sum(1 for c in report.checks if c.status != "skipped")
+    return f"{ran} of {len(report.checks)} checks ran, failed: {', '.join(failed)}" if failed else \
+        f"{ran} of {len(report.checks)} checks ran, none failed"
+
+
+class ValidationService:
+    def __init__(self, agent: ValidationHost) -> None:
+        self.agent = agent
+        self._lock = asyncio.Lock()
+
+    async def run(self, level: str, *, trigger: str, publish_busy: bool = True) -> ValidationReport:
+        a = self.agent
+        async with self._lock:
+            report = await run_validation(a.cfg, a.host, level, node=a.node, collectors=a.config.collectors)
+        a.metrics.validation_runs.labels(level, report.verdict, trigger).inc()
+        a.metrics.validation_last_run.labels(report.verdict).set(report.ended or report.started)
+        text = summary(report)
+        log.info("validation", level=level, verdict=report.verdict, trigger=trigger, summary=text)
+        if report.verdict != "busy" or publish_busy:
+            severity: Severity = "info" if report.verdict in ("passed", "busy") else "warning"
+            await a.emitter_for(COLLECTOR).event(
+                NODE_VALIDATION, severity=severity, entity="validate:node", reason=report.verdict.capitalize(),
+                message=f"validation ({level}, {trigger}) {report.verdict}: {text}", details=report.to_details())
+        return report
+
+    async def schedule(self, owned: Callable[[], bool]) -> None:
+        """Run as a task: every ``schedule_interval`` (jittered 10 %), unless a repair episode owns the node."""
+        v = self.agent.cfg.validate
+        while True:
+            await asyncio.sleep(v.schedule_interval * random.uniform(0.9, 1.1))
+            if owned():
+                continue
+            try:
+                await self.run(v.schedule_level, trigger="schedule", publish_busy=False)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # the schedule must outlive one bad run: said, counted, next interval
+                log.exception("validation_failed", trigger="schedule")
+                self.agent.metrics.validation_runs.labels(v.schedule_level, "error", "schedule").inc()
