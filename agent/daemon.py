@@ -265,6 +265,7 @@ class Agent:
                                                 name="validate:schedule"))
         if self.remediation.cordons_itself():
             self.remediation.watching_incidents = True
+            self.remediation.decide_own_culprit(self.node)
             self._tasks.append(loop.create_task(self.remediation.watch_incidents(self.link),
                                                 name="remediation:incidents"))
         assert self.bus is not None

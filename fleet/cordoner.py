@@ -52,7 +52,7 @@ import structlog
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, KeyValueConfig
 
 from agent import config as configmod
-from agent.message import encode, make_message, to_dict
+from agent.message import encode, make_message
 from agent.metrics import AgentMetrics, MetricsServer
 from agent.nats_link import NatsLink, open_kv
 from agent.natsclient import ConnectionWatch, NatsUnavailable, redact, run_until_closed_or_stopped
@@ -65,7 +65,7 @@ from agent.remediation.incidents import (
     BadIncident,
     IncidentView,
     check_incident,
-    culprit_actionable,
+    culprit_changes,
 )
 from agent.remediation.loader import load_plugins
 from fleet.metrics import CordonerMetrics, serve_metrics
@@ -238,32 +238,19 @@ class Cordoner:
                 return
             before = self.incidents.get(rec["job"])
             self.view.put(rec)
-            c = rec.get("culprit")
-            old = (before or {}).get("culprit")
-            acts, acted = culprit_actionable(rec), culprit_actionable(before)
-            if old and before and acted and (old != c or not acts):
-                await self._culprit(before, old, firing=False)  # a verdict withdrawn or changed: its trigger ends
-            if c and acts:
-                await self._culprit(rec, c, firing=True)
+            for trigger in culprit_changes(before, rec):
+                await self._culprit(trigger, rec)
             await msg.ack()
         except Exception as exc:  # a connection gone mid-ack, an engine bug: counted, the next update goes on
             self._reject(f"unhandled:{type(exc).__name__}", str(getattr(msg, "subject", "")), b"", repr(exc))
 
-    async def _culprit(self, rec: dict[str, Any], c: dict[str, Any], *, firing: bool) -> None:
+    async def _culprit(self, trigger: dict[str, Any], rec: dict[str, Any]) -> None:
         """The culprit as a condition through the engine: rules, dry-run, cooldowns and the budget apply;
         its end (resolved) lets the engine's uncordon logic run."""
         if self.engine is None:
             return
-        trigger = make_message(
-            node=c["node"], collector="correlator", kind="condition", type="IncidentCulprit",
-            severity="critical" if firing else "info", status="firing" if firing else "resolved",
-            entity=str(c.get("entity", "node"))[:200], reason=str(c.get("kind", "culprit"))[:64],
-            message=f"culprit of job {rec.get('job_name') or rec['job']}: {str(rec.get('reason', ''))[:300]}",
-            details={"job": rec["job"], "job_name": rec.get("job_name"), "confidence": rec.get("confidence"),
-                     "victims": len(rec.get("victims", [])),
-                     "actionable": culprit_actionable(rec) if firing else None})
         try:
-            await self.engine.handle(to_dict(trigger))
+            await self.engine.handle(trigger)
         except Exception as exc:
             self._reject(f"unhandled:{type(exc).__name__}", f"incident {rec['job']}", json.dumps(rec)[:500].encode())
 

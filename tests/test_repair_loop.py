@@ -306,3 +306,39 @@ async def test_the_daemon_validates_on_a_schedule_and_publishes_each_report(
     assert report.verdict == "failed" and report.check("nvbandwidth").status == "failed"  # type: ignore[union-attr]
     assert msgs[0]["severity"] == "warning" and "failed: nvbandwidth" in msgs[0]["message"]
     assert not any(decode(m["details"]).verdict == "busy" for m in msgs), "a busy node is normal: not published"
+
+
+@pytest.mark.parametrize(("kind", "entity", "trail"), [
+    # a hung rank and nothing else: a suspect, drained and validated at once, back without a repair
+    ("rank", "rank:5", [("kubernetes", "apply", "executed"), ("drain", "repair", "executed"),
+                        ("validate", "validate", "executed"), ("kubernetes", "uncordon", "executed")]),
+    # the verdict names one of its GPUs: validated first too, here it passes (no reset needed)
+    ("gpu", f"gpu:{GPU}", [("kubernetes", "apply", "executed"), ("drain", "repair", "executed"),
+                           ("validate", "validate", "executed"), ("kubernetes", "uncordon", "executed")]),
+])
+async def test_per_node_mode_decides_the_correlator_s_verdict_on_itself(
+        loop_env: dict[str, Any], kube: FakeKube, monkeypatch: pytest.MonkeyPatch, kind: str, entity: str,
+        trail: list[tuple[str, str, str]]) -> None:
+    """A node agent that cordons itself follows gna-incidents: a record naming this node the culprit becomes
+    its IncidentCulprit (the same trigger the central cordoner builds), a record naming another node does
+    nothing here."""
+    import json
+
+    from agent.remediation.incidents import IncidentView
+
+    monkeypatch.setenv("FAKE_DCGMI_MODE", "pass")
+    audits, budget, levels, observed = Audits(), _Budget(), [], []
+    eng = _engine(loop_env, audits, budget, levels, observed)
+    view = IncidentView()
+    view.own_culprit = ("gpu-01", eng.handle)
+    other = {"job": "0x77", "status": "open", "victims": ["gpu-01"], "confidence": 0.97, "actionable": True,
+             "culprit": {"node": "gpu-02", "entity": "rank:1", "kind": "rank"}}
+    await view._filed(json.dumps(other).encode())
+    assert audits.records == [], "another node's verdict is not this node's to act on"
+    rec = {"job": "0x5c1f", "status": "open", "victims": ["gpu-02", "gpu-03"], "confidence": 0.97,
+           "actionable": True, "culprit": {"node": "gpu-01", "entity": entity, "kind": kind}}
+    await view._filed(json.dumps(rec).encode())
+    await _until(lambda: any(r["action"] == "uncordon" for r in audits.records))
+    assert audits.trail() == trail
+    assert audits.records[0]["trigger"]["type"] == "IncidentCulprit"
+    await eng.close()

@@ -38,7 +38,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import structlog
@@ -172,6 +172,37 @@ def symptom_kind(msg: dict[str, Any]) -> str | None:
     return None
 
 
+def culprit_trigger(rec: dict[str, Any], c: dict[str, Any], *, firing: bool) -> dict[str, Any]:
+    """An incident's culprit as the ``IncidentCulprit`` condition the engine decides on (its reason: the
+    culprit's kind — gpu, hca_port, transport for hardware; rank, link for software evidence)."""
+    from agent.message import make_message, to_dict
+
+    return to_dict(make_message(
+        node=c["node"], collector="correlator", kind="condition", type="IncidentCulprit",
+        severity="critical" if firing else "info", status="firing" if firing else "resolved",
+        entity=str(c.get("entity", "node"))[:200], reason=str(c.get("kind", "culprit"))[:64],
+        message=f"culprit of job {rec.get('job_name') or rec['job']}: {str(rec.get('reason', ''))[:300]}",
+        details={"job": rec["job"], "job_name": rec.get("job_name"), "confidence": rec.get("confidence"),
+                 "victims": len(rec.get("victims", [])),
+                 "actionable": culprit_actionable(rec) if firing else None}))
+
+
+def culprit_changes(before: dict[str, Any] | None, rec: dict[str, Any]) -> list[dict[str, Any]]:
+    """What one update of a job's record means for the engine: the previous actionable culprit's trigger
+    ends when the verdict is withdrawn or changed, the new actionable culprit's fires."""
+    out = []
+    c, old = rec.get("culprit"), (before or {}).get("culprit")
+    acts, acted = culprit_actionable(rec), culprit_actionable(before)
+    if old and before and acted and (old != c or not acts):
+        out.append(culprit_trigger(before, old, firing=False))
+    if c and acts:
+        out.append(culprit_trigger(rec, c, firing=True))
+    return out
+
+
+OnCulprit = Callable[[dict[str, Any]], Awaitable[Any]]
+
+
 class IncidentView:
     """The open incidents, by job, as the bucket says."""
 
@@ -182,6 +213,8 @@ class IncidentView:
         self.grace = grace
         self.invalid = 0
         self.on_invalid = on_invalid  # told of each refused record (the cordoner counts it with a sample)
+        # per-node mode: (this node's name, what to do with an IncidentCulprit naming it), see watch()
+        self.own_culprit: tuple[str, OnCulprit] | None = None
 
     def file(self, data: bytes) -> dict[str, Any] | None:
         """A record from the bucket; a bad one is counted (never raised)."""
@@ -247,6 +280,21 @@ class IncidentView:
         if self.needs_verdict(msg, would_cordon):
             await self.wait_verdict(msg)
 
+    async def _filed(self, data: bytes) -> None:
+        """File a record; in per-node mode, a verdict naming this node is decided by its own engine (the
+        node's word about itself is never needed: the correlator's record is the evidence)."""
+        before = self.incidents.get(str(json.loads(data).get("job"))) if self.own_culprit else None
+        rec = self.file(data)
+        if rec is None or self.own_culprit is None:
+            return
+        node, handle = self.own_culprit
+        for trigger in culprit_changes(before, rec):
+            if trigger["node"] == node:
+                try:
+                    await handle(trigger)
+                except Exception:  # the watch must outlive one bad decision
+                    log.exception("own_culprit_failed", job=rec.get("job"))
+
     async def watch(self, js: Any) -> None:
         """Follow the bucket for ever (retrying while it does not exist yet or NATS is away)."""
         while True:
@@ -257,7 +305,7 @@ class IncidentView:
                 watcher = await kv.watchall()
                 async for entry in watcher:
                     if entry is not None and entry.value:
-                        self.file(entry.value)
+                        await self._filed(entry.value)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

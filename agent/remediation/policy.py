@@ -25,6 +25,7 @@ class Match(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     collector: list[str] = msgspec.field(default_factory=list)
     entity: str = "*"  # glob
     status: list[str] = msgspec.field(default_factory=lambda: ["firing"])  # "event" matches events
+    reason: list[str] = msgspec.field(default_factory=list)  # empty: any (IncidentCulprit: the culprit's kind)
 
     def matches(self, msg: dict[str, Any]) -> bool:
         status = msg.get("status") or "event"
@@ -32,7 +33,8 @@ class Match(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                 and (not self.severity or msg.get("severity") in self.severity)
                 and (not self.collector or msg.get("collector") in self.collector)
                 and fnmatch.fnmatchcase(msg.get("entity", ""), self.entity)
-                and (not self.status or status in self.status))
+                and (not self.status or status in self.status)
+                and (not self.reason or msg.get("reason") in self.reason))
 
 
 class Rule(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -128,6 +130,12 @@ def default_ladders() -> list[Ladder]:
     """Which repair comes first for which culprit, following NVSentinel's fault-remediation (RESET_GPU
     before RESTART_BM, a hand-off when neither helps) and NVIDIA's Xid catalog resolutions (docs/repair.md)."""
     return [
+        # the correlator's verdict names hardware (its culprit's kind, the message's reason): its ladder,
+        # validated first (the job's evidence is not a hardware finding on this node yet)
+        Ladder(name="culprit-gpu", match=Match(type=["IncidentCulprit"], reason=["gpu"], entity="gpu:*"),
+               steps=["gpu_reset", "reboot_request", "breakfix"], validate_first=True),
+        Ladder(name="culprit-network", match=Match(type=["IncidentCulprit"], reason=["hca_port", "transport"]),
+               steps=["reboot_request", "breakfix"], validate_first=True),
         Ladder(name="suspect-software-evidence", match=Match(type=SUSPECT_TYPES, status=["firing", "event"]),
                steps=["reboot_request", "breakfix"], suspect=True),
         Ladder(name="gpu-row-remap-failure", match=Match(type=["GPURowRemapFailure"]), steps=["breakfix"]),

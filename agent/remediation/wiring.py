@@ -69,6 +69,16 @@ class RemediationWiring:
         assert link.js is not None
         await self.incident_view.watch(link.js)
 
+    def decide_own_culprit(self, node: str) -> None:
+        """Per-node mode: an incident naming this node its culprit is decided here (cordon, then the repair
+        episode: a software-only verdict makes the node a suspect, validated at once)."""
+
+        async def handle(trigger: dict[str, Any]) -> None:
+            if self.engine is not None:
+                await self.engine.handle(trigger)
+
+        self.incident_view.own_culprit = (node, handle)
+
     def restart(self, agent: RemediationHost) -> None:
         old = self.engine
         self.start(agent, resume=False)
