@@ -30,7 +30,9 @@ A_REASONS = "gpu-node-agent/conditions"
 A_MESSAGE_ID = "gpu-node-agent/message-id"
 A_SINCE = "gpu-node-agent/cordoned-at"
 A_CATEGORIES = "gpu-node-agent/node-conditions"  # the category conditions this agent set False
-L_REPLACE = "gpu-node-agent/replace"  # a label: selectable (kubectl get nodes -l gpu-node-agent/replace=true)
+# Annotations, not a label: the per-node admission policy (deploy/kubernetes/per-node) lets an agent write
+# only gpu-node-agent/ annotations, taints and conditions on its own Node, never labels.
+A_REPLACE = "gpu-node-agent/replace"
 A_REPLACE_WHY = "gpu-node-agent/replace-reason"
 
 
@@ -150,8 +152,8 @@ class KubernetesRemediation:
             log.warning("kubernetes_event_failed", node=name, code=exc.status.code, error=exc.status.message)
 
     async def mark_for_replacement(self, msg: dict[str, Any], why: str) -> Result:
-        """A node that stays out (a repeat offender, no repair left): labelled for replacement, the reason
-        annotated, an Event recorded. Only on a node this agent cordoned; the cordon stays."""
+        """A node that stays out (a repeat offender, no repair left): annotated for replacement with the
+        reason, an Event recorded. Only on a node this agent cordoned; the cordon stays."""
         from lightkube import ApiError
         from lightkube.resources.core_v1 import Node
         from lightkube.types import PatchType
@@ -163,13 +165,13 @@ class KubernetesRemediation:
             return Result("failed", f"GET node {name}: {exc.status.code} {exc.status.message}")
         if (node.metadata.annotations or {}).get(MARKER) != MARK_VALUE:
             return Result("already_done", "not cordoned by this agent: left alone")
-        patch = {"metadata": {"labels": {L_REPLACE: "true"}, "annotations": {A_REPLACE_WHY: why[:1000]}}}
+        patch = {"metadata": {"annotations": {A_REPLACE: "true", A_REPLACE_WHY: why[:1000]}}}
         try:
             await self.client().patch(Node, name, patch, patch_type=PatchType.MERGE)
         except ApiError as exc:
             return Result("failed", f"PATCH node {name}: {exc.status.code} {exc.status.message}")
         await self._event(name, "MarkedForReplacement", f"gpu-node-agent keeps the node out: {why}")
-        return Result("executed", f"labelled {name} {L_REPLACE}=true")
+        return Result("executed", f"annotated {name} {A_REPLACE}=true")
 
     async def uncordon(self, msg: dict[str, Any]) -> Result:
         from lightkube import ApiError
@@ -187,7 +189,7 @@ class KubernetesRemediation:
             taints = [t.to_dict() if hasattr(t, "to_dict") else t for t in (node.spec.taints or [])]
             patch = {"metadata": {"resourceVersion": node.metadata.resourceVersion,
                                   "annotations": {MARKER: None, A_REASONS: None, A_MESSAGE_ID: None, A_SINCE: None,
-                                                  A_CATEGORIES: None}},
+                                                  A_CATEGORIES: None, A_REPLACE: None, A_REPLACE_WHY: None}},
                      "spec": {"unschedulable": False,
                               "taints": [t for t in taints if t.get("key") != self.config.taint_key] or None}}
             try:

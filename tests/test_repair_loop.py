@@ -201,7 +201,7 @@ async def test_a_repeat_offender_stays_out_labelled_for_replacement(loop_env: di
     assert kind == "RemediationNodeKeptOut" and "repeat offender: the GPU" in message
     assert "4 repairs within 7 days (limit 3)" in details["why"]
     node = kube.nodes["gpu-01"]
-    assert node["spec"]["unschedulable"] is True and node["metadata"]["labels"]["gpu-node-agent/replace"] == "true"
+    assert node["spec"]["unschedulable"] is True and node["metadata"]["annotations"]["gpu-node-agent/replace"] == "true"
     assert [e["reason"] for e in kube.events] == ["Cordoned", "MarkedForReplacement", "GPUNodeNeedsRepair"]
     assert not any(r["remediation"] in ("drain", "gpu_reset", "reboot_request") for r in audits.records), \
         "no repair is tried on a repeat offender"
