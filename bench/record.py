@@ -4,7 +4,9 @@ Every bench appends one JSON line per invocation to ``bench/results/<bench>.json
 ``record()``: its figures (each with the baseline it was measured against in the same invocation
 and their ratio), its parameters, the command, the date, the commit and whether the tree was
 modified, the machine, and a **fingerprint of the code it measures** -- the files ``MEASURES``
-declares for it (one place). A result is *current* while the checkout's fingerprint of those files
+declares for it (one place) and every module of this project they import, transitively (static
+imports, function-level ones included: what runs when the measured path runs; a module added beside
+them that nothing measured imports does not stale a figure). A result is *current* while the checkout's fingerprint of those files
 equals the one recorded; ``tests/test_bench_results.py`` fails when a bench's newest result is not,
 so a figure cannot outlive the code it measured: change the measured path, re-run the bench (the
 command is in the result and in docs/benchmarks.md), commit the new line.
@@ -47,30 +49,85 @@ END = "<!-- end of recorded results -->"
 # The code each bench measures: globs relative to the repository root (``**`` recurses). The bench
 # script itself is always part of it. Declared generously: a figure re-run needlessly costs minutes,
 # a figure that outlives its code misleads.
-_NCCL_NODE = ("collectors/nccl/**/*.py", "gna_sdk/**/*.py", "gna_types/**/*.py", "agent/emitter.py",
-              "agent/facts.py", "agent/message.py")
+# What is loaded by name rather than imported (entry points, plugins) must be declared; what the declared
+# files import is followed (``_closure``).
+_NCCL_NODE = ("collectors/nccl/**/*.py", "agent/emitter.py", "agent/facts.py", "agent/message.py")
 _CORRELATOR = ("fleet/correlator.py", "fleet/job_facts.py", "fleet/incidents.py", "fleet/typed_details.py",
-               "fleet/wire.py", "gna_types/**/*.py")
+               "fleet/wire.py")
 MEASURES: dict[str, tuple[str, ...]] = {
     "spool_drain": ("agent/spool.py", "agent/forwarder.py", "agent/bus.py", "agent/message.py",
                     "agent/nats_link.py", "agent/natsclient.py"),
     "nccl_ingest": (*_NCCL_NODE,),
     "pod_logs": (*_NCCL_NODE,),
     "ib_scrape": ("collectors/infiniband.py", "collectors/roce.py", "collectors/formats/ib_sysfs.py",
-                  "collectors/formats/roce_qos.py", "agent/metrics.py", "agent/framework.py", "agent/emitter.py",
-                  "gna_sdk/**/*.py"),
+                  "collectors/formats/roce_qos.py", "agent/metrics.py", "agent/framework.py", "agent/emitter.py"),
     "detection_latency": ("collectors/gpu_devices.py", "collectors/kernel_modules.py", "collectors/kmsg_xid.py",
-                          "collectors/formats/kmsg_records.py", "agent/framework.py", "agent/emitter.py",
-                          "gna_sdk/**/*.py"),
-    "fanin": ("fleet/dashboard.py", "fleet/state.py", "fleet/follow.py", "fleet/wire.py", "gna_types/**/*.py"),
+                          "collectors/formats/kmsg_records.py", "agent/framework.py", "agent/emitter.py"),
+    "fanin": ("fleet/dashboard.py", "fleet/state.py", "fleet/follow.py", "fleet/wire.py"),
     "correlator": (*_CORRELATOR, "sim/scenarios.py", "bench/naive_blame.py", "tests/layouts/*.py",
                    "fleet/diagnose.py"),
     "correlator_gc": (*_CORRELATOR, "fleet/heap.py", "fleet/incident_service.py", "fleet/stragglers.py"),
     "incidents_scale": (*_CORRELATOR, "fleet/heap.py", "fleet/incident_service.py", "fleet/stragglers.py",
                         "fleet/follow.py", "fleet/leases.py", "agent/nats_link.py", "agent/natsclient.py"),
-    "stragglers": ("fleet/stragglers.py", "sim/stragglers.py", "collectors/nvml.py", "gna_types/**/*.py"),
-    "straggler_watch": ("fleet/stragglers.py", "sim/stragglers.py", "gna_types/**/*.py"),
+    "stragglers": ("fleet/stragglers.py", "sim/stragglers.py", "collectors/nvml.py"),
+    "straggler_watch": ("fleet/stragglers.py", "sim/stragglers.py"),
 }
+
+
+PROJECT = ("agent", "collectors", "remediations", "fleet", "sim", "gna_sdk", "gna_types", "bench", "tests")
+
+
+def _module_files(name: str) -> list[Path]:
+    """The files that importing ``name`` runs: each package's ``__init__`` on the way, then the module."""
+    parts = name.split(".")
+    if parts[0] not in PROJECT:
+        return []
+    out = []
+    for i in range(1, len(parts) + 1):
+        base = REPO.joinpath(*parts[:i])
+        if (base / "__init__.py").is_file():
+            out.append(base / "__init__.py")
+        elif base.with_suffix(".py").is_file():
+            out.append(base.with_suffix(".py"))
+            break
+        else:
+            break
+    return out
+
+
+def _imports(path: Path) -> set[str]:
+    """The modules a file imports (``from a import b`` may name a submodule b: both are tried)."""
+    try:
+        tree = ast.parse(path.read_bytes(), filename=str(path))
+    except (SyntaxError, ValueError):
+        return set()
+    package = path.relative_to(REPO).with_suffix("").parts
+    package = package[:-1] if path.name != "__init__.py" else package[:-1]
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package[:len(package) - (node.level - 1)] if node.level > 1 else package
+                base = ".".join([*up, base] if base else up)
+            names.add(base)
+            names.update(f"{base}.{a.name}" for a in node.names if a.name != "*")
+    return names
+
+
+def _closure(roots: set[Path]) -> set[Path]:
+    seen: set[Path] = set()
+    todo = [p for p in roots if p.suffix == ".py"]
+    seen.update(roots)
+    while todo:
+        for name in _imports(todo.pop()):
+            for f in _module_files(name):
+                if f not in seen:
+                    seen.add(f)
+                    todo.append(f)
+    return seen
 
 
 def _files(bench: str) -> list[Path]:
@@ -78,7 +135,7 @@ def _files(bench: str) -> list[Path]:
     found: set[Path] = set()
     for g in globs:
         found.update(p for p in REPO.glob(g) if p.is_file() and "__pycache__" not in p.parts)
-    return sorted(found)
+    return sorted(_closure(found))
 
 
 def _without_docstrings(tree: ast.AST) -> ast.AST:

@@ -123,3 +123,31 @@ def test_the_generated_section_renders_each_variants_newest_result(tmp_path: Pat
     assert "| 2.5 MB/s | 1.25 MB/s (grep) | 2.00x |" in section and "| 1 MB/s" not in section
     assert "speed \\| <b>" in section  # a cell cannot break the table
     assert record.docs_text(doc) == doc  # regenerating an up-to-date document changes nothing
+
+
+def test_the_measured_code_is_what_the_declared_files_import(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bench's files are its declared ones and every project module they import, transitively (function-level
+    and relative imports included, each package's __init__ on the way); a module nothing measured imports is not."""
+    for rel, text in {
+        "gna_sdk/__init__.py": "from gna_sdk.retry import delay\n",
+        "gna_sdk/retry.py": "import json\ndef delay(): return 1\n",
+        "gna_sdk/unrelated.py": "X = 1\n",
+        "agent/__init__.py": "",
+        "agent/emitter.py": "from . import facts\ndef f():\n    from gna_types.policy import SEVERITIES\n",
+        "agent/facts.py": "import gna_sdk\n",
+        "gna_types/__init__.py": "",
+        "gna_types/policy.py": "SEVERITIES = ()\n",
+        "bench/x.py": "import record\nfrom agent.emitter import f\n",
+    }.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    monkeypatch.setattr(record, "REPO", tmp_path)
+    monkeypatch.setitem(record.MEASURES, "x", ("agent/emitter.py",))
+    files = {p.relative_to(tmp_path).as_posix() for p in record._files("x")}
+    assert files == {"bench/x.py", "agent/__init__.py", "agent/emitter.py", "agent/facts.py", "gna_sdk/__init__.py",
+                     "gna_sdk/retry.py", "gna_types/__init__.py", "gna_types/policy.py"}
+    before = record.fingerprint("x")
+    (tmp_path / "gna_sdk/unrelated.py").write_text("X = 2\n")
+    assert record.fingerprint("x") == before, "a module nothing measured imports does not stale a figure"
+    (tmp_path / "gna_sdk/retry.py").write_text("import json\ndef delay(): return 2\n")
+    assert record.fingerprint("x") != before, "a change in an imported module does"

@@ -546,3 +546,36 @@ async def test_per_node_mode_never_cordons_a_victim_of_an_open_incident(tools: P
     other = [d for d in decided if d is not by_job["0x5c1f"]]
     assert other and other[0]["decision"] in ("executed", "failed"), decided  # the other job's timeout is acted on
     await nc.close()
+
+
+async def test_the_hold_down_uncordon_waits_for_a_validation_that_passed(tools: Path, tmp_path: Path) -> None:
+    """Issue 28: without a repair episode, every trigger resolved for the hold-down is not enough: a validation
+    refused because a job still holds the GPUs tries again after another hold-down, a failed one keeps the
+    node out (alerted), a passed one uncordons."""
+    verdicts = ["busy", "passed"]
+
+    async def validator(level: str) -> Validation:
+        return Validation(verdicts.pop(0), "")
+
+    cfg = RemediationsConfig(enforce=True, cordon_with="slurm", uncordon_hold_down=0.1, repair=NO_REPAIR)
+    audits = Audits()
+    eng = _engine(cfg, HostRoot(tmp_path), audits, budget=lambda: _AlwaysBudget(), validator=validator)
+    await eng.handle(_msg())
+    await eng.handle(_msg(status="resolved"))
+    await _until(lambda: audits.records[-1]["action"] == "uncordon")
+    assert [(r["action"], r["decision"]) for r in audits.records] == [
+        ("apply", "executed"), ("validate", "skipped"), ("validate", "executed"), ("uncordon", "executed")]
+    assert not audits.alerts
+
+    failing = _engine(cfg, HostRoot(tmp_path), audits2 := Audits(), budget=lambda: _AlwaysBudget(),
+                      validator=lambda level: _verdict("failed"))
+    await failing.handle(_msg(node="gpu-02"))
+    await failing.handle(_msg(node="gpu-02", status="resolved"))
+    await _until(lambda: bool(audits2.alerts))
+    await asyncio.sleep(0.3)
+    assert [r["action"] for r in audits2.records] == ["apply", "validate"]
+    assert audits2.alerts[0][0] == "RemediationNodeKeptOut"
+
+
+async def _verdict(v: str) -> Validation:
+    return Validation(v, "dcgm_diag failed")

@@ -252,9 +252,17 @@ class Engine:
                                   "(validate_before_uncordon) and no validator is wired", action="uncordon")
                 return
             result = await self.validator(self.cfg.repair.validate_level)
-            await self._audit(msg, None, "validate", "executed" if result.verdict == "passed" else "failed",
+            decision = {"passed": "executed", "busy": "skipped"}.get(result.verdict, "failed")
+            await self._audit(msg, None, "validate", decision,
                               f"validation ({self.cfg.repair.validate_level}) {result.verdict}: {result.summary}",
                               action="validate")
+            if result.verdict == "busy":  # a job still holds the GPUs: try again after another hold-down
+                async with self._lock:
+                    t = self.triggers.get(f"{name}|{node}")
+                    if t is not None and not t.active and t.uncordon_task is None:
+                        t.uncordon_task = asyncio.get_running_loop().create_task(
+                            self._uncordon_later(name, node, msg))
+                return
             if result.verdict != "passed":
                 await self.alert_kept_out(msg, f"every trigger resolved but validation {result.verdict}: "
                                                f"{result.summary}")
