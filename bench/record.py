@@ -5,11 +5,12 @@ Every bench appends one JSON line per invocation to ``bench/results/<bench>.json
 and their ratio), its parameters, the command, the date, the commit and whether the tree was
 modified, the machine, and a **fingerprint of the code it measures** -- the files ``MEASURES``
 declares for it (one place) and every module of this project they import, transitively (static
-imports, function-level ones included: what runs when the measured path runs; a module added beside
-them that nothing measured imports does not stale a figure). A result is *current* while the checkout's fingerprint of those files
-equals the one recorded; ``tests/test_bench_results.py`` fails when a bench's newest result is not,
-so a figure cannot outlive the code it measured: change the measured path, re-run the bench (the
-command is in the result and in docs/benchmarks.md), commit the new line.
+imports, function-level ones included: what runs when the measured path runs; a module added
+beside them that nothing measured imports does not stale a figure). A result is *current* while the
+checkout's fingerprint of those files equals the one recorded; ``tests/test_bench_results.py`` fails
+when a bench's newest result is not, so a figure cannot outlive the code it measured: change the
+measured path, re-run the bench (the command is in the result and in docs/benchmarks.md), commit the
+new line.
 
 The fingerprint hashes each Python file's syntax tree without docstrings (``ast.dump``), so a
 comment, a docstring or a reformatting does not stale a figure, and any change to what runs does;
@@ -101,8 +102,7 @@ def _imports(path: Path) -> set[str]:
         tree = ast.parse(path.read_bytes(), filename=str(path))
     except (SyntaxError, ValueError):
         return set()
-    package = path.relative_to(REPO).with_suffix("").parts
-    package = package[:-1] if path.name != "__init__.py" else package[:-1]
+    package = path.relative_to(REPO).with_suffix("").parts[:-1]  # a/b/c.py and a/b/__init__.py: package a.b
     names: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
