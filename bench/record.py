@@ -218,7 +218,9 @@ def record(bench: str, figures: list[dict[str, Any]], *, variant: str = "", para
     result = {"bench": bench, "variant": variant,
               "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
               "commit": _git("rev-parse", "--short", "HEAD"),
-              "dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+              # modified beyond the recorded results themselves (a run after another bench's new line is clean)
+              "dirty": bool(_git("status", "--porcelain", "--untracked-files=no", "--", ".",
+                                 ":(exclude)bench/results", ":(exclude)docs/benchmarks.md")),
               "fingerprint": fingerprint(bench), "command": " ".join(_command()),
               "machine": machine(), "params": params or {}, "figures": figures, "raw": raw or {}}
     if write:
