@@ -178,7 +178,8 @@ def _log(seed: int, n: int) -> str:
     return "\n".join(out) + "\n"
 
 
-@pytest.mark.parametrize("seed", range(4))
+# one seed in the default run (the suite's 10-minute budget), the others with the slow ones (make test-slow)
+@pytest.mark.parametrize("seed", [0, *(pytest.param(s, marks=pytest.mark.slow) for s in range(1, 4))])
 async def test_the_same_conclusions_as_decoding_every_line(tmp_path: Path, seed: int) -> None:
     """Random logs of channel lines (this node's and another's, kinds that change state, lines past their
     bounds, with a launcher's prefix, a WARN, two needles, a marker) and the lines around them, in one file and
