@@ -342,3 +342,27 @@ async def test_per_node_mode_decides_the_correlator_s_verdict_on_itself(
     assert audits.trail() == trail
     assert audits.records[0]["trigger"]["type"] == "IncidentCulprit"
     await eng.close()
+
+
+async def test_without_repair_plugins_the_node_returns_after_the_hold_down_and_a_validation(
+        loop_env: dict[str, Any], kube: FakeKube, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A config that names no drain or repair plugin (the default) starts no episode: an episode could only keep
+    the node out. The cordon is undone as before, after every trigger resolved for the hold-down, and now only
+    once a validation passed."""
+    import msgspec
+
+    monkeypatch.setenv("FAKE_DCGMI_MODE", "pass")
+    cfg: RemediationsConfig = loop_env["cfg"]
+    loop_env["cfg"] = msgspec.structs.replace(cfg, plugins={"kubernetes": cfg.plugins["kubernetes"]})
+    audits, budget, levels, observed = Audits(), _Budget(), [], []
+    eng = _engine(loop_env, audits, budget, levels, observed)
+    await eng.handle(_culprit())
+    assert not eng.repairs.episodes and audits.trail() == [("kubernetes", "apply", "executed")]
+    await eng.handle(to_dict(make_message(node="gpu-01", collector="kmsg_xid", kind="condition", type="GPUFatalXid",
+                                          status="resolved", severity="critical", entity=f"gpu:{GPU}",
+                                          reason="Xid79", message="resolved")))  # type: ignore[arg-type]
+    await _until(lambda: any(r["action"] == "uncordon" for r in audits.records))
+    assert audits.trail() == [("kubernetes", "apply", "executed"), ("validate", "validate", "executed"),
+                              ("kubernetes", "uncordon", "executed")]
+    assert kube.nodes["gpu-01"]["spec"].get("unschedulable") is False and not audits.alerts
+    await eng.close()

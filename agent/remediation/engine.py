@@ -159,7 +159,7 @@ class Engine:
         if dry:
             att.last_done, att.last_dry_run = now, True
             self._track(msg, name, plugin)
-            then = f", {self.repairs.plan(msg)}" if plugin.needs_budget and self.cfg.repair.enabled else ""
+            then = f", {self.repairs.plan(msg)}" if plugin.needs_budget and self.repairs.would_run(msg) else ""
             return await self._audit(msg, rule, name, "dry_run", f"would {plan}{then}", args=args)
         if plugin.needs_budget:
             verdict = await self._take_budget(msg, rule, name, args)

@@ -1,6 +1,9 @@
 """From cordon to back in service: drain, repair step by step, validate, and only then uncordon.
 
-After the engine cordons a node (agent/remediation/engine.py), one *episode* runs for it:
+After the engine cordons a node (agent/remediation/engine.py), one *episode* runs for it, when the
+trigger's ladder has a plugin to act with (the drain or a step configured in ``[remediations.plugins]``)
+or the node is a suspect; otherwise the engine's hold-down path (every trigger resolved, then a
+validation that passed) brings it back:
 
     drain (the ``drain_with`` plugin) -> [validate, for a suspect or a validate-first ladder]
       -> step 1 -> settle -> validate -> passed: uncordon
@@ -148,6 +151,12 @@ class Repairs:
         ep = self.episodes.get(node)
         return ep is not None and ep.state != "done"
 
+    def would_run(self, msg: dict[str, Any]) -> bool:
+        """A cordon for ``msg`` would start an episode (see ``begin``)."""
+        ladder = ladder_for(self.cfg, msg)
+        return self.cfg.enabled and (ladder.suspect or any(
+            s in self.engine.plugins for s in (self.cfg.drain_with, *ladder.steps)))
+
     def plan(self, msg: dict[str, Any]) -> str:
         ladder = ladder_for(self.cfg, msg)
         parts = []
@@ -179,6 +188,10 @@ class Repairs:
         elif old is not None and old.state != "done":
             return  # one episode per node: a second trigger joins the running one
         ladder: Ladder = ladder_for(self.cfg, msg)
+        if not self.would_run(msg):
+            # Nothing configured to drain or repair with: no episode (it could only keep the node out); the
+            # engine's hold-down path uncordons once every trigger resolved and a validation passed.
+            return
         entity = str(msg.get("entity", ""))
         trigger = {k: msg.get(k) for k in TRIGGER_KEYS if msg.get(k) is not None}
         ep = Episode(node=node, cordon=cordon, trigger=trigger, ladder=ladder.name, steps=list(ladder.steps),
