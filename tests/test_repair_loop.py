@@ -120,8 +120,9 @@ def _validator(host: SimHost, levels: list[str]) -> Any:
     async def validate(level: str) -> Validation:
         levels.append(level)
         report = await run_validation(agent_cfg, HostRoot(host.root), level, node="gpu-01", skip=("passive",))
-        failed = [c.name for c in report.checks if c.status in ("failed", "error")]
-        return Validation(report.verdict, f"failed: {', '.join(failed)}" if failed else "none failed")
+        from agent.validate.service import summary
+
+        return Validation(report.verdict, summary(report))
 
     return validate
 
@@ -163,10 +164,11 @@ async def test_culprit_to_cordon_drain_reset_reboot_validate_uncordon(loop_env: 
     assert ("train", "trainer-0") not in kube.pods, "the training pod was evicted"
     assert ("kube-system", "dcgm-exporter-x") in kube.pods, "a DaemonSet's pod is left alone"
     assert [t for t in audits.trail() if t[1] != "apply" or t[0] == "kubernetes"] == [
-        ("kubernetes", "apply", "executed"), ("drain", "repair", "executed"), ("gpu_reset", "repair", "executed"),
-        ("validate", "validate", "failed"), ("reboot_request", "repair", "executed")]
+        ("kubernetes", "apply", "executed"), ("drain", "repair", "executed"), ("validate", "validate", "failed"),
+        ("gpu_reset", "repair", "executed"), ("validate", "validate", "failed"),
+        ("reboot_request", "repair", "executed")]
     failed = next(r for r in audits.records if r["remediation"] == "validate")
-    assert "dcgm_diag" in failed["reason"] and levels == ["standard"]
+    assert "dcgm_diag" in failed["reason"] and levels == ["standard", "standard"]
     assert eng.repairs.episodes["gpu-01"].state == "awaiting_reboot"
     await eng.close()  # the machine reboots: this agent stops
 
@@ -239,7 +241,8 @@ async def test_dry_run_says_the_whole_loop_and_does_nothing(loop_env: dict[str, 
     await asyncio.sleep(0.1)
     assert audits.trail() == [("kubernetes", "apply", "dry_run")]
     reason = audits.records[0]["reason"]
-    assert "drain with drain -> gpu_reset, validate -> reboot_request, validate -> breakfix" in reason
+    assert "drain with drain -> validate (standard) -> gpu_reset, validate -> reboot_request, validate -> breakfix" \
+        in reason
     assert kube.nodes["gpu-01"]["spec"].get("unschedulable") is not True and ("train", "trainer-0") in kube.pods
     assert levels == [] and not eng.repairs.episodes
     await eng.close()
@@ -265,7 +268,8 @@ async def test_an_operator_puts_a_kept_out_node_back_and_the_count_starts_again(
     await eng.handle(_culprit())
     await _until(lambda: any(r["action"] == "uncordon" for r in audits.records))
     assert [t for t in audits.trail() if t[0] in ("gpu_reset", "validate", "kubernetes")][-3:] == [
-        ("gpu_reset", "repair", "executed"), ("validate", "validate", "executed"), ("kubernetes", "uncordon", "executed")]
+        ("kubernetes", "apply", "executed"), ("validate", "validate", "executed"),
+        ("kubernetes", "uncordon", "executed")], "the replaced GPU validates at once: no repair"
     assert eng.repairs.repeats("gpu-01", f"gpu:{GPU}") == (1, 1), "counted from the operator's release on"
     await eng.close()
 
@@ -365,4 +369,32 @@ async def test_without_repair_plugins_the_node_returns_after_the_hold_down_and_a
     assert audits.trail() == [("kubernetes", "apply", "executed"), ("validate", "validate", "executed"),
                               ("kubernetes", "uncordon", "executed")]
     assert kube.nodes["gpu-01"]["spec"].get("unschedulable") is False and not audits.alerts
+    await eng.close()
+
+
+async def test_nothing_is_repaired_while_a_job_holds_the_gpus(loop_env: dict[str, Any], kube: FakeKube,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job that outlives the drain (a DRAIN lets it finish; a wait-mode drain can time out) keeps every repair
+    step away: the episode validates first, which waits while any process holds a GPU, says so once, and goes
+    on when the GPUs are free."""
+    import msgspec
+
+    host: SimHost = loop_env["host"]
+    fd = host.root / "proc/4242/fd"
+    fd.mkdir(parents=True)
+    (fd / "7").symlink_to("/dev/nvidia2")
+    (host.root / "proc/4242/comm").write_text("python3\n")
+    cfg: RemediationsConfig = loop_env["cfg"]
+    loop_env["cfg"] = msgspec.structs.replace(cfg, repair=msgspec.structs.replace(cfg.repair, validate_retries=1))
+    audits, budget, levels, observed = Audits(), _Budget(), [], []
+    eng = _engine(loop_env, audits, budget, levels, observed)
+    await eng.handle(_culprit())
+    await _until(lambda: len(levels) >= 4)
+    assert not any(r["action"] == "repair" and r["remediation"] != "drain" for r in audits.records), \
+        "no repair step while the job holds a GPU"
+    waiting = [r for r in audits.records if r["action"] == "validate"]
+    assert len(waiting) == 1 and waiting[0]["decision"] == "skipped" and "4242 python3" in waiting[0]["reason"]
+    (fd / "7").unlink()  # the job ends
+    await _until(lambda: any(r["remediation"] == "gpu_reset" for r in audits.records))
+    assert [t for t in audits.trail() if t[1] == "validate"][-1] == ("validate", "validate", "failed")
     await eng.close()

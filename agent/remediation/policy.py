@@ -60,8 +60,10 @@ class Ladder(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     name: str
     match: Match
     steps: list[str] = msgspec.field(default_factory=list)  # remediation plugin names; empty: validate only
-    suspect: bool = False  # software evidence alone: drained of the job, validated at once, no repair first
-    validate_first: bool = False  # validate before the first step (a fault that may have cleared by itself)
+    # software evidence alone: named a suspect in the audits, back in service when the first validation passes
+    # (every episode validates before its first step: that waits for a job to leave the GPUs, and a fault that
+    # has cleared needs no repair)
+    suspect: bool = False
 
 
 class RepairConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -70,7 +72,9 @@ class RepairConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     enabled: bool = True
     drain_with: str = "drain"  # the plugin that drains a cordoned node ("" : none; Slurm's DRAIN drains itself)
     validate_level: str = "standard"
-    validate_retries: int = 6  # a validation refused as busy (a job still holds the GPUs) is retried this often
+    # a validation refused as busy (a job still holds the GPUs) is tried again every validate_retry_delay until
+    # the GPUs are free (never a repair under a job); after validate_retries tries the audit says it waits
+    validate_retries: int = 6
     validate_retry_delay: float = 60.0
     settle: float = 30.0  # after a repair step, before validating (a reset GPU re-initialises)
     reboot_wait: float = 1800.0  # a reboot requested and the agent still up after this long: the step failed
@@ -130,12 +134,11 @@ def default_ladders() -> list[Ladder]:
     """Which repair comes first for which culprit, following NVSentinel's fault-remediation (RESET_GPU
     before RESTART_BM, a hand-off when neither helps) and NVIDIA's Xid catalog resolutions (docs/repair.md)."""
     return [
-        # the correlator's verdict names hardware (its culprit's kind, the message's reason): its ladder,
-        # validated first (the job's evidence is not a hardware finding on this node yet)
+        # the correlator's verdict names hardware (its culprit's kind, the message's reason): its ladder
         Ladder(name="culprit-gpu", match=Match(type=["IncidentCulprit"], reason=["gpu"], entity="gpu:*"),
-               steps=["gpu_reset", "reboot_request", "breakfix"], validate_first=True),
+               steps=["gpu_reset", "reboot_request", "breakfix"]),
         Ladder(name="culprit-network", match=Match(type=["IncidentCulprit"], reason=["hca_port", "transport"]),
-               steps=["reboot_request", "breakfix"], validate_first=True),
+               steps=["reboot_request", "breakfix"]),
         Ladder(name="suspect-software-evidence", match=Match(type=SUSPECT_TYPES, status=["firing", "event"]),
                steps=["reboot_request", "breakfix"], suspect=True),
         Ladder(name="gpu-row-remap-failure", match=Match(type=["GPURowRemapFailure"]), steps=["breakfix"]),
@@ -145,7 +148,7 @@ def default_ladders() -> list[Ladder]:
                                                            "KernelModuleNotLoaded", *GPU_FAULT_TYPES]),
                steps=["reboot_request", "breakfix"]),
         Ladder(name="network", match=Match(type=["IBPortDown", "IBPortFlapping", "IBDeviceMissing"]),
-               steps=["reboot_request", "breakfix"], validate_first=True),
+               steps=["reboot_request", "breakfix"]),
         Ladder(name="anything-else", match=Match(type=["*"], status=["firing", "event"]), steps=["breakfix"]),
     ]
 

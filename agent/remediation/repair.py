@@ -5,15 +5,16 @@ trigger's ladder has a plugin to act with (the drain or a step configured in ``[
 or the node is a suspect; otherwise the engine's hold-down path (every trigger resolved, then a
 validation that passed) brings it back:
 
-    drain (the ``drain_with`` plugin) -> [validate, for a suspect or a validate-first ladder]
+    drain (the ``drain_with`` plugin) -> validate -> passed: uncordon
       -> step 1 -> settle -> validate -> passed: uncordon
                                       -> failed: step 2 -> ... -> no step left: kept out
 
 The steps come from the first ladder (agent/remediation/policy.py) whose match takes the trigger:
 a GPU fault tries ``gpu_reset``, then ``reboot_request``, then a ``breakfix`` hand-off, as NVSentinel's
 fault-remediation escalates RESET_GPU -> RESTART_BM -> a ticket. A culprit named from software evidence
-alone (the correlator's verdict, no hardware finding) is a *suspect*: drained of the job and validated
-at once; it is back in service when validation passes, and repaired only when it does not.
+alone (the correlator's verdict, no hardware finding) is a *suspect*. Every episode validates before its
+first step: that waits while a job still holds the GPUs (nothing is repaired under a job, however long it
+runs), and a fault that has cleared needs no repair.
 
 Safety, beyond the engine's own (dry-run, budget, cooldowns, audits):
 - one episode per node, its steps one at a time; a rule's plugin on a node under repair waits its turn
@@ -75,7 +76,6 @@ class Episode:
     ladder: str
     steps: list[str]
     suspect: bool
-    validate_first: bool
     started: float  # wall clock
     next_step: int = 0
     state: str = "draining"  # draining | validating | repairing | awaiting_reboot | kept_out | done
@@ -162,8 +162,7 @@ class Repairs:
         parts = []
         if self.cfg.drain_with:
             parts.append(f"drain with {self.cfg.drain_with}")
-        if ladder.suspect or ladder.validate_first:
-            parts.append(f"validate ({self.cfg.validate_level})")
+        parts.append(f"validate ({self.cfg.validate_level})")
         for step in ladder.steps:
             parts.append(f"{step}, validate")
         return (f"then ({'suspect, ' if ladder.suspect else ''}ladder {ladder.name}): " + " -> ".join(parts)
@@ -195,7 +194,7 @@ class Repairs:
         entity = str(msg.get("entity", ""))
         trigger = {k: msg.get(k) for k in TRIGGER_KEYS if msg.get(k) is not None}
         ep = Episode(node=node, cordon=cordon, trigger=trigger, ladder=ladder.name, steps=list(ladder.steps),
-                     suspect=ladder.suspect, validate_first=ladder.validate_first, started=self.wall())
+                     suspect=ladder.suspect, started=self.wall())
         previous = [float(h["started"]) for h in self.history if h.get("node") == node and "started" in h]
         if previous and self.observe:
             self.observe("time_between_incidents", max(0.0, ep.started - max(previous)))
@@ -243,7 +242,7 @@ class Repairs:
         if ep.state == "draining":
             if not await self._drain(ep):
                 return
-            ep.state = "validating" if (ep.suspect or ep.validate_first) else "repairing"
+            ep.state = "validating"  # first: it waits for the GPUs to be free, and a cleared fault needs nothing
             self._save()
         if ep.state == "awaiting_reboot":
             if await self._await_reboot(ep) == "done":
@@ -348,19 +347,22 @@ class Repairs:
         return "next"
 
     async def _validated(self, ep: Episode) -> bool:
-        """Validate (retrying while the GPUs are busy); on a pass the node is uncordoned: True."""
+        """Validate (waiting while a job holds the GPUs); on a pass the node is uncordoned: True."""
         msg = {**ep.trigger, "node": ep.node}
         if self.validator is None:
             await self.engine.audit_repair(msg, "validate", "failed", "no validator is wired: the node stays out",
                                            action="validate")
             return False
-        result = Validation("busy", "")
-        for attempt in range(self.cfg.validate_retries + 1):
-            result = await self.validator(self.cfg.validate_level)
-            if result.verdict != "busy":
-                break
-            if attempt < self.cfg.validate_retries:
-                await asyncio.sleep(self.cfg.validate_retry_delay)
+        attempt = 0
+        while (result := await self.validator(self.cfg.validate_level)).verdict == "busy":
+            # A job still holds the GPUs: nothing is repaired or judged under it, however long it runs
+            # (a Slurm DRAIN lets the running job finish). Said once after validate_retries tries.
+            attempt += 1
+            if attempt == self.cfg.validate_retries + 1:
+                await self.engine.audit_repair(msg, "validate", "skipped", "waiting for the GPUs: "
+                                               f"{result.summary} (validating again every "
+                                               f"{self.cfg.validate_retry_delay:g}s)", action="validate")
+            await asyncio.sleep(self.cfg.validate_retry_delay)
         decision = "executed" if result.verdict == "passed" else "failed"
         await self.engine.audit_repair(msg, "validate", decision,
                                        f"validation ({self.cfg.validate_level}) {result.verdict}: {result.summary}",
