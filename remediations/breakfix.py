@@ -31,7 +31,6 @@ import asyncio
 import datetime as dt
 import hashlib
 import http.client
-import importlib.util
 import json
 import re
 import ssl
@@ -44,6 +43,7 @@ from typing import Any, ClassVar, Literal
 import msgspec
 
 from gna_sdk import HostPaths, Result
+from remediations.kube_client import kube_client, require_lightkube
 
 REASON = "GPUNodeNeedsRepair"
 NOTE_LIMIT = 1024  # bytes: kubernetes pkg/apis/core/validation/events.go NoteLengthLimit
@@ -146,8 +146,8 @@ class BreakfixRemediation:
         self._client = client
         self._done: OrderedDict[str, str] = OrderedDict()  # message id -> what was done
         self._lock = asyncio.Lock()
-        if config.method == "event" and client is None and importlib.util.find_spec("lightkube") is None:
-            raise RuntimeError("needs the lightkube library: pip install 'gpu-node-agent[kubernetes]'")
+        if config.method == "event" and client is None:
+            require_lightkube()
         if config.method == "webhook":
             self._ssl = ssl.create_default_context(cafile=config.ca_file or None)
             if not config.verify_tls:
@@ -230,12 +230,7 @@ class BreakfixRemediation:
 
     def client(self) -> Any:
         if self._client is None:
-            from lightkube import AsyncClient
-            from lightkube.config.kubeconfig import KubeConfig
-
-            cfg = KubeConfig.from_file(self.config.kubeconfig) if self.config.kubeconfig \
-                else KubeConfig.from_service_account()
-            self._client = AsyncClient(config=cfg, field_manager="gpu-node-agent")
+            self._client = kube_client(self.config.kubeconfig)
         return self._client
 
     async def _event(self, node: str, doc: dict[str, Any]) -> Result:

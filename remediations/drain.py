@@ -42,7 +42,6 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import hashlib
-import importlib.util
 import math
 import random
 import re
@@ -57,6 +56,7 @@ import structlog
 
 from gna_sdk import Result, plural
 from gna_sdk.hostroot import HostRoot
+from remediations.kube_client import kube_client, require_lightkube
 
 log = structlog.get_logger(__name__)
 
@@ -240,17 +240,12 @@ class KubernetesDrainRemediation:
         self.config = config
         self._client = client
         self._rng = rng or random.Random()
-        if client is None and importlib.util.find_spec("lightkube") is None:
-            raise RuntimeError("needs the lightkube library: pip install 'gpu-node-agent[kubernetes]'")
+        if client is None:
+            require_lightkube()
 
     def client(self) -> Any:
         if self._client is None:
-            from lightkube import AsyncClient
-            from lightkube.config.kubeconfig import KubeConfig
-
-            cfg = KubeConfig.from_file(self.config.kubeconfig) if self.config.kubeconfig \
-                else KubeConfig.from_service_account()
-            self._client = AsyncClient(config=cfg, field_manager="gpu-node-agent")
+            self._client = kube_client(self.config.kubeconfig)
         return self._client
 
     # -- what to do ------------------------------------------------------------------------------------

@@ -12,7 +12,6 @@ Writes carry the resourceVersion they were computed from; a 409 re-reads and ret
 from __future__ import annotations
 
 import datetime as dt
-import importlib.util
 from typing import Any, ClassVar
 
 import msgspec
@@ -21,6 +20,7 @@ import structlog
 from gna_sdk import Result
 from gna_sdk.hostroot import HostRoot
 from gna_types.conditions import category
+from remediations.kube_client import kube_client, require_lightkube
 
 log = structlog.get_logger(__name__)
 
@@ -57,18 +57,12 @@ class KubernetesRemediation:
     def __init__(self, config: KubernetesConfig, host: HostRoot, *, client: Any = None) -> None:
         self.config = config
         self._client = client
-        if client is None and importlib.util.find_spec("lightkube") is None:
-            # said once at load (the plugin is listed as unavailable, with this), not at the first cordon
-            raise RuntimeError("needs the lightkube library: pip install 'gpu-node-agent[kubernetes]'")
+        if client is None:
+            require_lightkube()
 
     def client(self) -> Any:
         if self._client is None:
-            from lightkube import AsyncClient
-            from lightkube.config.kubeconfig import KubeConfig
-
-            cfg = KubeConfig.from_file(self.config.kubeconfig) if self.config.kubeconfig \
-                else KubeConfig.from_service_account()
-            self._client = AsyncClient(config=cfg, field_manager="gpu-node-agent")
+            self._client = kube_client(self.config.kubeconfig)
         return self._client
 
     def _node(self, msg: dict[str, Any]) -> str:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import datetime as dt
 import errno
-import importlib.util
 import os
 import re
 import shutil
@@ -35,6 +34,7 @@ from typing import Any, ClassVar, Literal
 import msgspec
 
 from gna_sdk import CommandError, HostPaths, Result, run_command
+from remediations.kube_client import kube_client, require_lightkube
 
 _NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
 _TYPE = re.compile(r"^[A-Z][A-Za-z0-9]{0,63}$")
@@ -155,8 +155,8 @@ class RebootRequestRemediation:
         self.host = host
         self._client = client
         self.command: list[str] = []
-        if config.method == "annotation" and client is None and importlib.util.find_spec("lightkube") is None:
-            raise RuntimeError("needs the lightkube library: pip install 'gpu-node-agent[kubernetes]'")
+        if config.method == "annotation" and client is None:
+            require_lightkube()
         if config.method == "command":
             exe = config.command[0]
             path = exe if "/" in exe else shutil.which(exe)
@@ -218,12 +218,7 @@ class RebootRequestRemediation:
 
     def client(self) -> Any:
         if self._client is None:
-            from lightkube import AsyncClient
-            from lightkube.config.kubeconfig import KubeConfig
-
-            cfg = KubeConfig.from_file(self.config.kubeconfig) if self.config.kubeconfig \
-                else KubeConfig.from_service_account()
-            self._client = AsyncClient(config=cfg, field_manager="gpu-node-agent")
+            self._client = kube_client(self.config.kubeconfig)
         return self._client
 
     async def _annotate(self, name: str, msg: dict[str, Any]) -> Result:
