@@ -43,7 +43,7 @@ from typing import Any, ClassVar, Literal
 import msgspec
 
 from gna_sdk import HostPaths, Result
-from remediations.kube_client import kube_client, require_lightkube
+from remediations.kube_client import LazyClient
 
 REASON = "GPUNodeNeedsRepair"
 NOTE_LIMIT = 1024  # bytes: kubernetes pkg/apis/core/validation/events.go NoteLengthLimit
@@ -143,11 +143,9 @@ class BreakfixRemediation:
 
     def __init__(self, config: BreakfixConfig, host: HostPaths, *, client: Any = None) -> None:
         self.config = config
-        self._client = client
+        self.client = LazyClient(config.kubeconfig, client, needed=config.method == "event")
         self._done: OrderedDict[str, str] = OrderedDict()  # message id -> what was done
         self._lock = asyncio.Lock()
-        if config.method == "event" and client is None:
-            require_lightkube()
         if config.method == "webhook":
             self._ssl = ssl.create_default_context(cafile=config.ca_file or None)
             if not config.verify_tls:
@@ -227,11 +225,6 @@ class BreakfixRemediation:
         return Result("executed", f"incident {doc['message_id']} posted to {where} (HTTP {status})", data)
 
     # -- event ---------------------------------------------------------------------------------
-
-    def client(self) -> Any:
-        if self._client is None:
-            self._client = kube_client(self.config.kubeconfig)
-        return self._client
 
     async def _event(self, node: str, doc: dict[str, Any]) -> Result:
         from lightkube import ApiError

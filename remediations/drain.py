@@ -56,7 +56,7 @@ import structlog
 
 from gna_sdk import Result, plural
 from gna_sdk.hostroot import HostRoot
-from remediations.kube_client import kube_client, require_lightkube
+from remediations.kube_client import LazyClient
 
 log = structlog.get_logger(__name__)
 
@@ -238,15 +238,8 @@ class KubernetesDrainRemediation:
     def __init__(self, config: DrainConfig, host: HostRoot, *, client: Any = None,
                  rng: random.Random | None = None) -> None:
         self.config = config
-        self._client = client
+        self.client = LazyClient(config.kubeconfig, client)
         self._rng = rng or random.Random()
-        if client is None:
-            require_lightkube()
-
-    def client(self) -> Any:
-        if self._client is None:
-            self._client = kube_client(self.config.kubeconfig)
-        return self._client
 
     # -- what to do ------------------------------------------------------------------------------------
 

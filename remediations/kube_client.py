@@ -20,3 +20,19 @@ def kube_client(kubeconfig: str) -> Any:
 
     cfg = KubeConfig.from_file(kubeconfig) if kubeconfig else KubeConfig.from_service_account()
     return AsyncClient(config=cfg, field_manager="gpu-node-agent")
+
+
+class LazyClient:
+    """A plugin's ``client()``: the client given (tests), else built at its first use, so a plugin loads without
+    reaching the API; lightkube is checked at once when ``needed`` (the plugin's method uses Kubernetes)."""
+
+    def __init__(self, kubeconfig: str, client: Any = None, *, needed: bool = True) -> None:
+        if client is None and needed:
+            require_lightkube()
+        self.kubeconfig = kubeconfig
+        self._client = client
+
+    def __call__(self) -> Any:
+        if self._client is None:
+            self._client = kube_client(self.kubeconfig)
+        return self._client

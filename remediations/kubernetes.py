@@ -20,7 +20,7 @@ import structlog
 from gna_sdk import Result
 from gna_sdk.hostroot import HostRoot
 from gna_types.conditions import category
-from remediations.kube_client import kube_client, require_lightkube
+from remediations.kube_client import LazyClient
 
 log = structlog.get_logger(__name__)
 
@@ -56,14 +56,7 @@ class KubernetesRemediation:
 
     def __init__(self, config: KubernetesConfig, host: HostRoot, *, client: Any = None) -> None:
         self.config = config
-        self._client = client
-        if client is None:
-            require_lightkube()
-
-    def client(self) -> Any:
-        if self._client is None:
-            self._client = kube_client(self.config.kubeconfig)
-        return self._client
+        self.client = LazyClient(config.kubeconfig, client)
 
     def _node(self, msg: dict[str, Any]) -> str:
         return self.config.node_name or str(msg.get("node", ""))

@@ -34,7 +34,7 @@ from typing import Any, ClassVar, Literal
 import msgspec
 
 from gna_sdk import CommandError, HostPaths, Result, run_command
-from remediations.kube_client import kube_client, require_lightkube
+from remediations.kube_client import LazyClient
 
 _NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
 _TYPE = re.compile(r"^[A-Z][A-Za-z0-9]{0,63}$")
@@ -153,10 +153,8 @@ class RebootRequestRemediation:
     def __init__(self, config: RebootRequestConfig, host: HostPaths, *, client: Any = None) -> None:
         self.config = config
         self.host = host
-        self._client = client
+        self.client = LazyClient(config.kubeconfig, client, needed=config.method == "annotation")
         self.command: list[str] = []
-        if config.method == "annotation" and client is None:
-            require_lightkube()
         if config.method == "command":
             exe = config.command[0]
             path = exe if "/" in exe else shutil.which(exe)
@@ -215,11 +213,6 @@ class RebootRequestRemediation:
         return Result("executed", f"wrote {self.config.sentinel_path}: kured reboots the node when it sees it", data)
 
     # -- annotation ----------------------------------------------------------------------------
-
-    def client(self) -> Any:
-        if self._client is None:
-            self._client = kube_client(self.config.kubeconfig)
-        return self._client
 
     async def _annotate(self, name: str, msg: dict[str, Any]) -> Result:
         from lightkube import ApiError

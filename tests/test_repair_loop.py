@@ -25,18 +25,10 @@ from gna_sdk.hostroot import HostRoot
 from sim.host import SimHost
 from tests.fake_kube import FakeKube
 from tests.test_repair_plugins import FAKE_NVIDIA_SMI
+from tests.test_validate import FAST as FAST_VALIDATE
 
 FAKES = Path(__file__).parent / "fakes" / "validate"
 GPU = "0000:18:00.0"
-FAST_VALIDATE = """
-[validate]
-server_start_delay = 0.05
-[validate.timeouts]
-nccl_allreduce = 10
-nvbandwidth = 10
-dcgm_diag = 10
-ib_write_bw = 10
-"""
 
 
 class Audits:
