@@ -24,7 +24,6 @@ Each is idempotent where it can tell: the sentinel or the annotation already the
 from __future__ import annotations
 
 import datetime as dt
-import errno
 import os
 import re
 import shutil
@@ -34,6 +33,7 @@ from typing import Any, ClassVar, Literal
 import msgspec
 
 from gna_sdk import CommandError, HostPaths, Result, run_command
+from gna_sdk.rootpath import resolve_in_root
 from remediations.kube_client import LazyClient
 
 _NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
@@ -43,7 +43,6 @@ _TYPE = re.compile(r"^[A-Z][A-Za-z0-9]{0,63}$")
 _QUALIFIED_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9]$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _TMPFS_DIRS = ("/run/", "/var/run/")
-MAX_LINKS = 40  # symlinks followed while resolving the sentinel's directory (the kernel's MAXSYMLINKS)
 MAX_TEXT = 512  # characters of the sentinel's content and of the reason annotation
 
 
@@ -92,32 +91,6 @@ class RebootRequestConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tr
 
 def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC).replace(microsecond=0)
-
-
-def resolve_under(root: Path, host_path: str) -> Path:
-    """``host_path`` resolved as the host resolves it, but inside ``root``: an absolute link target
-    (``/var/run -> /run``) starts again at ``root``, ``..`` never climbs above it."""
-    parts = [p for p in host_path.split("/") if p and p != "."]
-    done: list[str] = []
-    links = 0
-    while parts:
-        name = parts.pop(0)
-        if name == "..":
-            if done:
-                done.pop()
-            continue
-        here = root.joinpath(*done, name)
-        if here.is_symlink():
-            links += 1
-            if links > MAX_LINKS:
-                raise OSError(errno.ELOOP, f"too many symbolic links resolving {host_path}")
-            target = os.readlink(here)
-            if target.startswith("/"):
-                done = []
-            parts = [p for p in target.split("/") if p and p != "."] + parts
-            continue
-        done.append(name)
-    return root.joinpath(*done)
 
 
 def write_sentinel(directory: Path, name: str, content: bytes) -> None:
@@ -202,7 +175,7 @@ class RebootRequestRemediation:
         host_dir, name = os.path.split(self.config.sentinel_path)
         data = {"method": "sentinel", "path": self.config.sentinel_path}
         try:
-            directory = resolve_under(Path(self.host.root), host_dir)
+            directory = resolve_in_root(Path(self.host.root), host_dir)
             if os.path.lexists(directory / name):
                 return Result("already_done", f"a reboot is already requested: {self.config.sentinel_path} exists",
                               data)

@@ -26,6 +26,7 @@ from agent.remediation.engine import Engine
 from agent.remediation.policy import Match, RemediationsConfig, Rule
 from gna_sdk import CommandError
 from gna_sdk.hostroot import HostRoot
+from gna_sdk.rootpath import resolve_in_root as resolve_under
 from gna_types.entities import parse_pci
 from remediations.breakfix import NOTE_LIMIT, BreakfixConfig, BreakfixRemediation, bounded_json, cut_utf8, event_message
 from remediations.gpu_reset import GPUResetConfig, GPUResetRemediation, parse_reset_output
@@ -33,7 +34,6 @@ from remediations.reboot_request import (
     RebootRequestConfig,
     RebootRequestRemediation,
     qualified_name,
-    resolve_under,
 )
 from tests.fake_kube import FakeKube
 

@@ -56,6 +56,8 @@ from pathlib import Path
 from typing import Final
 from zoneinfo import ZoneInfo
 
+from gna_sdk.rootpath import resolve_in_root
+
 __all__ = ["HEAD", "MAX_PREFIXES", "node_zone", "stated_time"]
 
 HEAD: Final = 512  # characters of a line looked at: prefixes are short, a line may be 64 KiB
@@ -226,28 +228,10 @@ def node_zone(root_path: str | os.PathLike[str]) -> tzinfo | None:
 
 
 def _in_root(root: Path, rel: str) -> Path | None:
-    """``rel`` under ``root`` with each symlink resolved as the host would (an absolute target from the
-    root, ``..`` never above it); None past :data:`LINK_HOPS` links or when a component is missing."""
-    parts = [p for p in rel.split("/") if p not in ("", ".")]
-    done: list[str] = []
-    hops = 0
-    while parts:
-        name = parts.pop(0)
-        if name == "..":
-            if done:
-                done.pop()
-            continue
-        here = root.joinpath(*done, name)
-        if here.is_symlink():
-            hops += 1
-            if hops > LINK_HOPS:
-                return None
-            target = os.readlink(here)
-            if target.startswith("/"):
-                done = []
-            parts = [p for p in target.split("/") if p not in ("", ".")] + parts
-            continue
-        if not here.exists():
-            return None
-        done.append(name)
-    return root.joinpath(*done)
+    """``rel`` under ``root`` with each symlink resolved as the host would (gna_sdk/rootpath.py); None past
+    :data:`LINK_HOPS` links or when it does not exist."""
+    try:
+        path = resolve_in_root(root, rel, max_links=LINK_HOPS)
+    except OSError:
+        return None
+    return path if path.exists() else None
