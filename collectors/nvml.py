@@ -43,7 +43,7 @@ from collectors.shared.nvml_lib import (
     error_code,
     load_nvml,
 )
-from gna_sdk import Aggregator, CollectorSettings, Emitter, HostPaths, Severity, plural, severity_rank
+from gna_sdk import Aggregator, CollectorSettings, Emitter, HostPaths, Severity, gpu_release, plural, severity_rank
 from gna_types import entities
 from gna_types.entities import normal_pci
 from gna_types.gpu_details import (
@@ -252,8 +252,16 @@ class NVMLCollector:
         self._signals_at: float | None = None
         self._export: list[tuple[str, str, dict[str, Any], dict[str, Any]]] = []  # a pass's metrics, for scrapes
         self._topo: Topology | None = None
+        # a GPU reset (gna_sdk.gpu_release): no pass and no Xid wait while released, NVML shut down meanwhile
+        self._released = ""  # why, while released
+        self._pass_lock = asyncio.Lock()
+        self._xid_parked = asyncio.Event()  # set while the Xid loop holds no NVML event set
+        self._xid_parked.set()
+        self._xid_go = asyncio.Event()  # set on resume: the Xid loop takes a new event set
 
     def lib(self) -> Any:
+        if self._released:
+            return None
         if self._injected is not None:
             return self._injected
         lib, why = load_nvml()
@@ -313,13 +321,41 @@ class NVMLCollector:
         self.emit.unparsed(f"NVML {call} {entity[4:]}", f"impossible value {value!r}"[:120])
 
     async def collect(self) -> None:
-        if self.lib() is None:
-            self.emit.not_seen("NVML", f"libnvidia-ml not loadable: {load_nvml()[1]}")
-            return
-        await asyncio.to_thread(self._probe_sync_then_emit_later)
-        for item in self._pending:
-            await item[0](*item[1], **item[2])
-        await self._publish_signals()
+        async with self._pass_lock:
+            if self._released:
+                self.emit.not_seen("NVML", f"released for {self._released}: no pass until it ends")
+                return
+            if self.lib() is None:
+                self.emit.not_seen("NVML", f"libnvidia-ml not loadable: {load_nvml()[1]}")
+                return
+            await asyncio.to_thread(self._probe_sync_then_emit_later)
+            for item in self._pending:
+                await item[0](*item[1], **item[2])
+            await self._publish_signals()
+
+    # -- letting go of the GPUs for a reset (gna_sdk.gpu_release) ---------------------------------------
+    async def _release(self, reason: str) -> None:
+        """Stop: wait for a pass in flight, park the Xid loop (it frees its event set); with an injected
+        library shut it down here (the process's own pynvml is shut down by collectors.shared.nvml_lib's
+        holder, after this one)."""
+        async with self._pass_lock:
+            self._released = reason[:200] or "a GPU reset"
+        self._xid_go.clear()
+        await self._xid_parked.wait()
+        if self._injected is not None:
+            await asyncio.to_thread(self._injected.nvmlShutdown)
+
+    async def _resume(self, _reason: str) -> None:
+        """Go on with fresh baselines: a reset GPU's counters start again, which is no error rate."""
+        if self._injected is not None:
+            await asyncio.to_thread(self._injected.nvmlInit)
+        async with self._pass_lock:
+            for entity in list(self.gpus):
+                self._forget(entity)
+            self._released = ""
+        self._xid_go.set()
+        if (wakeup := getattr(self, "wakeup", None)) is not None:
+            wakeup.set()
 
     def _probe_sync_then_emit_later(self) -> None:
         """All NVML calls in a worker thread (they can block for seconds on a sick GPU)."""
@@ -1005,10 +1041,25 @@ class NVMLCollector:
         return self.config.xid_events == "on" or not self.emit.facts.get("kmsg_xid.active", False)
 
     async def run(self) -> None:
-        lib = self.lib()
-        if lib is None or self.config.xid_events == "off":
-            await asyncio.Event().wait()
-            return
+        unregister = gpu_release.register("nvml-collector", self._release, self._resume, order=10)
+        try:
+            while True:
+                lib = self.lib()
+                if lib is None or self.config.xid_events == "off":
+                    # no NVML here (or released for a reset): wait for a resume, which sets _xid_go
+                    self._xid_go.clear()
+                    await self._xid_go.wait()
+                    continue
+                self._xid_parked.clear()
+                try:
+                    await self._xid_events(lib)
+                finally:
+                    self._xid_parked.set()
+        finally:
+            unregister()
+
+    async def _xid_events(self, lib: Any) -> None:
+        """Xid events until released for a reset (then the event set is freed and this returns)."""
         event_set = await asyncio.to_thread(lib.nvmlEventSetCreate)
         buses: dict[Any, str] = {}
         for i in range(lib.nvmlDeviceGetCount()):
@@ -1019,7 +1070,7 @@ class NVMLCollector:
             except Exception as exc:
                 log.warning("nvml_xid_events_unavailable", index=i, error=repr(exc))
         try:
-            while True:
+            while not self._released:
                 try:
                     data = await asyncio.to_thread(lib.nvmlEventSetWait_v2, event_set, 1000)
                 except Exception as exc:

@@ -60,6 +60,18 @@ def gpu_minors(host: HostPaths) -> dict[str, int]:
     return out
 
 
+def own_pid(host: HostPaths) -> int | None:
+    """This process's pid as the scanned ``/proc`` numbers it: ``/proc/self`` there names the reader as seen
+    from that procfs's pid namespace (proc(5), /proc/self), so a container reading the host's procfs under
+    ``--host-root`` finds itself too. None when the tree has no such link (a test tree, another pid
+    namespace that cannot see us)."""
+    try:
+        text = os.readlink(host.path("/proc/self"))
+    except OSError:
+        return None
+    return int(text) if text.isdigit() and len(text) <= 10 else None
+
+
 def _comm(pid_dir: str) -> str:
     try:
         with open(os.path.join(pid_dir, "comm"), "rb") as fh:

@@ -10,7 +10,17 @@ gpu-reset/gpu_reset.sh: ``nvidia-smi --gpu-reset -i <ids>``, commit 353aefd).
 Before it runs anything, the plugin proves the GPU idle from ``/proc`` (gna_sdk.gpu_processes): any
 process holding ``/dev/nvidia<minor>`` is named in the refusal (pid and comm), and a scan that could not
 read every process refuses too ("cannot prove it idle"). nvidia-persistenced counts as a holder — the
-driver refuses the reset while persistence mode is on (NVSentinel issue #1690, PR #1692).
+driver refuses the reset while persistence mode is on (NVSentinel issue #1690, PR #1692): see below.
+
+This agent is a holder too: its NVML collector keeps every GPU open for the process's lifetime
+("A persistent NVML client holds an attachment to every GPU on the node for its process lifetime, and
+nvidia-smi --gpu-reset is refused", NVIDIA/NVSentinel #1691). So the agent's own pid is left out of the
+first scan, every holder inside this process is asked to let go (gna_sdk.gpu_release: NVML shut down,
+its passes and Xid wait parked), ``/proc`` is scanned again — now with the agent itself counted — and
+only then does nvidia-smi run; monitoring resumes afterwards, whatever the outcome. With
+``persistence_mode = "release"`` (the default) a GPU held only by nvidia-persistenced gets persistence
+mode turned off for the reset and on again afterwards (``nvidia-smi -pm 0|1 -i``), as NVSentinel's
+janitor does since PR #1692.
 
 Afterwards the GPU must still be listed in ``/proc/driver/nvidia/gpus``: NVIDIA recommends checking a
 reset GPU's health before use; a GPU gone from the driver's list is reported as a failure.
@@ -18,19 +28,29 @@ reset GPU's health before use; a GPU gone from the driver's list is reported as 
 
 from __future__ import annotations
 
-import os
 import re
+import time
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import msgspec
 
-from gna_sdk import CommandError, HostPaths, Result, gpu_processes, plural, resolve_executable, run_command
+from gna_sdk import (
+    CommandError,
+    HostPaths,
+    Result,
+    gpu_processes,
+    gpu_release,
+    plural,
+    resolve_executable,
+    run_command,
+)
 from gna_types.entities import parse_pci
 
 MAX_OUTPUT = 2000  # characters of nvidia-smi's output kept in the audit
 MAX_LINES = 200  # lines of output parsed; the rest is ignored
 MAX_NAMED = 8  # holders named in a refusal; the rest are counted
+PERSISTENCED_COMM = "nvidia-persiste"  # nvidia-persistenced's comm: the kernel keeps 15 bytes (TASK_COMM_LEN 16)
 
 # nvidia-smi's reset output. nvidia-smi is closed source: these forms are taken from transcripts of
 # real runs, each cited; NVSMI says its text output is "not guaranteed to be backwards compatible".
@@ -112,14 +132,16 @@ def parse_reset_output(text: str) -> ResetOutput:
 class GPUResetConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     nvidia_smi: str = ""  # empty: found on PATH at start-up
     timeout: float = 120.0  # seconds nvidia-smi may take (a reset of a hung GPU can be slow)
+    # "release": when nvidia-persistenced is the only other holder, turn persistence mode off for the reset
+    # and on again afterwards; "refuse": a GPU nvidia-persistenced holds is not reset
+    persistence_mode: Literal["release", "refuse"] = "release"
 
     def __post_init__(self) -> None:
         if not self.timeout > 0:
             raise ValueError("timeout must be > 0")
 
 
-def _holders_text(holders: list[tuple[int, str]]) -> str:
-    me = os.getpid()
+def _holders_text(holders: list[tuple[int, str]], me: int | None = None) -> str:
     named = [f"pid {pid} ({name}{', this agent' if pid == me else ''})" for pid, name in holders[:MAX_NAMED]]
     more = len(holders) - len(named)
     return ", ".join(named) + (f" and {plural(more, 'more process', 'more processes')}" if more > 0 else "")
@@ -163,16 +185,61 @@ class GPUResetRemediation:
         except ValueError as exc:
             return Result("failed", str(exc))
         data: dict[str, Any] = {"gpu": pci, "minor": minor}
+        me = gpu_processes.own_pid(self.host)
         use = gpu_processes.scan(self.host)
-        if holders := use.holders(minor):
-            data["holders"] = [{"pid": pid, "comm": name} for pid, name in holders[:64]]
+        # this agent's own NVML handle is let go below; nvidia-persistenced is asked to let go (persistence)
+        others = [h for h in use.holders(minor) if h[0] != me]
+        daemon = [h for h in others if h[1] == PERSISTENCED_COMM]
+        if self.config.persistence_mode == "release":
+            others = [h for h in others if h[1] != PERSISTENCED_COMM]
+        if others:
+            data["holders"] = [{"pid": pid, "comm": name} for pid, name in others[:64]]
             return Result("failed", f"refusing to reset GPU {pci}: /dev/nvidia{minor} is held by "
-                                    f"{_holders_text(holders)}", data)
+                                    f"{_holders_text(others)}", data)
         if not use.complete:
             why = (f"{plural(use.unreadable, 'process', 'processes')} could not be read" if use.unreadable
                    else f"more than {gpu_processes.MAX_PIDS} processes")
             return Result("failed", f"refusing to reset GPU {pci}: cannot prove it idle ({why}; the agent needs "
                                     "CAP_SYS_PTRACE or root to read every process's fds)", data)
+        started = time.monotonic()
+        async with gpu_release.released(f"the reset of GPU {pci}") as released:
+            data["released"] = released.holders
+            if released.failed:
+                data["release_failed"] = released.failed
+            persistence = bool(daemon) and await self._persistence(pci, False, data)
+            try:
+                return await self._reset(pci, minor, me, data)
+            finally:
+                if persistence:
+                    await self._persistence(pci, True, data)
+                data["released_s"] = round(time.monotonic() - started, 3)
+
+    async def _persistence(self, pci: str, on: bool, data: dict[str, Any]) -> bool:
+        """``nvidia-smi -pm 0|1 -i <pci>``: nvidia-persistenced lets go of the GPU while persistence mode is off
+        (NVIDIA/NVSentinel PR #1692: "Persistence mode counts as an attachment to the device"; it disables it
+        before the reset and restores it afterwards, as here). True when nvidia-smi exited 0; the outcome is
+        recorded under ``persistence_off``/``persistence_on``. Its text is not parsed: the re-scan decides."""
+        argv = [self.nvidia_smi, "-pm", "1" if on else "0", "-i", pci]
+        key = "persistence_on" if on else "persistence_off"
+        try:
+            rc, out, err = await run_command(argv, timeout=self.config.timeout)
+        except CommandError as exc:
+            data[key] = {"ok": False, "output": str(exc)[:MAX_OUTPUT]}
+            return False
+        data[key] = {"ok": rc == 0, "rc": rc, "output": (out + err).strip()[:MAX_OUTPUT]}
+        return rc == 0
+
+    async def _reset(self, pci: str, minor: int, me: int | None, data: dict[str, Any]) -> Result:
+        """With this agent's holders released: prove the GPU idle once more, then reset it."""
+        use = gpu_processes.scan(self.host)
+        if holders := use.holders(minor):
+            data["holders"] = [{"pid": pid, "comm": name} for pid, name in holders[:64]]
+            failed = data.get("release_failed") or {}
+            ours = ""
+            if failed and any(pid == me for pid, _ in holders):
+                ours = " (this agent could not let go: " + "; ".join(f"{k}: {v}" for k, v in failed.items()) + ")"
+            return Result("failed", f"refusing to reset GPU {pci}: /dev/nvidia{minor} is still held by "
+                                    f"{_holders_text(holders, me)}{ours}", data)
         argv = [self.nvidia_smi, "-r", "-i", pci]
         try:
             rc, out, err = await run_command(argv, timeout=self.config.timeout)

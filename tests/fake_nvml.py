@@ -17,6 +17,7 @@ from typing import Any
 
 import pynvml
 
+NVML_ERROR_UNINITIALIZED = 1  # nvml.h nvmlReturn_t
 NVML_ERROR_NOT_SUPPORTED = 3
 NVML_ERROR_INVALID_ARGUMENT = 2
 NVML_ERROR_TIMEOUT = 10
@@ -86,8 +87,28 @@ class FakeNVML:
         self.registered: list[int] = []
         self.samples: dict[int, tuple[int, dict[int, float]] | None] = {}  # GPM sample address -> (gpu, readings)
         self._sample_refs: dict[int, Any] = {}
+        self.initialized = True  # as after the collector's nvmlInit
+        self.lifecycle: list[str] = []  # init, shutdown, event set create/free, in order
+        self.used_uninitialized = 0  # device calls made between nvmlShutdown and nvmlInit (each raised)
+
+    def nvmlInit(self) -> None:
+        self.lifecycle.append("init")
+        self.initialized = True
+
+    def nvmlShutdown(self) -> None:
+        # nvml.h: "NVML_ERROR_UNINITIALIZED if the library has not been successfully initialized"
+        if not self.initialized:
+            raise NVMLError(NVML_ERROR_UNINITIALIZED)
+        self.lifecycle.append("shutdown")
+        self.initialized = False
+
+    def _live(self) -> None:
+        if not self.initialized:
+            self.used_uninitialized += 1
+            raise NVMLError(NVML_ERROR_UNINITIALIZED)
 
     def _gpu(self, h: int) -> FakeGPU:
+        self._live()
         g = self.gpus[h]
         if g.lost:
             raise NVMLError(NVML_ERROR_GPU_IS_LOST)
@@ -106,6 +127,7 @@ class FakeNVML:
         return sum(1 for v in self.samples.values() if v is not None)
 
     def nvmlDeviceGetCount(self) -> int:
+        self._live()
         self.calls.append("count")
         return len(self.gpus)
 
@@ -249,19 +271,23 @@ class FakeNVML:
         return mig
 
     def nvmlEventSetCreate(self) -> str:
+        self._live()
+        self.lifecycle.append("event set created")
         return "set"
 
     def nvmlDeviceRegisterEvents(self, h: int, mask: int, event_set: str) -> None:
         self.registered.append(h)
 
     def nvmlEventSetWait_v2(self, event_set: str, timeout_ms: int) -> _EventData:
+        self._live()
         try:
             return self.events.get(timeout=timeout_ms / 1000)
         except queue.Empty:
             raise NVMLError(NVML_ERROR_TIMEOUT) from None
 
     def nvmlEventSetFree(self, event_set: str) -> None:
-        pass
+        self._live()
+        self.lifecycle.append("event set freed")
 
     def inject_xid(self, index: int, xid: int) -> None:
         self.events.put(_EventData(device=index, eventData=xid))

@@ -10,6 +10,7 @@ from agent.emitter import CollectorEmitter, ConditionTracker
 from agent.facts import FactStore
 from collectors.nvml import NVMLCollector, NVMLConfig
 from collectors.shared import nvml_lib as nvml_lib
+from gna_sdk import gpu_release
 from gna_sdk.hostroot import HostRoot
 from tests.conftest import Sink, validate_message
 from tests.fake_nvml import FakeGPU, FakeNVML
@@ -120,3 +121,100 @@ async def test_an_unexpected_nvml_error_is_a_reported_skip_not_a_silent_pass() -
     assert [m.type for m in sink.messages] == ["StragglerSignals"]  # the periodic vector, no finding
     assert cast(CollectorEmitter, c.emit).blind == {"NVML nvmlDeviceGetTotalEccErrors": "NVMLError (NVML error 999): check skipped (2 times)"}
     assert c.call_errors == {"nvmlDeviceGetTotalEccErrors: NVMLError (999)": 2}
+
+
+# -- letting go of the GPUs for a reset (gna_sdk.gpu_release) -----------------------------------------------
+
+async def test_released_for_a_reset_no_nvml_call_until_resumed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """While a GPU reset holds the GPUs released, the collector makes no NVML call (a pass is skipped and
+    said so, the Xid wait has freed its event set), NVML is shut down; afterwards it is initialised again,
+    the event set taken again and the GPUs get fresh baselines."""
+    monkeypatch.setattr(gpu_release, "_holders", {})
+    fake = FakeNVML(_gpus(2))
+    sink, facts = Sink(), FactStore()
+    c = _collector(fake, sink, facts, aggregation_window=0.2)
+    c.wakeup = asyncio.Event()
+    task = asyncio.create_task(c.run())
+    try:
+        await c.collect()
+        for _ in range(100):
+            if fake.lifecycle:
+                break
+            await asyncio.sleep(0.01)
+        assert fake.lifecycle == ["event set created"] and gpu_release.holders() == ["nvml-collector"]
+        assert c.gpus
+        async with gpu_release.released("the reset of GPU 0000:18:00.0") as released:
+            assert released.holders == ["nvml-collector"] and released.failed == {}
+            assert fake.lifecycle == ["event set created", "event set freed", "shutdown"]
+            await c.collect()  # the periodic pass while released
+            assert cast(CollectorEmitter, c.emit).blind["NVML"] == (
+                "released for the reset of GPU 0000:18:00.0: no pass until it ends")
+            await asyncio.sleep(1.2)  # longer than one Xid wait: nothing asked meanwhile
+        assert fake.used_uninitialized == 0
+        assert fake.lifecycle[3] == "init" and not c.gpus  # fresh baselines: a reset GPU's counters start again
+        assert c.wakeup.is_set()  # a pass is asked for at once
+        for _ in range(300):
+            if fake.lifecycle.count("event set created") == 2:
+                break
+            await asyncio.sleep(0.01)
+        assert fake.lifecycle[-1] == "event set created"
+        await c.collect()
+        assert len(c.gpus) == 2
+        fake.inject_xid(0, 79)
+        for _ in range(300):
+            if any(m.type == "GPUXidError" for m in sink.messages):
+                break
+            await asyncio.sleep(0.01)
+        assert [m.details["xid"] for m in sink.messages if m.type == "GPUXidError"] == [79]
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert gpu_release.holders() == []  # unregistered when run() ends
+
+
+async def test_released_during_a_pass_waits_for_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gpu_release, "_holders", {})
+    fake = FakeNVML(_gpus(1))
+    c = _collector(fake, Sink(), xid_events="off")
+    task = asyncio.create_task(c.run())
+    await asyncio.sleep(0)
+    order: list[str] = []
+    real = fake.nvmlDeviceGetCount
+
+    def slow_count() -> int:
+        import time
+        time.sleep(0.3)  # a pass in flight in its worker thread
+        order.append("pass")
+        return real()
+
+    monkeypatch.setattr(fake, "nvmlDeviceGetCount", slow_count)
+    passing = asyncio.create_task(c.collect())
+    await asyncio.sleep(0.05)
+    try:
+        async with gpu_release.released("reset"):
+            order.append("released")
+        await passing
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert order == ["pass", "released"] and fake.used_uninitialized == 0
+
+
+async def test_the_process_nvml_library_is_shut_down_and_loaded_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """collectors.shared.nvml_lib: one nvmlShutdown for the process while released, load_nvml answers why
+    without initialising, and the next load after the reset initialises again."""
+    import pynvml
+
+    calls: list[str] = []
+    monkeypatch.setattr(gpu_release, "_holders", {})
+    monkeypatch.setattr(nvml_lib, "_state", {})
+    monkeypatch.setattr(pynvml, "nvmlInit", lambda: calls.append("init"))
+    monkeypatch.setattr(pynvml, "nvmlShutdown", lambda: calls.append("shutdown"))
+    assert nvml_lib.load_nvml() == (pynvml, "")
+    assert gpu_release.holders() == ["nvml-library"]
+    async with gpu_release.released("the reset of GPU 0000:18:00.0"):
+        assert calls == ["init", "shutdown"]
+        assert nvml_lib.load_nvml() == (None, "NVML released by this agent: the reset of GPU 0000:18:00.0")
+    assert calls == ["init", "shutdown"]  # nothing loads it until somebody asks
+    assert nvml_lib.load_nvml() == (pynvml, "") and calls == ["init", "shutdown", "init"]
+    assert gpu_release.holders() == ["nvml-library"]  # registered once

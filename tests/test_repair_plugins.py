@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from agent.message import make_message, to_dict
 from agent.remediation.engine import Engine
 from agent.remediation.policy import Match, RemediationsConfig, Rule
-from gna_sdk import CommandError
+from gna_sdk import CommandError, gpu_processes, gpu_release
 from gna_sdk.hostroot import HostRoot
 from gna_sdk.rootpath import resolve_in_root as resolve_under
 from gna_types.entities import parse_pci
@@ -49,11 +49,36 @@ pci = sys.argv[sys.argv.index("-i") + 1]
 dom, bus, rest = pci.split(":")
 nvml = f"{int(dom, 16):08X}:{bus.upper()}:{rest.upper()}"
 mode = os.environ.get("GNA_TEST_NVSMI", "ok")
+root = os.environ["GNA_TEST_HOST_ROOT"]
+if "-pm" in sys.argv:
+    # persistence mode through nvidia-persistenced: the daemon drops (0) or takes again (1) its fd on the
+    # GPU; the texts are from real transcripts ("Disabled persistence mode for GPU 00000000:55:00.0." and
+    # "Enabled persistence mode via daemon for GPU 00000000:55:00.0.", a public field report of a GPU reset
+    # on driver 580; "All done." after it in several others)
+    on = sys.argv[sys.argv.index("-pm") + 1] == "1"
+    info = open(os.path.join(root, "proc/driver/nvidia/gpus", pci, "information")).read()
+    minor = info.split("Device Minor:")[1].split()[0]
+    if mode != "pm_noop":
+        for pid in os.listdir(os.path.join(root, "proc")):
+            fd = os.path.join(root, "proc", pid, "fd")
+            comm = os.path.join(root, "proc", pid, "comm")
+            if not pid.isdigit() or not os.path.exists(comm) or open(comm).read().strip() != "nvidia-persiste":
+                continue
+            link = os.path.join(fd, "nvidia" + minor)
+            if on and not os.path.lexists(link):
+                os.symlink("/dev/nvidia" + minor, link)
+            elif not on:
+                for n in os.listdir(fd):
+                    if os.readlink(os.path.join(fd, n)) == "/dev/nvidia" + minor:
+                        os.unlink(os.path.join(fd, n))
+    print(f"Enabled persistence mode via daemon for GPU {nvml}." if on else f"Disabled persistence mode for GPU {nvml}.")
+    print("All done.")
+    sys.exit(0)
 if mode in ("ok", "vanish"):
     print(f"GPU {nvml} was successfully reset.")
     print("All done.")
     if mode == "vanish":
-        shutil.rmtree(os.path.join(os.environ["GNA_TEST_HOST_ROOT"], "proc/driver/nvidia/gpus", pci))
+        shutil.rmtree(os.path.join(root, "proc/driver/nvidia/gpus", pci))
 elif mode == "busy":
     print("The following GPUs could not be reset:")
     print(f"  GPU {nvml}: In use by another client")
@@ -149,15 +174,110 @@ async def test_gpu_reset_runs_nvidia_smi_on_an_idle_gpu(host: HostRoot, nvsmi: P
     assert result.data["output"] == "GPU 00000000:3B:00.0 was successfully reset.\nAll done."
 
 
-async def test_gpu_reset_is_refused_naming_the_processes_that_hold_the_gpu(host: HostRoot, nvsmi: Path) -> None:
+@pytest.mark.parametrize("persistence_mode", ["release", "refuse"])
+async def test_gpu_reset_is_refused_naming_the_processes_that_hold_the_gpu(host: HostRoot, nvsmi: Path,
+                                                                           persistence_mode: str) -> None:
     add_process(host.root, 4242, "python3", "/dev/nvidiactl", "/dev/nvidia0")
     add_process(host.root, 77, "nvidia-persiste", "/dev/nvidia0", "/dev/nvidia1")
+    result = await GPUResetRemediation(GPUResetConfig(persistence_mode=persistence_mode),  # type: ignore[arg-type]
+                                       host).execute(_msg(), {})
+    assert result.outcome == "failed"
+    # persistence mode is only turned off when nothing else holds the GPU: the daemon is named only when it
+    # is not to be asked
+    held = "pid 77 (nvidia-persiste), pid 4242 (python3)" if persistence_mode == "refuse" else "pid 4242 (python3)"
+    assert result.detail == f"refusing to reset GPU {GPU0}: /dev/nvidia0 is held by {held}"
+    assert [h["pid"] for h in result.data["holders"]] == ([77, 4242] if persistence_mode == "refuse" else [4242])
+    assert _argv(nvsmi) == []  # nothing ran
+
+
+async def test_gpu_reset_turns_persistence_off_for_the_reset_and_on_again(host: HostRoot, nvsmi: Path) -> None:
+    add_process(host.root, 77, "nvidia-persiste", "/dev/nvidiactl", "/dev/nvidia0", "/dev/nvidia1")
+    result = await GPUResetRemediation(GPUResetConfig(), host).execute(_msg(), {})
+    assert result.outcome == "executed", result.detail
+    assert _argv(nvsmi) == [["nvidia-smi", "-pm", "0", "-i", GPU0], ["nvidia-smi", "-r", "-i", GPU0],
+                            ["nvidia-smi", "-pm", "1", "-i", GPU0]]
+    assert result.data["persistence_off"]["ok"] and result.data["persistence_on"]["ok"]
+    assert 0 in gpu_processes.scan(host).by_minor  # the daemon holds the GPU again afterwards
+
+
+async def test_gpu_reset_refused_when_persistence_off_did_not_release_the_gpu(
+        host: HostRoot, nvsmi: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """nvidia-smi -pm 0 can exit 0 and change nothing (a field report: "The command claimed success, ...
+    persistence mode: Enabled (unchanged)"): the re-scan decides, and persistence mode is set back anyway."""
+    monkeypatch.setenv("GNA_TEST_NVSMI", "pm_noop")
+    add_process(host.root, 77, "nvidia-persiste", "/dev/nvidia0")
     result = await GPUResetRemediation(GPUResetConfig(), host).execute(_msg(), {})
     assert result.outcome == "failed"
-    assert result.detail == (f"refusing to reset GPU {GPU0}: /dev/nvidia0 is held by pid 77 (nvidia-persiste), "
-                             "pid 4242 (python3)")
-    assert result.data["holders"] == [{"pid": 77, "comm": "nvidia-persiste"}, {"pid": 4242, "comm": "python3"}]
-    assert _argv(nvsmi) == []  # nothing ran
+    assert result.detail == f"refusing to reset GPU {GPU0}: /dev/nvidia0 is still held by pid 77 (nvidia-persiste)"
+    assert _argv(nvsmi) == [["nvidia-smi", "-pm", "0", "-i", GPU0], ["nvidia-smi", "-pm", "1", "-i", GPU0]]
+
+
+@pytest.fixture
+def release_registry(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """gna_sdk.gpu_release's holders, empty for the test (the registry is process-wide)."""
+    holders: dict[str, Any] = {}
+    monkeypatch.setattr(gpu_release, "_holders", holders)
+    return holders
+
+
+def _agent_holds(host: HostRoot, pid: int = 4242) -> Path:
+    """This process as the tree numbers it: /proc/self -> <pid>, and <pid> holds GPU 0 (its NVML handle)."""
+    add_process(host.root, pid, "gpu-node-agent", "/dev/nvidiactl", "/dev/nvidia0", "/dev/nvidia1")
+    (host.root / "proc/self").symlink_to(str(pid))
+    return host.root / "proc" / str(pid) / "fd" / "2"  # the /dev/nvidia0 link
+
+
+async def test_gpu_reset_releases_this_agents_own_hold_for_the_reset_and_resumes(
+        host: HostRoot, nvsmi: Path, release_registry: dict[str, Any]) -> None:
+    link = _agent_holds(host)
+    steps: list[str] = []
+
+    async def release(reason: str) -> None:
+        steps.append(f"release: {reason}")
+        link.unlink()  # as nvmlShutdown closes the device files
+
+    async def resume(reason: str) -> None:
+        steps.append(f"resume ({len(_argv(nvsmi))} nvidia-smi runs before)")
+        link.symlink_to("/dev/nvidia0")
+
+    gpu_release.register("nvml", release, resume)
+    result = await GPUResetRemediation(GPUResetConfig(), host).execute(_msg(), {})
+    assert result.outcome == "executed", result.detail
+    assert steps == [f"release: the reset of GPU {GPU0}", "resume (1 nvidia-smi runs before)"]
+    assert result.data["released"] == ["nvml"] and "release_failed" not in result.data
+    assert _argv(nvsmi) == [["nvidia-smi", "-r", "-i", GPU0]]
+    assert not gpu_release.active()
+
+
+async def test_gpu_reset_refused_when_this_agent_cannot_let_go(host: HostRoot, nvsmi: Path,
+                                                               release_registry: dict[str, Any]) -> None:
+    _agent_holds(host)
+    resumed: list[str] = []
+
+    async def release(reason: str) -> None:
+        raise RuntimeError("NVML shutdown failed")
+
+    async def resume(reason: str) -> None:
+        resumed.append(reason)
+
+    gpu_release.register("nvml", release, resume)
+    result = await GPUResetRemediation(GPUResetConfig(), host).execute(_msg(), {})
+    assert result.outcome == "failed"
+    assert result.detail == (f"refusing to reset GPU {GPU0}: /dev/nvidia0 is still held by pid 4242 "
+                             "(gpu-node-agent, this agent) (this agent could not let go: nvml: RuntimeError: "
+                             "NVML shutdown failed)")
+    assert resumed == [f"the reset of GPU {GPU0}"]  # resumed all the same: it may have let go of a part
+    assert _argv(nvsmi) == []
+
+
+async def test_gpu_reset_without_a_registered_holder_names_this_agent(host: HostRoot, nvsmi: Path,
+                                                                      release_registry: dict[str, Any]) -> None:
+    """A holder of the GPU in this process that did not register (NVML loaded by a collector that does not
+    take part) is named as this agent, not reset under."""
+    _agent_holds(host)
+    result = await GPUResetRemediation(GPUResetConfig(), host).execute(_msg(), {})
+    assert result.outcome == "failed"
+    assert result.detail == f"refusing to reset GPU {GPU0}: /dev/nvidia0 is still held by pid 4242 (gpu-node-agent, this agent)"
 
 
 async def test_gpu_reset_refusal_names_a_bounded_number_of_holders(host: HostRoot, nvsmi: Path) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -174,6 +175,21 @@ async def test_busy_gpus_refuse_unless_forced(tools: Any, node: SimHost) -> None
     assert tools.calls() == []  # nothing ran
     forced = await validate(node, force=True)
     assert forced.verdict == "passed" and forced.forced and forced.holders
+
+
+async def test_the_agents_own_nvml_hold_is_not_a_job(tools: Any, node: SimHost) -> None:
+    """The daemon's NVML handle holds every GPU: the process the tree's /proc/self names is left out."""
+    tools.install()
+    for pid, comm in ((4242, "gpu-node-agent"), (31337, "python3")):
+        fd = node.p(f"/proc/{pid}/fd")
+        fd.mkdir(parents=True)
+        (fd / "3").symlink_to("/dev/nvidia0")
+        node.write(f"/proc/{pid}/comm", comm + "\n")
+    node.p("/proc/self").symlink_to("4242")
+    report = await validate(node)
+    assert report.verdict == "busy" and report.holders == ["31337 python3 -> /dev/nvidia0"]
+    shutil.rmtree(node.p("/proc/31337"))
+    assert (await validate(node)).verdict == "passed"
 
 
 async def test_thresholds_come_from_the_config_over_the_table(tools: Any, node: SimHost) -> None:

@@ -30,7 +30,6 @@ import socket
 import time
 from collections.abc import Collection
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -388,9 +387,9 @@ RUNNERS = {"nccl_allreduce": check_nccl, "nvbandwidth": check_nvbandwidth, "dcgm
 
 def gpu_holders(host: HostRoot) -> tuple[list[str], str]:
     """Who holds a GPU ("pid comm -> /dev/nvidia<n>"), and why the answer may be incomplete ("" when complete).
-    Under the host root "/" this process itself is left out (the daemon's NVML handle)."""
+    This process itself is left out (the daemon's NVML handle), found through the tree's /proc/self."""
     use = gpu_processes.scan(host)
-    own = os.getpid() if host.root == Path("/") else None
+    own = gpu_processes.own_pid(host)
     holders = [f"{pid} {comm} -> /dev/nvidia{minor}" for minor, procs in sorted(use.by_minor.items())
                for pid, comm in procs if pid != own]
     incomplete = "" if use.complete else (
