@@ -143,6 +143,13 @@ class ValidateConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     thresholds: ValidateThresholds = msgspec.field(default_factory=ValidateThresholds)
     schedule_interval: float = 0.0  # seconds between scheduled runs while no job holds the GPUs; 0: never
     schedule_level: Literal["quick", "standard", "full"] = "quick"
+    # once every critical condition of this node resolved and no job holds its GPUs: one run, published, so a
+    # central cordoner can uncordon on it (fleet/validations.py). Not when this agent cordons itself (its own
+    # engine validates before it uncordons).
+    after_resolution: bool = True
+    after_resolution_level: Literal["quick", "standard", "full"] = "standard"
+    after_resolution_settle: float = 30.0  # s after the resolution: other triggers resolve or fire again first
+    after_resolution_retry: float = 60.0  # s between tries while a job holds the GPUs
     full_dcgm_level: int = 3  # dcgmi diag -r for --level full (4: the hours-long extended run)
     ib_port_base: int = 18515  # ib_write_bw's TCP port for the first HCA's loopback, +1 per further HCA
     server_start_delay: float = 1.0  # seconds between starting an ib_write_bw server and its client
@@ -432,6 +439,10 @@ def _check_values(config: Config, file: str, text: str) -> None:
         fail("validate.thresholds.nccl_allreduce_bytes", "expected a size like 16G, 512M or 1048576")
     if va.schedule_interval < 0:
         fail("validate.schedule_interval", "must be >= 0 (0: no schedule)")
+    if not va.after_resolution_settle >= 0:
+        fail("validate.after_resolution_settle", "must be >= 0")
+    if not va.after_resolution_retry > 0:
+        fail("validate.after_resolution_retry", "must be > 0")
     if va.full_dcgm_level not in (1, 2, 3, 4):
         fail("validate.full_dcgm_level", "must be 1, 2, 3 or 4 (dcgmi diag -r)")
     if not 1024 <= va.ib_port_base <= 65535 - 64:

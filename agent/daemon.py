@@ -260,6 +260,11 @@ class Agent:
         self._tasks = [loop.create_task(self.link.connect(), name="nats:connect"),
                        loop.create_task(self.forwarder.run(), name="nats:forwarder"),
                        loop.create_task(nodestate.run(), name="nats:nodestate")]
+        if self.cfg.validate.after_resolution:
+            tracker = self.tracker
+            self.validation.watch_resolutions(
+                self.bus.subscribe, lambda: list(tracker.active.values()) if tracker is not None else [],
+                lambda: self.remediation.cordons_itself() or self.remediation.owns_a_node())
         if self.cfg.validate.schedule_interval > 0:
             self._tasks.append(loop.create_task(self.validation.schedule(self.remediation.owns_a_node),
                                                 name="validate:schedule"))
@@ -331,7 +336,7 @@ class Agent:
             with contextlib.suppress(TimeoutError):
                 if not await within(self.forwarder.drain(left(after_drain)), left(after_drain)):
                     log.warning("shutdown_spool_not_drained", depth=self.spool.depth if self.spool else 0)
-        self._abandon(await cancel_and_wait(self._tasks, left(cap=0.5)))
+        self._abandon(await cancel_and_wait([*self._tasks, *self.validation.tasks()], left(cap=0.5)))
         if self.nvsentinel is not None:
             with contextlib.suppress(Exception):
                 await within(self.nvsentinel.close(), left(cap=0.5))

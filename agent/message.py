@@ -54,6 +54,13 @@ def epoch(rfc3339_time: str) -> tuple[int, int] | None:
     return delta.days * 86400 + delta.seconds, delta.microseconds * 1000
 
 
+def message_time(msg: dict[str, Any]) -> float:
+    """A message dict's ``time`` as epoch seconds on its author's clock; 0.0 when absent or unparsable."""
+    value = msg.get("time")
+    when = epoch(value[:64]) if isinstance(value, str) else None
+    return when[0] + when[1] / 1e9 if when is not None else 0.0
+
+
 def make_message(
     *,
     node: str,

@@ -13,6 +13,10 @@ its confidence >= ``CULPRIT_MIN_CONFIDENCE`` and it is actionable (``culprit_act
 cooldowns and the fleet budget apply; one replica decides each incident update (a durable queue
 consumer on the bucket's stream). A forged or one-reporter verdict is shown, never spends a slot.
 
+Uncordon (issue 28): after every trigger of a node resolved for the hold-down, the node returns only on a
+validation it ran itself since then (``NodeValidation`` on its own subject, fleet/validations.py);
+``validate_before_uncordon = false`` restores the hold-down alone.
+
 Liveness (#20):
 
 * **Nothing waits in line.** The consumer's callback only decodes and files a message in its
@@ -69,11 +73,13 @@ from agent.remediation.incidents import (
 )
 from agent.remediation.loader import load_plugins
 from fleet.metrics import CordonerMetrics, serve_metrics
+from fleet.validations import NodeValidations
 from fleet.wire import Rejected, Rejections, decode_event
 from gna_sdk import plural
 from gna_sdk.aio import within
 from gna_sdk.hostroot import HostRoot
 from gna_types.subjects import CORDONER_DURABLE, EVENTS_PREFIX, action_subject, event_subject
+from gna_types.validation import NODE_VALIDATION
 
 log = structlog.get_logger(__name__)
 
@@ -112,6 +118,7 @@ class Cordoner:
         self._sub: Any = None
         self._incident_sub: Any = None
         self.view = IncidentView(grace=INCIDENT_GRACE, on_invalid=self._bad_record)  # job -> its current record
+        self.validations = NodeValidations()  # each node's last report about itself, for the uncordon
         self.incidents = self.view.incidents
         self._tasks: list[asyncio.Task[Any]] = []
         # per reporting node, its messages not decided yet (arrival order); the worker takes them in turn
@@ -163,12 +170,13 @@ class Cordoner:
         plugins = {n: p for n, p in loaded.available.items() if p.needs_budget}
         for name in sorted(set(loaded.available) - set(plugins)):
             loaded.unavailable[name] = f"{name} acts on a node's own host: the node agent runs it, not the cordoner"
-        # Repair episodes and validation run on the node (its tools, its GPUs): a central cordon is undone
-        # after the hold-down as before (docs/repair.md, "central cordons").
-        rcfg = msgspec.structs.replace(self.cfg.remediations, validate_before_uncordon=False,
+        # Repair episodes run on the node (its tools, its GPUs). The hold-down uncordon waits for the node's
+        # own NodeValidation since its triggers resolved (fleet/validations.py; docs/repair.md, "central").
+        rcfg = msgspec.structs.replace(self.cfg.remediations,
                                        repair=msgspec.structs.replace(self.cfg.remediations.repair, enabled=False))
         self.engine = Engine(rcfg, plugins, audit=audit, alert=alert, budget=lambda: budget,
-                             unavailable=loaded.unavailable, spare=self._spare)
+                             unavailable=loaded.unavailable, spare=self._spare,
+                             validator=self.validations.validator())
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._watch_incidents(js), name="cordoner:incidents"))
         self._tasks.append(loop.create_task(self._worker(), name="cordoner:lanes"))
@@ -277,6 +285,8 @@ class Cordoner:
             await self._settle(msg)
             return
         node = str(data.get("node", ""))
+        if data.get("type") == NODE_VALIDATION and (why := self.validations.file(node, data.get("details"))):
+            self._reject("validation_report", msg.subject[:MAX_SUBJECT], msg.data, why)
         self.lanes.setdefault(node, deque()).append((msg, data))
         self._work.set()
 

@@ -106,7 +106,7 @@ class Audits:
 NO_REPAIR = RepairConfig(enabled=False)
 
 
-async def _passes(level: str) -> Validation:
+async def _passes(level: str, **_: Any) -> Validation:
     return Validation("passed", f"{level}: 3 checks, none failed")
 
 
@@ -554,7 +554,7 @@ async def test_the_hold_down_uncordon_waits_for_a_validation_that_passed(tools: 
     node out (alerted), a passed one uncordons."""
     verdicts = ["busy", "passed"]
 
-    async def validator(level: str) -> Validation:
+    async def validator(level: str, **_: Any) -> Validation:
         return Validation(verdicts.pop(0), "")
 
     cfg = RemediationsConfig(enforce=True, cordon_with="slurm", uncordon_hold_down=0.1, repair=NO_REPAIR)
@@ -568,7 +568,7 @@ async def test_the_hold_down_uncordon_waits_for_a_validation_that_passed(tools: 
     assert not audits.alerts
 
     failing = _engine(cfg, HostRoot(tmp_path), audits2 := Audits(), budget=lambda: _AlwaysBudget(),
-                      validator=lambda level: _verdict("failed"))
+                      validator=lambda level, **_: _verdict("failed"))
     await failing.handle(_msg(node="gpu-02"))
     await failing.handle(_msg(node="gpu-02", status="resolved"))
     await _until(lambda: bool(audits2.alerts))

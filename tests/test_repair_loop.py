@@ -109,7 +109,7 @@ def _validator(host: SimHost, levels: list[str]) -> Any:
     """The real active checks (tests/fakes/validate on PATH); the passive pass is tests/test_validate.py's."""
     agent_cfg = configmod.parse(FAST_VALIDATE, file="<test>").agent
 
-    async def validate(level: str) -> Validation:
+    async def validate(level: str, **_: Any) -> Validation:
         levels.append(level)
         report = await run_validation(agent_cfg, HostRoot(host.root), level, node="gpu-01", skip=("passive",))
         from agent.validate.service import summary
@@ -390,3 +390,139 @@ async def test_nothing_is_repaired_while_a_job_holds_the_gpus(loop_env: dict[str
     await _until(lambda: any(r["remediation"] == "gpu_reset" for r in audits.records))
     assert [t for t in audits.trail() if t[1] == "validate"][-1] == ("validate", "validate", "failed")
     await eng.close()
+
+
+async def test_central_cordoner_uncordons_only_on_the_nodes_own_validation_after_resolution(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, nats_server: Any) -> None:
+    """Central mode: a real node agent (it does not cordon itself) and a real central cordoner (Slurm) over a
+    real nats-server. The node's critical condition cordons it; when the condition resolves, the hold-down
+    alone no longer uncordons: the node validates itself once its GPUs are free ([validate] after_resolution)
+    and publishes the report, and only that report -- the node's own, started after the resolution --
+    uncordons it. Another node's report about it is refused and counted."""
+    import json
+
+    import nats
+
+    from fleet.cordoner import Cordoner
+    from gna_types.subjects import event_subject
+    from gna_types.validation import ValidationReport
+    from tests.conftest import agent_config, running_agent
+    from tests.test_remediation import FAKE_TOOL
+
+    host = SimHost.gpu_node(tmp_path / "host", gpus=8, hcas=2)
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "python3").symlink_to(sys.executable)
+    for name in ("all_reduce_perf", "nvbandwidth", "dcgmi", "ib_write_bw"):
+        (bindir / name).symlink_to(FAKES / name)
+    scontrol = bindir / "scontrol"
+    scontrol.write_text(FAKE_TOOL)
+    scontrol.chmod(scontrol.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("GNA_TEST_ARGV_LOG", str(tmp_path / "argv.log"))
+    monkeypatch.setenv("GNA_TEST_STATE", str(tmp_path / "slurm-state.json"))
+    monkeypatch.setenv("FAKE_VALIDATE_LOG", str(tmp_path / "validate.log"))
+    monkeypatch.setenv("FAKE_DCGMI_MODE", "pass")
+
+    central = configmod.parse('[remediations]\nenforce = true\ncordon_with = "slurm"\nuncordon_hold_down = 0.3\n',
+                              file="<central>").agent
+    cord = Cordoner(central, [nats_server.url])
+    await cord.start()
+    nc = await nats.connect(nats_server.url)
+    audits: list[dict[str, Any]] = []
+
+    async def on_audit(m: Any) -> None:
+        audits.append(json.loads(m.data))
+
+    await nc.subscribe("gna.actions.>", cb=on_audit)
+    extra = FAST_VALIDATE.replace("[validate]\n", "[validate]\nafter_resolution_settle = 1.0\n"
+                                                  "after_resolution_retry = 0.2\n") + \
+        "[collectors.gpu_devices]\ninterval = 0.2\njitter = 0.0\n"
+    cfg = agent_config(tmp_path, servers=[nats_server.url], host_root=host.root, extra=extra, node="gpu-01")
+
+    def trail() -> list[tuple[str, str]]:  # the cordoner's decisions (the node's own engine is in dry-run)
+        return [(a["action"], a["decision"]) for a in audits
+                if a["node"] == "gpu-01" and a["remediation"] in ("slurm", "validate")]
+
+    try:
+        async with running_agent(cfg):
+            # a liar: gpu-02 reports that gpu-01 passed
+            lie = make_message(node="gpu-02", collector="validate", kind="event", type="NodeValidation",
+                               severity="info", entity="validate:node", reason="Passed", message="passed",
+                               details=ValidationReport(node="gpu-01", level="full", verdict="passed",
+                                                        started=2e9, ended=2e9 + 1).to_details())
+            await nc.jetstream().publish(event_subject("gpu-02", "validate", "info"), json.dumps(to_dict(lie)).encode())
+            host.remove_dev_node("nvidia1")
+            await _until(lambda: ("apply", "executed") in trail())
+            host.add_dev_node("nvidia1")
+            await _until(lambda: ("uncordon", "executed") in trail(), timeout=40)
+    finally:
+        await cord.stop()
+        await nc.close()
+    actions = trail()
+    assert actions[0] == ("apply", "executed")
+    assert actions[-2:] == [("validate", "executed"), ("uncordon", "executed")], actions
+    passed = [a for a in audits if a["action"] == "validate" and a["decision"] == "executed"]
+    assert "gpu-01's own report" in passed[-1]["reason"], passed[-1]
+    assert cord.rejected.get("validation_report") == 1 and cord.validations.refused == {"report names another node": 1}
+    assert cord.validations.latest["gpu-01"].verdict == "passed"
+    assert ("validate", "skipped") in actions, "the hold-down (0.3 s) ended before the report (settle 1 s): it waited"
+
+
+async def test_after_resolution_runs_once_idle_never_while_critical_fires_or_when_cordoning_itself() -> None:
+    """agent/validate/service.py alone: a critical condition fired and every critical one resolved -> one run
+    after the settle time, tried again while the GPUs are busy; a critical that fires again during the settle
+    starts it over; a node whose own engine validates (it cordons itself) runs nothing here."""
+    from types import SimpleNamespace
+
+    from agent.validate.service import ValidationService
+
+    cfg = configmod.parse("[validate]\nafter_resolution_settle = 0.05\nafter_resolution_retry = 0.05\n",
+                          file="<t>").agent
+    runs: list[str] = []
+    verdicts = ["busy", "passed"]
+    active: list[Any] = []
+    cordons_itself = [False]
+    svc = ValidationService(SimpleNamespace(cfg=cfg))  # type: ignore[arg-type]
+
+    async def run(level: str, *, trigger: str, publish_busy: bool = True) -> Any:
+        runs.append(f"{level}/{trigger}/{publish_busy}")
+        return SimpleNamespace(verdict=verdicts.pop(0))
+
+    svc.run = run  # type: ignore[method-assign]
+    subs: list[Any] = []
+    svc.watch_resolutions(lambda name, handler: subs.append(handler), lambda: list(active), lambda: cordons_itself[0])
+
+    def cond(status: str, severity: str = "critical") -> Any:
+        return make_message(node="gpu-01", collector="gpu_devices", kind="condition", type="GPUDevicesMissing",
+                            status=status, severity=severity, entity="gpu:x", reason="r", message="m")  # type: ignore[arg-type]
+
+    firing = SimpleNamespace(severity="critical")
+    await subs[0](cond("resolved"))  # nothing fired before: nothing owed
+    await asyncio.sleep(0.1)
+    assert runs == []
+    active.append(firing)
+    await subs[0](cond("firing"))
+    active.clear()
+    await subs[0](cond("resolved"))
+    await asyncio.sleep(0.02)
+    active.append(firing)  # fires again during the settle
+    await asyncio.sleep(0.1)
+    assert runs == [] and not svc.tasks()
+    active.clear()
+    await subs[0](cond("resolved"))
+    await _until(lambda: len(runs) == 2)
+    assert runs == ["standard/resolution/False"] * 2  # busy, then passed: done
+    await asyncio.sleep(0.15)
+    assert len(runs) == 2 and not svc.tasks()
+    await subs[0](cond("firing", "warning"))  # a warning owes nothing
+    await subs[0](cond("resolved", "warning"))
+    await asyncio.sleep(0.1)
+    assert len(runs) == 2
+    cordons_itself[0] = True
+    active.append(firing)
+    await subs[0](cond("firing"))
+    active.clear()
+    await subs[0](cond("resolved"))
+    await asyncio.sleep(0.15)
+    assert len(runs) == 2, "its own engine validates before it uncordons"

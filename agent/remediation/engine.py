@@ -17,7 +17,7 @@ from typing import Any
 
 import structlog
 
-from agent.message import rfc3339
+from agent.message import message_time, rfc3339
 from agent.remediation.budget import BudgetUnavailable, FleetBudget
 from agent.remediation.policy import RemediationsConfig, Rule, effective_rules
 from agent.remediation.repair import Observer, Repairs, Validator
@@ -251,12 +251,14 @@ class Engine:
                 await self._audit(msg, None, name, "skipped", "not uncordoning: validation is required "
                                   "(validate_before_uncordon) and no validator is wired", action="uncordon")
                 return
-            result = await self.validator(self.cfg.repair.validate_level)
-            decision = {"passed": "executed", "busy": "skipped"}.get(result.verdict, "failed")
+            result = await self.validator(self.cfg.repair.validate_level, node=node, after=message_time(msg))
+            decision = {"passed": "executed", "busy": "skipped", "waiting": "skipped"}.get(result.verdict, "failed")
             await self._audit(msg, None, "validate", decision,
                               f"validation ({self.cfg.repair.validate_level}) {result.verdict}: {result.summary}",
                               action="validate")
-            if result.verdict == "busy":  # a job still holds the GPUs: try again after another hold-down
+            if result.verdict in ("busy", "waiting"):
+                # a job still holds the GPUs, or (central) the node has not reported a run since its
+                # triggers resolved: try again after another hold-down
                 async with self._lock:
                     t = self.triggers.get(f"{name}|{node}")
                     if t is not None and not t.active and t.uncordon_task is None:

@@ -40,7 +40,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
@@ -60,11 +60,18 @@ TRIGGER_KEYS = ("id", "node", "type", "entity", "status", "severity", "collector
 
 @dataclass(frozen=True)
 class Validation:
-    verdict: str  # passed | failed | busy | unavailable
+    verdict: str  # passed | failed | busy | unavailable | waiting (no run of the node's to judge by yet)
     summary: str
 
 
-Validator = Callable[[str], Awaitable[Validation]]  # level -> the node's verdict
+class Validator(Protocol):
+    """level -> the node's verdict. On the node it runs ``validate`` now; centrally (fleet/validations.py) it
+    answers from the last report ``node`` published about itself, counting only a run started at or after
+    ``after`` (epoch seconds on the node's clock: its triggers' resolution)."""
+
+    def __call__(self, level: str, *, node: str = "", after: float = 0.0) -> Awaitable[Validation]: ...
+
+
 Observer = Callable[[str, float], None]  # ("time_to_repair" | "time_between_incidents", seconds)
 
 

@@ -98,7 +98,8 @@ class RemediationWiring:
     def validator(agent: RemediationHost) -> Any:
         """``validate`` at a level through the daemon's service (one NodeValidation event per run)."""
 
-        async def validate(level: str) -> Any:
+        async def validate(level: str, *, node: str = "", after: float = 0.0) -> Any:
+            # on the node: a run now (started after any trigger resolved, whatever ``after`` says)
             from agent.remediation.repair import Validation
             from agent.validate.service import summary
 

@@ -8,18 +8,26 @@ scheduled one never load the GPUs together).
 The schedule (``validate.schedule_interval`` > 0) runs only while no job holds the GPUs — a refused
 ("busy") scheduled run is counted, never published (a busy node is the normal case) — and never while a
 repair episode owns the node (it validates by itself).
+
+After resolution (``validate.after_resolution``, on by default): once a critical condition of this node
+fired and every critical condition has resolved again, the node validates itself — after a settle time,
+then again every ``after_resolution_retry`` while a job holds the GPUs, until a run is not refused — and
+publishes the report. A central cordoner uncordons a node only on such a report, started after its
+triggers resolved (fleet/validations.py). Not while this agent cordons itself: its own engine validates
+before it uncordons.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Protocol
 
 import structlog
 
 from agent import config as configmod
+from agent.message import Message
 from agent.validate.checks import run_validation
 from gna_sdk import Emitter, Severity
 from gna_sdk.hostroot import HostRoot
@@ -55,6 +63,10 @@ class ValidationService:
     def __init__(self, agent: ValidationHost) -> None:
         self.agent = agent
         self._lock = asyncio.Lock()
+        self._owed = False  # a critical condition fired since the last run after resolution
+        self._after: asyncio.Task[None] | None = None
+        self._active: Callable[[], Iterable[Any]] = tuple  # the node's active conditions (ActiveCondition)
+        self._skip: Callable[[], bool] = lambda: False
 
     async def run(self, level: str, *, trigger: str, publish_busy: bool = True) -> ValidationReport:
         a = self.agent
@@ -70,6 +82,55 @@ class ValidationService:
                 NODE_VALIDATION, severity=severity, entity="validate:node", reason=report.verdict.capitalize(),
                 message=f"validation ({level}, {trigger}) {report.verdict}: {text}", details=report.to_details())
         return report
+
+    # -- after resolution ---------------------------------------------------------------------------------
+    def watch_resolutions(self, subscribe: Callable[[str, Callable[[Message], Awaitable[None]]], Any],
+                          active: Callable[[], Iterable[Any]], skip: Callable[[], bool]) -> None:
+        """Follow this node's own conditions on its bus: ``active`` lists the conditions active now, ``skip``
+        says this agent validates by itself (it cordons itself, or a repair episode owns the node)."""
+        self._active, self._skip = active, skip
+        subscribe("validate-after-resolution", self.on_message)
+
+    def _critical_active(self) -> bool:
+        return any(getattr(c, "severity", "") == "critical" for c in self._active())
+
+    async def on_message(self, msg: Message) -> None:
+        if msg.kind != "condition" or msg.collector == COLLECTOR:
+            return
+        if msg.status == "firing" and msg.severity == "critical":
+            self._owed = True
+        elif msg.status == "resolved" and self._owed and not self._critical_active() and self._after is None:
+            self._after = asyncio.get_running_loop().create_task(self._after_resolution(),
+                                                                  name="validate:after-resolution")
+
+    async def _after_resolution(self) -> None:
+        v = self.agent.cfg.validate
+        try:
+            await asyncio.sleep(v.after_resolution_settle)
+            while self._owed:
+                if self._critical_active():
+                    return  # fired again: its resolution starts this over
+                if self._skip():
+                    self._owed = False  # this agent's own engine validates before it uncordons
+                    return
+                try:
+                    report = await self.run(v.after_resolution_level, trigger="resolution", publish_busy=False)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:  # said and counted; tried again like a busy run
+                    log.exception("validation_failed", trigger="resolution")
+                    self.agent.metrics.validation_runs.labels(v.after_resolution_level, "error", "resolution").inc()
+                else:
+                    if report.verdict != "busy":
+                        self._owed = False
+                        return
+                await asyncio.sleep(v.after_resolution_retry)
+        finally:
+            self._after = None
+
+    def tasks(self) -> list[asyncio.Task[None]]:
+        """The run after resolution, if one is pending (the daemon cancels it on shutdown)."""
+        return [self._after] if self._after is not None else []
 
     async def schedule(self, owned: Callable[[], bool]) -> None:
         """Run as a task: every ``schedule_interval`` (jittered 10 %), unless a repair episode owns the node."""
