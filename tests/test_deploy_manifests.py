@@ -27,7 +27,10 @@ from celpy.evaluation import CELEvalError
 from agent.cli import build_parser
 from gna_sdk.hostroot import HostRoot
 from remediations import kubernetes as kube_plugin
+from remediations.breakfix import BreakfixConfig, BreakfixRemediation
+from remediations.drain import DrainConfig, KubernetesDrainRemediation, Mode
 from remediations.kubernetes import KubernetesConfig, KubernetesRemediation
+from remediations.reboot_request import RebootRequestConfig, RebootRequestRemediation
 from tests.fake_kube import FakeKube
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,6 +56,28 @@ KUBERNETES_CALLS = {
 # ... and the one read the nccl_logs collector makes to name a pod's job (collectors/nccl/job_identity.py
 # JobNames._pod -> client.get(Pod, name, namespace)): node agents with a token only (the per-node variant)
 JOB_NAME_CALLS = {("", "pods", "get", None)}
+# ... and those of the repair plugins, per mode (docs/drain.md, docs/repair.md). remediations/drain.py, every
+# mode: _require_cordoned -> client.get(Node); _pods -> client.list(Pod, namespace="*", fields={"spec.nodeName":
+# node}), all namespaces; evict: _evict -> client.create(Pod.Eviction, name, namespace), in the pod's namespace,
+# any, so cluster-wide; request: _request -> client.create(<DrainRequest>) in request_namespace, never read back,
+# updated or deleted (a 409 AlreadyExists is its "already done"). remediations/reboot_request.py, method
+# annotation: _annotate -> client.get(Node), client.patch(Node, PatchType.MERGE). remediations/breakfix.py,
+# method event: _event -> client.create(Event, namespace=event_namespace).
+DRAIN = DrainConfig()
+DRAIN_CALLS: dict[Mode, set[tuple[str, str, str, str | None]]] = {
+    "wait": {("", "nodes", "get", None), ("", "pods", "list", None)},
+    "evict": {("", "nodes", "get", None), ("", "pods", "list", None), ("", "pods/eviction", "create", None)},
+    "request": {("", "nodes", "get", None), ("", "pods", "list", None),
+                (DRAIN.request_group, DRAIN.request_plural, "create", DRAIN.request_namespace)},
+}
+REBOOT_ANNOTATION_CALLS: set[tuple[str, str, str, str | None]] = {("", "nodes", "get", None), ("", "nodes", "patch", None)}
+BREAKFIX_EVENT_CALLS: set[tuple[str, str, str, str | None]] = {("", "events", "create", BreakfixConfig(method="event").event_namespace)}
+# The opt-in components (deploy/kubernetes/components/) and the plugin modes each is for, on top of per-node:
+# reboot_request's annotation and breakfix's event need nothing per-node does not grant, so both serve them.
+REPAIR_COMPONENTS = {
+    "repair-request": DRAIN_CALLS["wait"] | DRAIN_CALLS["request"] | REBOOT_ANNOTATION_CALLS | BREAKFIX_EVENT_CALLS,
+    "repair-evict": DRAIN_CALLS["wait"] | DRAIN_CALLS["evict"] | REBOOT_ANNOTATION_CALLS | BREAKFIX_EVENT_CALLS,
+}
 
 
 # -- loading ------------------------------------------------------------------------------
@@ -90,6 +115,11 @@ def _objects(path: Path) -> list[dict[str, Any]]:
 
 def variant(name: str) -> list[dict[str, Any]]:
     return _objects(DEPLOY / name)
+
+
+def component(name: str) -> list[dict[str, Any]]:
+    """The objects a resources-only component adds (the repair components: asserted below)."""
+    return _objects(DEPLOY / "components" / name)
 
 
 def _find(objs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
@@ -146,7 +176,7 @@ def test_every_manifest_is_a_named_kubernetes_object() -> None:
                     assert (path.parent / ref).exists(), f"{path}: {ref} does not exist"
                 continue
             assert doc.get("metadata", {}).get("name"), f"{path}: {doc['kind']} without metadata.name"
-            namespaced = doc["kind"] not in {"Namespace", "ClusterRole", "ClusterRoleBinding",
+            namespaced = doc["kind"] not in {"Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition",
                                              "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
             assert bool(doc["metadata"].get("namespace")) == namespaced, f"{path}: {_key(doc)} namespace"
 
@@ -260,6 +290,12 @@ def _rbac_of(method: str, path: str) -> tuple[str, str, str, str | None]:
         return ("", "nodes/status", "patch", None)
     if (m := re.fullmatch(r"/api/v1/namespaces/([^/]+)/events", path)) and method == "POST":
         return ("", "events", "create", m.group(1))
+    if path == "/api/v1/pods" and method == "GET":  # every namespace
+        return ("", "pods", "list", None)
+    if re.fullmatch(r"/api/v1/namespaces/[^/]+/pods/[^/]+/eviction", path) and method == "POST":
+        return ("", "pods/eviction", "create", None)  # the pod's namespace, whichever: granted cluster-wide
+    if (m := re.fullmatch(r"/apis/([^/]+)/[^/]+/namespaces/([^/]+)/([^/]+)", path)) and method == "POST":
+        return (m.group(1), m.group(3), "create", m.group(2))
     raise AssertionError(f"a call the table does not know: {method} {path}")
 
 
@@ -411,14 +447,14 @@ AGENT_USER = f"system:serviceaccount:{AGENT_SA[0]}:{AGENT_SA[1]}"
 
 
 def _req(op: str, resource: str, sub: str = "", *, node: str | None = "gpu-01", user: str = AGENT_USER,
-         extra: dict[str, list[str]] | None = None) -> dict[str, Any]:
+         extra: dict[str, list[str]] | None = None, group: str = "", version: str = "v1") -> dict[str, Any]:
     info: dict[str, Any] = {"username": user, "groups": ["system:serviceaccounts", "system:authenticated"]}
     if extra is not None:
         info["extra"] = extra
     elif node is not None:
         info["extra"] = {NODE_NAME_CLAIM: [node], "authentication.kubernetes.io/pod-name": ["gpu-node-agent-x"]}
-    return {"operation": op, "resource": {"group": "", "version": "v1", "resource": resource}, "subResource": sub,
-            "userInfo": info}
+    return {"operation": op, "resource": {"group": group, "version": version, "resource": resource},
+            "subResource": sub, "userInfo": info}
 
 
 def _as_apiserver_sees(before: dict[str, Any], after: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -562,11 +598,321 @@ def test_policy_matches_only_node_writes() -> None:
     assert admit(policy, _req("UPDATE", "nodes", "status"), node, node) == ("allowed", [])
 
 
+# -- the repair plugins: the opt-in components repair-request and repair-evict --------------------------
+# Neither variant grants what drain, reboot_request and breakfix call beyond the cordon's rights: the components
+# add it. RBAC equal to the call tables above; the DrainRequest CRD against what drain.py creates; the CEL of
+# the DrainRequest policy, and of the per-node policies for reboot_request's PATCH and breakfix's Event,
+# evaluated against what the plugins send to the fake API server.
+
+def test_repair_components_are_resource_only_opt_in_components() -> None:
+    for name in REPAIR_COMPONENTS:
+        (comp,) = _docs(DEPLOY / "components" / name / "kustomization.yaml")
+        assert comp["kind"] == "Component" and comp["apiVersion"] == "kustomize.config.k8s.io/v1alpha1"
+        assert set(comp) == {"apiVersion", "kind", "resources"}, "no patches: the variant's objects stay as they are"
+        objs = component(name)
+        assert not {_key(o) for o in objs} & {_key(o) for o in variant("per-node")}, name
+        for v in VARIANTS:  # opt-in: no variant names it
+            (kust,) = _docs(DEPLOY / v / "kustomization.yaml")
+            assert "components" not in kust
+    # the risk, said where an operator reads it first
+    head = (DEPLOY / "components" / "repair-evict" / "kustomization.yaml").read_text().splitlines()[0]
+    assert "EVICT ANY POD IN THE CLUSTER" in head, head
+    drain_doc = (ROOT / "docs" / "drain.md").read_text()
+    assert "## Kubernetes permissions" in drain_doc and "any pod in the cluster" in drain_doc
+    for name in REPAIR_COMPONENTS:
+        assert f"deploy/kubernetes/components/{name}" in drain_doc, name
+
+
+def test_repair_components_grant_exactly_what_the_repair_plugins_call() -> None:
+    per_node = _grants(variant("per-node"), AGENT_SA)
+    # reboot_request's annotation and breakfix's event: the per-node variant alone is enough
+    assert per_node >= REBOOT_ANNOTATION_CALLS | BREAKFIX_EVENT_CALLS
+    for name, calls in REPAIR_COMPONENTS.items():
+        assert _grants(variant("per-node") + component(name), AGENT_SA) == KUBERNETES_CALLS | JOB_NAME_CALLS | calls
+        assert _grants(component(name), AGENT_SA) == calls - per_node, f"{name}: no more, no less"
+    both = variant("per-node") + component("repair-request") + component("repair-evict")
+    assert _grants(both, AGENT_SA) == KUBERNETES_CALLS | JOB_NAME_CALLS | set().union(*REPAIR_COMPONENTS.values())
+    # the eviction right is in repair-evict alone, and namespaced drainrequests only where drain.py creates them
+    assert ("", "pods/eviction", "create", None) not in _grants(variant("per-node") + component("repair-request"),
+                                                                 AGENT_SA)
+    (role,) = [o for o in component("repair-request") if o["kind"] == "Role"]
+    assert role["metadata"]["namespace"] == DRAIN.request_namespace
+    assert not [o for o in component("repair-request") if o["kind"] == "ClusterRole"
+                and any(DRAIN.request_plural in r["resources"] for r in o["rules"])]
+
+
+def _drain_msg(node: str) -> dict[str, Any]:
+    return {"id": "01J0000000000000000000000B", "node": node, "type": "GPUFellOffBus", "entity": "gpu:0000:18:00.0",
+            "severity": "critical", "message": "GPU 0000:18:00.0 fell off the bus", "details": {"incident": "inc-42"}}
+
+
+async def _drain_run(kube: FakeKube, tmp_path: Path, node: str, mode: Mode) -> dict[str, Any] | None:
+    """Runs the real drain plugin in ``mode`` on a cordoned node with one GPU pod; the DrainRequest it
+    created (request mode), as the API server stored it."""
+    kube.add_node(node, unschedulable=True)
+    kube.add_pod("team-a", f"llama-{node}-{mode}", f"uid-{node}-{mode}", node_name=node,
+                 resources={"limits": {"nvidia.com/gpu": "8"}})
+    if mode == "wait":
+        kube.end_pod("team-a", f"llama-{node}-{mode}", after=0.1)
+    cfg = DrainConfig(kubeconfig=str(kube.kubeconfig(tmp_path / f"kc-{node}-{mode}")), mode=mode,
+                      timeout=0.0 if mode == "evict" else 2.0, poll_interval=0.02, deadline=5.0, request_timeout=2.0)
+    result = await KubernetesDrainRemediation(cfg, HostRoot("/")).execute(_drain_msg(node), {})
+    assert result.outcome == "executed", result
+    made = [o for o in kube.custom.values() if o["spec"]["nodeName"] == node]
+    return copy.deepcopy(made[0]) if made else None
+
+
+async def _reboot_run(kube: FakeKube, tmp_path: Path, node: str, **cfg: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """reboot_request's annotation method on ``node``: the Node before and after."""
+    kube.add_node(node)
+    before = copy.deepcopy(kube.nodes[node])
+    config = RebootRequestConfig(method="annotation", kubeconfig=str(kube.kubeconfig(tmp_path / f"kc-rb-{node}")),
+                                 **cfg)
+    result = await RebootRequestRemediation(config, HostRoot("/")).execute(_drain_msg(node), {})
+    assert result.outcome == "executed", result
+    return before, copy.deepcopy(kube.nodes[node])
+
+
+async def _breakfix_run(kube: FakeKube, tmp_path: Path, node: str) -> dict[str, Any]:
+    """breakfix's event method on ``node``: the Event it created."""
+    config = BreakfixConfig(method="event", kubeconfig=str(kube.kubeconfig(tmp_path / f"kc-bf-{node}")))
+    result = await BreakfixRemediation(config, HostRoot("/")).execute(_drain_msg(node), {})
+    assert result.outcome == "executed", result
+    return copy.deepcopy(kube.events[-1])
+
+
+async def test_the_fake_kube_runs_of_the_repair_plugins_make_exactly_the_calls_in_the_tables(
+        kube: FakeKube, tmp_path: Path) -> None:
+    runs: list[tuple[str, Any, set[tuple[str, str, str, str | None]]]] = [
+        *((f"drain {mode}", lambda m=mode: _drain_run(kube, tmp_path, f"gpu-{m}", m), calls)
+          for mode, calls in DRAIN_CALLS.items()),
+        ("reboot_request annotation", lambda: _reboot_run(kube, tmp_path, "gpu-rb"), REBOOT_ANNOTATION_CALLS),
+        ("breakfix event", lambda: _breakfix_run(kube, tmp_path, "gpu-bf"), BREAKFIX_EVENT_CALLS),
+    ]
+    for what, run, calls in runs:
+        start = len(kube.requests)
+        await run()
+        assert {_rbac_of(m, p) for m, p, _ in kube.requests[start:]} == calls, what
+    assert [(ns, code) for ns, _, code in kube.evictions] == [("team-a", 201)], "evict mode evicted"
+    assert len(kube.custom) == 1, "request mode created its DrainRequest"
+
+
+@needs_kubectl
+def test_repair_components_render_onto_per_node_as_their_files_say(tmp_path: Path) -> None:
+    plain = _kustomize(DEPLOY / "per-node")
+    for name in (*(f"per-node+{c}" for c in REPAIR_COMPONENTS), "per-node+repair-request+repair-evict"):
+        _, comps = OVERLAYS[name]
+        rendered = _overlay(tmp_path, name)
+        expected = variant("per-node") + [o for c in comps for o in component(c)]
+        assert sorted(map(_unhashed, rendered)) == sorted(map(_unhashed, expected)), name
+        added = {_key(o): o for c in comps for o in component(c)}
+        assert all(o == added[_key(o)] for o in rendered if _key(o) in added), "rendered as the files say"
+        assert [o for o in rendered if _key(o) not in added] == plain, "the component touches nothing else"
+
+
+def _crd() -> dict[str, Any]:
+    (crd,) = [o for o in component("repair-request") if o["kind"] == "CustomResourceDefinition"]
+    return crd
+
+
+def _structural_problems(node: dict[str, Any], path: str = "") -> list[str]:
+    """What makes a CRD schema not structural, or a value unbounded (apiextensions' structural schema rules:
+    every node typed, no properties beside additionalProperties, none of the JSON Schema keywords the API
+    server refuses; here also: every string has a maxLength or enum, every array maxItems, every map
+    maxProperties)."""
+    out = [f"{path or '.'}: {k}" for k in node if k in {"$ref", "definitions", "dependencies", "patternProperties",
+                                                         "additionalItems", "x-kubernetes-preserve-unknown-fields"}]
+    if "type" not in node:
+        out.append(f"{path or '.'}: no type")
+    if "properties" in node and "additionalProperties" in node:
+        out.append(f"{path}: properties and additionalProperties")
+    if node.get("type") == "string" and path not in (".apiVersion", ".kind") \
+            and "maxLength" not in node and "enum" not in node and node.get("format") != "date-time":
+        out.append(f"{path}: a string without maxLength")
+    if node.get("type") == "array" and "maxItems" not in node:
+        out.append(f"{path}: an array without maxItems")
+    if isinstance(node.get("additionalProperties"), dict) and "maxProperties" not in node:
+        out.append(f"{path}: a map without maxProperties")
+    for key, sub in node.get("properties", {}).items():
+        out += _structural_problems(sub, f"{path}.{key}")
+    if isinstance(node.get("additionalProperties"), dict):
+        out += _structural_problems(node["additionalProperties"], f"{path}[*]")
+    if "items" in node:
+        out += _structural_problems(node["items"], f"{path}[]")
+    return out
+
+
+def test_drainrequest_crd_is_what_drain_creates_structural_and_bounded() -> None:
+    crd = _crd()
+    spec = crd["spec"]
+    assert crd["apiVersion"] == "apiextensions.k8s.io/v1"
+    assert crd["metadata"]["name"] == f"{DRAIN.request_plural}.{DRAIN.request_group}"
+    assert (spec["group"], spec["names"]["kind"], spec["names"]["plural"], spec["scope"]) == (
+        DRAIN.request_group, DRAIN.request_kind, DRAIN.request_plural, "Namespaced")
+    (version,) = spec["versions"]
+    assert (version["name"], version["served"], version["storage"]) == (DRAIN.request_version, True, True)
+    assert version["subresources"] == {"status": {}}, "status is the controller's, through its subresource"
+    schema = version["schema"]["openAPIV3Schema"]
+    assert _structural_problems(schema) == []
+    assert schema["properties"]["metadata"] == {"type": "object"}, "metadata is the API server's to validate"
+    # the check itself finds what it is for
+    broken = copy.deepcopy(schema)
+    broken["properties"]["spec"]["properties"]["reason"].pop("maxLength")
+    broken["properties"]["spec"]["properties"]["podsToDrain"].pop("maxProperties")
+    broken["properties"]["status"]["properties"]["conditions"]["items"]["properties"]["status"].pop("type")
+    assert sorted(_structural_problems(broken)) == [".spec.podsToDrain: a map without maxProperties",
+                                            ".spec.reason: a string without maxLength",
+                                            ".status.conditions[].status: no type"]
+
+
+def _unpruned(schema: dict[str, Any]) -> dict[str, Any]:
+    """The schema with every object that names its properties closed to others: the API server prunes an
+    unknown field without an error, so a field drain.py writes and the schema lacks would be lost."""
+    out = copy.deepcopy(schema)
+    todo = [out]
+    while todo:
+        node = todo.pop()
+        if "properties" in node:
+            node.setdefault("additionalProperties", False)
+            todo += node["properties"].values()
+        todo += [node[k] for k in ("items", "additionalProperties") if isinstance(node.get(k), dict)]
+    return out
+
+
+async def test_the_drainrequest_drain_creates_fits_the_crd_with_nothing_pruned(kube: FakeKube, tmp_path: Path) -> None:
+    import jsonschema
+
+    obj = await _drain_run(kube, tmp_path, "gpu-01", "request")
+    assert obj is not None
+    (version,) = _crd()["spec"]["versions"]
+    validator = jsonschema.Draft7Validator(_unpruned(version["schema"]["openAPIV3Schema"]))
+    assert [e.message for e in validator.iter_errors(obj)] == []
+    assert set(obj["spec"]) == set(version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]), \
+        "every field the schema has is one drain.py writes"
+    assert obj["spec"]["nodeName"] == "gpu-01" and obj["spec"]["podsToDrain"] == {"team-a": ["llama-gpu-01-request"]}
+    # and the schema refuses what it must
+    for path, value, says in (("spec.nodeName", "GPU_01", "does not match"), ("spec.nodeName", "a" * 254, "too long"),
+                              ("spec.reason", "x" * 129, "too long"), ("spec.unknown", "x", "Additional properties"),
+                              ("spec.podsToDrain", {"team-a": "llama"}, "is not of type 'array'")):
+        bad = copy.deepcopy(obj)
+        parent, _, key = path.rpartition(".")
+        bad[parent][key] = value
+        assert any(says in e.message for e in validator.iter_errors(bad)), (path, value)
+
+
+def _repair_policy() -> dict[str, Any]:
+    (policy,) = [o for o in component("repair-request") if o["kind"] == "ValidatingAdmissionPolicy"]
+    return policy
+
+
+def test_drainrequest_policy_is_bound_deny_and_matches_what_drain_creates() -> None:
+    objs = variant("per-node") + component("repair-request")
+    policy = _repair_policy()
+    (binding,) = [o for o in component("repair-request") if o["kind"] == "ValidatingAdmissionPolicyBinding"]
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+    assert policy["apiVersion"] == "admissionregistration.k8s.io/v1" and policy["spec"]["failurePolicy"] == "Fail"
+    assert policy["spec"]["matchConstraints"]["resourceRules"] == [{
+        "apiGroups": [DRAIN.request_group], "apiVersions": [DRAIN.request_version], "operations": ["CREATE", "UPDATE"],
+        "resources": [DRAIN.request_plural]}]
+    ds = _find(objs, "DaemonSet", "gpu-node-agent")
+    user = f"system:serviceaccount:{ds['metadata']['namespace']}:{ds['spec']['template']['spec']['serviceAccountName']}"
+    (cond,) = policy["spec"]["matchConditions"]
+    assert cond["expression"] == f"request.userInfo.username == '{user}'"
+    # the node-name claim read exactly as the per-node policies read it, and refused the same way without it
+    claim = {v["name"]: v["expression"] for v in _policies()["gpu-node-agent-own-node"]["spec"]["variables"]}["nodeName"]
+    assert {v["name"]: v["expression"] for v in policy["spec"]["variables"]}["nodeName"] == claim
+    assert policy["spec"]["validations"][0] == _policies()["gpu-node-agent-own-node"]["spec"]["validations"][0]
+    for v in policy["spec"]["validations"]:
+        assert "\n" not in v["message"], "the API rejects line breaks in a message"
+
+
+def _drainrequest_req(op: str, **kw: Any) -> dict[str, Any]:
+    return _req(op, DRAIN.request_plural, group=DRAIN.request_group, version=DRAIN.request_version, **kw)
+
+
+async def test_a_drainrequest_is_admitted_only_for_the_agents_own_node(kube: FakeKube, tmp_path: Path) -> None:
+    policy = _repair_policy()
+    own = await _drain_run(kube, tmp_path, "gpu-01", "request")
+    assert own is not None
+    assert admit(policy, _drainrequest_req("CREATE", node="gpu-01"), own) == ("allowed", [])
+    changed = copy.deepcopy(own)
+    changed["spec"]["reason"] = "GPULost"
+    assert admit(policy, _drainrequest_req("UPDATE", node="gpu-01"), changed, own) == ("allowed", [])
+    # another node's drain
+    assert admit(policy, _drainrequest_req("CREATE", node="gpu-02"), own) == (
+        "denied", ["gpu-node-agent on node gpu-02 may not request a drain of node gpu-01",
+                   "gpu-node-agent may only name a DrainRequest gna-drain-<its node>-<10 hex digits>"])
+    # no claim: an old cluster (no extra at all), or a token without the node's name
+    for missing in (_drainrequest_req("CREATE", node=None),
+                    _drainrequest_req("CREATE", extra={"authentication.kubernetes.io/pod-name": ["p"]})):
+        decision, msgs = admit(policy, missing, own)
+        assert decision == "denied" and "no authentication.kubernetes.io/node-name claim" in msgs[0], msgs
+    # anyone else (an operator, the controller) is RBAC's business
+    for user in ("kubernetes-admin", "system:serviceaccount:gpu-node-agent:gpu-node-agent-cordoner"):
+        assert admit(policy, _drainrequest_req("CREATE", node=None, user=user), own)[0] == "not matched"
+    # its own node's name on a request named for another node: taking the name gpu-01's next request
+    # will have would make gpu-01's create a 409, read there as "already done"
+    squat = copy.deepcopy(own)
+    squat["spec"]["nodeName"] = "gpu-0"
+    assert admit(policy, _drainrequest_req("CREATE", node="gpu-0"), squat) == (
+        "denied", ["gpu-node-agent may only name a DrainRequest gna-drain-<its node>-<10 hex digits>"])
+    squat["metadata"]["name"] = "gna-drain-gpu-0-1-" + own["metadata"]["name"][-10:]  # node gpu-0-1's prefix
+    assert admit(policy, _drainrequest_req("CREATE", node="gpu-0"), squat)[0] == "denied"
+    squat["metadata"]["name"] = "gna-drain-gpu-0-0123456789"
+    assert admit(policy, _drainrequest_req("CREATE", node="gpu-0"), squat) == ("allowed", [])
+    # an update of another node's request, even one that names its own node now
+    moved = copy.deepcopy(squat)
+    assert admit(policy, _drainrequest_req("UPDATE", node="gpu-0"), moved, own) == (
+        "denied", ["gpu-node-agent may not change another Node's DrainRequest"])
+    # no spec at all is refused, not an evaluation that passes
+    bare = {k: v for k, v in own.items() if k != "spec"}
+    assert admit(policy, _drainrequest_req("CREATE", node="gpu-01"), bare)[0] == "denied"
+
+
+async def test_reboot_request_annotation_is_admitted_for_its_own_node_only(kube: FakeKube, tmp_path: Path) -> None:
+    nodes = _policies()["gpu-node-agent-own-node"]
+    assert RebootRequestConfig().key.startswith(OURS) and RebootRequestConfig().reason_key.startswith(OURS)
+    before, after = await _reboot_run(kube, tmp_path, "gpu-01")
+    assert set(after["metadata"]["annotations"]) == {RebootRequestConfig().key, RebootRequestConfig().reason_key}
+    obj = _as_apiserver_sees(before, after)[""]
+    assert admit(nodes, _req("UPDATE", "nodes", node="gpu-01"), obj, before) == ("allowed", [])
+    assert admit(nodes, _req("UPDATE", "nodes", node="gpu-02"), obj, before) == (
+        "denied", ["gpu-node-agent on node gpu-02 may not modify Node gpu-01"])
+    decision, msgs = admit(nodes, _req("UPDATE", "nodes", node=None), obj, before)
+    assert decision == "denied" and "no authentication.kubernetes.io/node-name claim" in msgs[0]
+
+
+async def test_reboot_request_as_label_is_refused_by_the_per_node_policy(kube: FakeKube, tmp_path: Path) -> None:
+    """as_label = true needs a label exception the shipped policy does not make (docs/repair.md): refused,
+    on its own node too, even with a gpu-node-agent/ key."""
+    nodes = _policies()["gpu-node-agent-own-node"]
+    for cfg in ({}, {"reason_key": ""}):
+        node = f"gpu-label{len(cfg)}"
+        before, after = await _reboot_run(kube, tmp_path, node, as_label=True, **cfg)
+        assert RebootRequestConfig().key in after["metadata"]["labels"]
+        decision, msgs = admit(nodes, _req("UPDATE", "nodes", node=node), _as_apiserver_sees(before, after)[""], before)
+        assert decision == "denied" and msgs == ["gpu-node-agent may not change a Node's labels, finalizers or owner "
+                                                 "references"], msgs
+
+
+async def test_breakfix_event_passes_the_own_node_events_policy(kube: FakeKube, tmp_path: Path) -> None:
+    events = _policies()["gpu-node-agent-own-node-events"]
+    ev = await _breakfix_run(kube, tmp_path, "gpu-01")
+    assert ev["involvedObject"]["kind"] == "Node" and ev["reason"] == "GPUNodeNeedsRepair"
+    assert admit(events, _req("CREATE", "events", node="gpu-01"), ev) == ("allowed", [])
+    assert admit(events, _req("CREATE", "events", node="gpu-02"), ev) == (
+        "denied", ["gpu-node-agent on node gpu-02 may not record an Event about Node gpu-01"])
+    decision, msgs = admit(events, _req("CREATE", "events", node=None), ev)
+    assert decision == "denied" and "no authentication.kubernetes.io/node-name claim" in msgs[0]
+
+
 # -- the install: rendering, schemas, generated configs, NATS, the image ------------------------
 
 OVERLAYS = {  # overlay name -> (variant, components)
     **{v: (v, ()) for v in VARIANTS},
     **{f"{v}+prometheus-operator": (v, ("prometheus-operator",)) for v in VARIANTS},
+    **{f"per-node+{c}": ("per-node", (c,)) for c in REPAIR_COMPONENTS},  # per-node only: central's agents have no token
+    "per-node+repair-request+repair-evict": ("per-node", tuple(REPAIR_COMPONENTS)),
 }  # (enforce-modprobe adds one capability string: test_sys_module_overlay_renders_for_either_variant)
 CRD_GROUPS = {"monitoring.coreos.com"}  # not in the core schemas: checked against the pods they select instead
 SCHEMA_VERSIONS = ("1.30", "latest")  # the per-node policies' minimum (ValidatingAdmissionPolicy GA), and the newest
