@@ -150,6 +150,9 @@ class ValidateConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     after_resolution_level: Literal["quick", "standard", "full"] = "standard"
     after_resolution_settle: float = 30.0  # s after the resolution: other triggers resolve or fire again first
     after_resolution_retry: float = 60.0  # s between tries while a job holds the GPUs
+    # the central cordoner's request to validate (gna.validate.<node>, e.g. a suspect named by a fleet verdict,
+    # which no condition of this node resolves): at most one accepted per interval, run like after_resolution
+    request_min_interval: float = 60.0
     full_dcgm_level: int = 3  # dcgmi diag -r for --level full (4: the hours-long extended run)
     ib_port_base: int = 18515  # ib_write_bw's TCP port for the first HCA's loopback, +1 per further HCA
     server_start_delay: float = 1.0  # seconds between starting an ib_write_bw server and its client
@@ -443,6 +446,8 @@ def _check_values(config: Config, file: str, text: str) -> None:
         fail("validate.after_resolution_settle", "must be >= 0")
     if not va.after_resolution_retry > 0:
         fail("validate.after_resolution_retry", "must be > 0")
+    if not va.request_min_interval >= 0:
+        fail("validate.request_min_interval", "must be >= 0")
     if va.full_dcgm_level not in (1, 2, 3, 4):
         fail("validate.full_dcgm_level", "must be 1, 2, 3 or 4 (dcgmi diag -r)")
     if not 1024 <= va.ib_port_base <= 65535 - 64:

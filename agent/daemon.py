@@ -260,11 +260,11 @@ class Agent:
         self._tasks = [loop.create_task(self.link.connect(), name="nats:connect"),
                        loop.create_task(self.forwarder.run(), name="nats:forwarder"),
                        loop.create_task(nodestate.run(), name="nats:nodestate")]
-        if self.cfg.validate.after_resolution:
-            tracker = self.tracker
-            self.validation.watch_resolutions(
-                self.bus.subscribe, lambda: list(tracker.active.values()) if tracker is not None else [],
-                lambda: self.remediation.cordons_itself() or self.remediation.owns_a_node())
+        self._tasks.append(loop.create_task(self.validation.listen(self.link), name="validate:requests"))
+        tracker = self.tracker
+        self.validation.watch_resolutions(
+            self.bus.subscribe, lambda: list(tracker.active.values()) if tracker is not None else [],
+            lambda: self.remediation.cordons_itself() or self.remediation.owns_a_node())
         if self.cfg.validate.schedule_interval > 0:
             self._tasks.append(loop.create_task(self.validation.schedule(self.remediation.owns_a_node),
                                                 name="validate:schedule"))

@@ -81,8 +81,12 @@ class AgentMetrics:
                                                 "Between two repair episodes of this node (MTBI)", registry=r,
                                                 buckets=days)
         self.validation_runs = Counter("gna_validation_runs", "Validations (agent/validate/) by level, verdict "
-                                       "(passed, failed, busy, unavailable, error) and trigger (repair, schedule)",
-                                       ["level", "verdict", "trigger"], registry=r)
+                                       "(passed, failed, busy, unavailable, error) and trigger (repair, schedule, "
+                                       "resolution, request)", ["level", "verdict", "trigger"], registry=r)
+        self.validation_requests = Counter("gna_validation_requests", "The central cordoner's requests to validate "
+                                           "(gna.validate.<node>) by outcome: accepted, pending (a run is already "
+                                           "owed), too_soon (within validate.request_min_interval)",
+                                           ["outcome"], registry=r)
         self.validation_last_run = Gauge("gna_validation_last_run_timestamp_seconds", "When a validation last "
                                          "ended with this verdict", ["verdict"], registry=r)
         self._types: set[tuple[str, str]] = set()

@@ -78,7 +78,7 @@ from fleet.wire import Rejected, Rejections, decode_event
 from gna_sdk import plural
 from gna_sdk.aio import within
 from gna_sdk.hostroot import HostRoot
-from gna_types.subjects import CORDONER_DURABLE, EVENTS_PREFIX, action_subject, event_subject
+from gna_types.subjects import CORDONER_DURABLE, EVENTS_PREFIX, action_subject, event_subject, validate_subject
 from gna_types.validation import NODE_VALIDATION
 
 log = structlog.get_logger(__name__)
@@ -118,7 +118,7 @@ class Cordoner:
         self._sub: Any = None
         self._incident_sub: Any = None
         self.view = IncidentView(grace=INCIDENT_GRACE, on_invalid=self._bad_record)  # job -> its current record
-        self.validations = NodeValidations()  # each node's last report about itself, for the uncordon
+        self.validations = NodeValidations(ask=self._ask_validation)  # each node's own last report, for the uncordon
         self.incidents = self.view.incidents
         self._tasks: list[asyncio.Task[Any]] = []
         # per reporting node, its messages not decided yet (arrival order); the worker takes them in turn
@@ -188,6 +188,12 @@ class Cordoner:
                                   max_ack_pending=MAX_ACK_PENDING, max_deliver=MAX_DELIVER))
         log.info("cordoner_started", durable=self.durable, queue=self.queue, plugins=sorted(plugins),
                  enforce=self.cfg.remediations.enforce)
+
+    async def _ask_validation(self, node: str) -> None:
+        """Ask a cordoned node to validate itself (core NATS; the node decides when, fleet/validations.py)."""
+        if self.link.nc is None:
+            raise ConnectionError("not connected to NATS")
+        await self.link.nc.publish(validate_subject(node), b"")
 
     def _spare(self, msg: dict[str, Any]) -> str | None:
         """The engine's question "must this message not cordon its node?": a victim's symptom (IncidentView),

@@ -42,6 +42,7 @@ from gna_types.subjects import (
     SIGNALS_STREAM,
     STRAGGLERS_BUCKET,
     STRAGGLERS_PREFIX,
+    VALIDATE_PREFIX,
     encode_token,
 )
 
@@ -189,7 +190,8 @@ def node_permissions(node: str, layout: Layout) -> Permissions:
         publish += [s for s in _budget_publish(layout) if s not in publish]
         # a node that cordons itself follows the correlator's incidents (never cordoned as a victim): read only
         publish += [s for s in _incidents_read(layout) if s not in publish]
-    return Permissions(publish=publish, subscribe=[inbox(token)])
+    # the cordoner's request to validate itself before it is uncordoned (fleet/validations.py): its own only
+    return Permissions(publish=publish, subscribe=[inbox(token), f"{VALIDATE_PREFIX}.{token}"])
 
 
 def _budget_publish(layout: Layout) -> list[str]:
@@ -214,6 +216,7 @@ def cordoner_permissions(layout: Layout) -> Permissions:
     publish = [
         f"{ACTIONS_PREFIX}.>",  # audits of what it did, for any node
         f"{EVENTS_PREFIX}.{CORDONER_TOKEN}.agent.critical",  # RemediationBudgetExhausted alerts
+        f"{VALIDATE_PREFIX}.*",  # asks a cordoned node to validate itself (fleet/validations.py)
         f"{JS_API}.STREAM.INFO.{n.stream}",  # NatsLink.ensure_stream verifies every stream (never creates one)
         f"{JS_API}.STREAM.INFO.{n.jobs_stream}",
         f"{JS_API}.STREAM.INFO.{n.signals_stream}",

@@ -8,8 +8,10 @@ The cordoner files the newest report per node here, and the engine's hold-down u
 :meth:`NodeValidations.validator`: a report counts only when it is the node's own (the subject names the
 node: per-node NATS credentials make it authentic; a report naming another node is refused and counted),
 started at or after the resolution of the node's triggers (both on the node's clock), at the level the
-cordoner requires or a deeper one. Until then the answer is ``waiting`` and the uncordon is tried again
-after another hold-down; a failed or unavailable report keeps the node out (alerted), as on the node.
+cordoner requires or a deeper one. Until then the answer is ``waiting``, the cordoner asks the node to
+validate (core NATS ``gna.validate.<node>``: a suspect named by a fleet verdict has no condition of its own
+whose resolution would start a run) and the uncordon is tried again after another hold-down; a failed or
+unavailable report keeps the node out (alerted), as on the node.
 
 Bounded: at most ``max_nodes`` nodes (the least recently reported go first), one small entry each.
 """
@@ -18,8 +20,9 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
+import time
 from collections import OrderedDict
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,9 +31,11 @@ import msgspec
 from agent.remediation.repair import Validation, Validator
 from gna_sdk import plural
 from gna_types import validation as vtypes
+from gna_types.subjects import encode_token
 
 MAX_NODES = 100_000
 MAX_SUMMARY = 500
+ASK_INTERVAL = 30.0  # s between two requests to one node (the node itself accepts one a minute by default)
 LEVELS = ("quick", "standard", "full")  # each runs the checks of the one before and more (docs/validate.md)
 
 
@@ -57,10 +62,18 @@ def summarise(report: vtypes.ValidationReport) -> str:
 
 
 class NodeValidations:
-    def __init__(self, max_nodes: int = MAX_NODES) -> None:
+    def __init__(self, max_nodes: int = MAX_NODES, *, ask: Callable[[str], Awaitable[None]] | None = None,
+                 ask_interval: float = ASK_INTERVAL, clock: Callable[[], float] = time.monotonic) -> None:
         self.max_nodes = max_nodes
         self.latest: OrderedDict[str, Reported] = OrderedDict()
         self.refused: dict[str, int] = {}  # why a report was not filed -> times
+        # asks a node to validate itself (the cordoner publishes gna.validate.<node>): a suspect named by a fleet
+        # verdict has no condition of its own whose resolution would make it validate
+        self.ask = ask
+        self.ask_interval = ask_interval
+        self.asked: OrderedDict[str, float] = OrderedDict()  # node -> when last asked (monotonic)
+        self.ask_failures = 0
+        self._clock = clock
 
     def _refuse(self, why: str) -> str:
         self.refused[why] = self.refused.get(why, 0) + 1
@@ -101,10 +114,32 @@ class NodeValidations:
         forced = " (forced while processes held GPUs)" if got.forced else ""
         return Validation(got.verdict, f"{node}'s own report, started {_when(got.started)}: {got.summary}{forced}")
 
+    async def _ask(self, node: str) -> str:
+        """Ask ``node`` to validate, at most once per ``ask_interval``; what to add to the audit's reason."""
+        if self.ask is None or not node:
+            return ""
+        now = self._clock()
+        last = self.asked.get(node)
+        if last is not None and now - last < self.ask_interval:
+            return ""
+        self.asked[node] = now
+        self.asked.move_to_end(node)
+        while len(self.asked) > self.max_nodes:
+            self.asked.popitem(last=False)
+        try:
+            await self.ask(node)
+        except Exception as exc:  # no connection now: the next hold-down asks again
+            self.ask_failures += 1
+            return f"; asking it to validate failed ({type(exc).__name__})"
+        return f"; asked it to validate (gna.validate.{encode_token(node)})"
+
     def validator(self) -> Validator:
         def validate(level: str, *, node: str = "", after: float = 0.0) -> Awaitable[Validation]:
             async def answer() -> Validation:
-                return self.judge(level, node, after)
+                got = self.judge(level, node, after)
+                if got.verdict == "waiting" and (asked := await self._ask(node)):
+                    return Validation(got.verdict, got.summary + asked)
+                return got
 
             return answer()
 

@@ -45,6 +45,9 @@ JOBS_TRANSFORM = (f"{JOBS_PREFIX}.*.*.*",
                   ".{{wildcard(3)}}")
 SIGNALS_PREFIX = "gna.signals"  # gna.signals.<node token>.<collector>: straggler vectors (docs/subjects.md)
 SIGNAL_TYPES = frozenset({"StragglerSignals", "NCCLInspectorSummary"})
+# gna.validate.<node token>: the central cordoner asks a node to validate itself (core NATS, no payload the node
+# acts on; the node runs its own level when its GPUs are free and publishes NodeValidation on its events subject)
+VALIDATE_PREFIX = "gna.validate"
 STRAGGLERS_PREFIX = "gna.stragglers"  # fleet/stragglers.py: gna.stragglers.<node token>, the correlator's records
 
 # The streams, KV buckets and durable consumers the halves share, by their default names (each is a setting:
@@ -165,6 +168,10 @@ def subjects_for(node: str, collector: str, severity: str, type_: str, details: 
 
 def action_subject(node: str, remediation: str) -> str:
     return f"{ACTIONS_PREFIX}.{encode_token(node)}.{check_plugin_name(remediation)}"
+
+
+def validate_subject(node: str) -> str:
+    return f"{VALIDATE_PREFIX}.{encode_token(node)}"
 
 
 def heartbeat_subject(node: str) -> str:

@@ -31,7 +31,7 @@ from fleet.nats_permissions import (
     node_permissions,
     render_config,
 )
-from gna_types.subjects import encode_token, event_subject, heartbeat_subject
+from gna_types.subjects import encode_token, event_subject, heartbeat_subject, validate_subject
 from tests.conftest import ROOT, agent_config, running_agent
 
 NODE_A, NODE_B = "node-a.example.com", "node-b.example.com"
@@ -330,7 +330,8 @@ def test_node_budget_adds_only_the_budget() -> None:
     off = node_permissions(NODE_A, Layout(nodes={NODE_A: key}))
     on = node_permissions(NODE_A, Layout(nodes={NODE_A: key}, node_budget=True))
     assert set(on.publish) - set(off.publish) >= {"$KV.gna-budget.cordons", "$JS.API.STREAM.INFO.KV_gna-budget"}
-    assert "gna.events.node-a=example=com.*.*" in off.publish and off.subscribe == ["_INBOX_node-a=example=com.>"]
+    assert "gna.events.node-a=example=com.*.*" in off.publish
+    assert off.subscribe == on.subscribe == ["_INBOX_node-a=example=com.>", "gna.validate.node-a=example=com"]
 
 
 def test_layout_errors_are_refused() -> None:
@@ -593,3 +594,37 @@ async def test_the_exporter_exports_with_its_own_permissions_and_nobody_repoints
     finally:
         await r.close()
     assert len(fleet.violations_of("exporter")) == 1 and len(fleet.violations_of("reader")) == 1
+
+
+async def test_only_the_cordoner_asks_a_node_to_validate_and_only_that_node_hears_it(fleet: Fleet) -> None:
+    """gna.validate.<node> (fleet/validations.py): the cordoner may publish it for any node; a node subscribes to
+    its own only, and can neither ask another node nor listen to another node's requests."""
+    a, b, cordoner = await fleet.connect("a"), await fleet.connect("b"), await fleet.connect("cordoner")
+    heard: dict[str, list[str]] = {"a": [], "b": []}
+
+    def recorder(who: str) -> Any:
+        async def on_msg(msg: Any) -> None:
+            heard[who].append(msg.subject)
+        return on_msg
+
+    await a.subscribe(validate_subject(NODE_A), cb=recorder("a"))
+    await b.subscribe(validate_subject(NODE_B), cb=recorder("b"))
+    await b.subscribe(validate_subject(NODE_A), cb=recorder("b"))  # listening to node A's: refused
+    await a.flush()
+    await b.flush()
+    await b.publish(validate_subject(NODE_A), b"")  # node B asking node A: refused
+    await b.flush()
+    await cordoner.publish(validate_subject(NODE_A), b"")
+    await cordoner.flush()
+    for _ in range(100):
+        if heard["a"]:
+            break
+        await asyncio.sleep(0.02)
+    await asyncio.sleep(0.2)
+    assert heard == {"a": [validate_subject(NODE_A)], "b": []}
+    errors = " ".join(fleet.errors).lower()
+    assert f'subscription to "{validate_subject(NODE_A).lower()}"' in errors, fleet.errors
+    assert f'publish to "{validate_subject(NODE_A).lower()}"' in errors, fleet.errors
+    assert not any(e.startswith(("a:", "cordoner:")) for e in fleet.errors), fleet.errors
+    for c in (a, b, cordoner):
+        await c.close()

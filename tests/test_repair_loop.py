@@ -392,13 +392,15 @@ async def test_nothing_is_repaired_while_a_job_holds_the_gpus(loop_env: dict[str
     await eng.close()
 
 
+@pytest.mark.parametrize("after_resolution", [True, False])
 async def test_central_cordoner_uncordons_only_on_the_nodes_own_validation_after_resolution(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, nats_server: Any) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, nats_server: Any, after_resolution: bool) -> None:
     """Central mode: a real node agent (it does not cordon itself) and a real central cordoner (Slurm) over a
     real nats-server. The node's critical condition cordons it; when the condition resolves, the hold-down
     alone no longer uncordons: the node validates itself once its GPUs are free ([validate] after_resolution)
     and publishes the report, and only that report -- the node's own, started after the resolution --
-    uncordons it. Another node's report about it is refused and counted."""
+    uncordons it. Without after_resolution (or for a suspect, which has no condition of its own) the cordoner
+    asks the node on gna.validate.<node>. Another node's report about it is refused and counted."""
     import json
 
     import nats
@@ -436,6 +438,7 @@ async def test_central_cordoner_uncordons_only_on_the_nodes_own_validation_after
 
     await nc.subscribe("gna.actions.>", cb=on_audit)
     extra = FAST_VALIDATE.replace("[validate]\n", "[validate]\nafter_resolution_settle = 1.0\n"
+                                                  f"after_resolution = {str(after_resolution).lower()}\n"
                                                   "after_resolution_retry = 0.2\n") + \
         "[collectors.gpu_devices]\ninterval = 0.2\njitter = 0.0\n"
     cfg = agent_config(tmp_path, servers=[nats_server.url], host_root=host.root, extra=extra, node="gpu-01")
@@ -445,7 +448,7 @@ async def test_central_cordoner_uncordons_only_on_the_nodes_own_validation_after
                 if a["node"] == "gpu-01" and a["remediation"] in ("slurm", "validate")]
 
     try:
-        async with running_agent(cfg):
+        async with running_agent(cfg) as agent:
             # a liar: gpu-02 reports that gpu-01 passed
             lie = make_message(node="gpu-02", collector="validate", kind="event", type="NodeValidation",
                                severity="info", entity="validate:node", reason="Passed", message="passed",
@@ -456,6 +459,11 @@ async def test_central_cordoner_uncordons_only_on_the_nodes_own_validation_after
             await _until(lambda: ("apply", "executed") in trail())
             host.add_dev_node("nvidia1")
             await _until(lambda: ("uncordon", "executed") in trail(), timeout=40)
+            requests = {o: agent.metrics.validation_requests.labels(o)._value.get()
+                        for o in ("accepted", "pending", "too_soon")}
+            runs = agent.metrics.validation_runs.labels("standard", "passed",
+                                                        "resolution" if after_resolution else "request")
+            assert runs._value.get() == 1
     finally:
         await cord.stop()
         await nc.close()
@@ -467,6 +475,11 @@ async def test_central_cordoner_uncordons_only_on_the_nodes_own_validation_after
     assert cord.rejected.get("validation_report") == 1 and cord.validations.refused == {"report names another node": 1}
     assert cord.validations.latest["gpu-01"].verdict == "passed"
     assert ("validate", "skipped") in actions, "the hold-down (0.3 s) ended before the report (settle 1 s): it waited"
+    waiting = [a["reason"] for a in audits if a["action"] == "validate" and a["decision"] == "skipped"]
+    assert "asked it to validate (gna.validate.gpu-01)" in waiting[0]
+    # asked once, however many hold-downs it waited (ask_interval); with after_resolution the run was already owed
+    assert requests == {"accepted": 0 if after_resolution else 1, "pending": 1 if after_resolution else 0,
+                        "too_soon": 0}
 
 
 async def test_after_resolution_runs_once_idle_never_while_critical_fires_or_when_cordoning_itself() -> None:
@@ -480,7 +493,7 @@ async def test_after_resolution_runs_once_idle_never_while_critical_fires_or_whe
     cfg = configmod.parse("[validate]\nafter_resolution_settle = 0.05\nafter_resolution_retry = 0.05\n",
                           file="<t>").agent
     runs: list[str] = []
-    verdicts = ["busy", "passed"]
+    verdicts = ["busy", "passed", "passed"]
     active: list[Any] = []
     cordons_itself = [False]
     svc = ValidationService(SimpleNamespace(cfg=cfg))  # type: ignore[arg-type]
@@ -526,3 +539,12 @@ async def test_after_resolution_runs_once_idle_never_while_critical_fires_or_whe
     await subs[0](cond("resolved"))
     await asyncio.sleep(0.15)
     assert len(runs) == 2, "its own engine validates before it uncordons"
+    # the cordoner's requests: one accepted, at most one a request_min_interval (60 s), a second while one is
+    # owed is pending; its run counts as trigger "request"
+    cordons_itself[0] = False
+    assert svc.request(1000.0) == "accepted"
+    assert svc.request(1001.0) == "pending"
+    await _until(lambda: len(runs) == 3)
+    assert runs[-1] == "standard/request/False"
+    await _until(lambda: not svc.tasks())
+    assert svc.request(1030.0) == "too_soon" and svc.request(1061.0) == "accepted"

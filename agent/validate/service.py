@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Protocol
 
@@ -31,6 +32,7 @@ from agent.message import Message
 from agent.validate.checks import run_validation
 from gna_sdk import Emitter, Severity
 from gna_sdk.hostroot import HostRoot
+from gna_types.subjects import validate_subject
 from gna_types.validation import NODE_VALIDATION, ValidationReport
 
 log = structlog.get_logger(__name__)
@@ -67,6 +69,8 @@ class ValidationService:
         self._after: asyncio.Task[None] | None = None
         self._active: Callable[[], Iterable[Any]] = tuple  # the node's active conditions (ActiveCondition)
         self._skip: Callable[[], bool] = lambda: False
+        self._trigger = "resolution"  # what the owed run counts as: resolution, or request (the cordoner's)
+        self._last_request: float | None = None
 
     async def run(self, level: str, *, trigger: str, publish_busy: bool = True) -> ValidationReport:
         a = self.agent
@@ -95,13 +99,42 @@ class ValidationService:
         return any(getattr(c, "severity", "") == "critical" for c in self._active())
 
     async def on_message(self, msg: Message) -> None:
-        if msg.kind != "condition" or msg.collector == COLLECTOR:
+        if msg.kind != "condition" or msg.collector == COLLECTOR or not self.agent.cfg.validate.after_resolution:
             return
         if msg.status == "firing" and msg.severity == "critical":
             self._owed = True
         elif msg.status == "resolved" and self._owed and not self._critical_active() and self._after is None:
+            self._trigger = "resolution"
             self._after = asyncio.get_running_loop().create_task(self._after_resolution(),
                                                                   name="validate:after-resolution")
+
+    # -- on the central cordoner's request ------------------------------------------------------------------
+    async def listen(self, link: Any) -> None:
+        """Run as a task: ``gna.validate.<this node>`` (core NATS; the shipped permissions let only the cordoner
+        publish there and only this node subscribe). nats-py restores the subscription after a reconnect."""
+        await link.connected.wait()
+        await link.nc.subscribe(validate_subject(self.agent.node), cb=self._on_request)
+        await asyncio.Event().wait()
+
+    async def _on_request(self, msg: Any) -> None:
+        """A request carries nothing the node acts on: it runs its own level, when its GPUs are free, at most
+        once per ``request_min_interval`` (a flood is counted, never queued)."""
+        outcome = self.request(time.monotonic())
+        self.agent.metrics.validation_requests.labels(outcome).inc()
+        log.info("validation_requested", outcome=outcome)
+
+    def request(self, now: float) -> str:
+        if self._owed and self._after is not None:
+            return "pending"
+        if self._last_request is not None and now - self._last_request < self.agent.cfg.validate.request_min_interval:
+            return "too_soon"
+        self._last_request = now
+        self._owed = True
+        self._trigger = "request"
+        if self._after is None:
+            self._after = asyncio.get_running_loop().create_task(self._after_resolution(),
+                                                                  name="validate:requested")
+        return "accepted"
 
     async def _after_resolution(self) -> None:
         v = self.agent.cfg.validate
@@ -114,12 +147,12 @@ class ValidationService:
                     self._owed = False  # this agent's own engine validates before it uncordons
                     return
                 try:
-                    report = await self.run(v.after_resolution_level, trigger="resolution", publish_busy=False)
+                    report = await self.run(v.after_resolution_level, trigger=self._trigger, publish_busy=False)
                 except asyncio.CancelledError:
                     raise
                 except Exception:  # said and counted; tried again like a busy run
                     log.exception("validation_failed", trigger="resolution")
-                    self.agent.metrics.validation_runs.labels(v.after_resolution_level, "error", "resolution").inc()
+                    self.agent.metrics.validation_runs.labels(v.after_resolution_level, "error", self._trigger).inc()
                 else:
                     if report.verdict != "busy":
                         self._owed = False
@@ -127,6 +160,7 @@ class ValidationService:
                 await asyncio.sleep(v.after_resolution_retry)
         finally:
             self._after = None
+            self._trigger = "resolution"
 
     def tasks(self) -> list[asyncio.Task[None]]:
         """The run after resolution, if one is pending (the daemon cancels it on shutdown)."""
