@@ -24,6 +24,7 @@ from agent.validate import run_validation
 from gna_sdk.hostroot import HostRoot
 from sim.host import SimHost
 from tests.fake_kube import FakeKube
+from tests.test_remediation import FAKE_TOOL
 from tests.test_repair_plugins import FAKE_NVIDIA_SMI
 from tests.test_validate import FAST as FAST_VALIDATE
 
@@ -409,7 +410,6 @@ async def test_central_cordoner_uncordons_only_on_the_nodes_own_validation_after
     from gna_types.subjects import event_subject
     from gna_types.validation import ValidationReport
     from tests.conftest import agent_config, running_agent
-    from tests.test_remediation import FAKE_TOOL
 
     host = SimHost.gpu_node(tmp_path / "host", gpus=8, hcas=2)
     bindir = tmp_path / "bin"
