@@ -66,6 +66,24 @@ def kube() -> Any:
     k.stop()
 
 
+def _tools_on_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **scripts: str) -> Path:
+    """python3 and the recording fakes of the validation tools on PATH, plus ``scripts`` (name -> its text);
+    each fake logs to ``validate.log`` and ``argv.log`` in tmp_path."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "python3").symlink_to(sys.executable)
+    for name in ("all_reduce_perf", "nvbandwidth", "dcgmi", "ib_write_bw"):
+        (bindir / name).symlink_to(FAKES / name)
+    for name, text in scripts.items():
+        exe = bindir / name
+        exe.write_text(text)
+        exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("GNA_TEST_ARGV_LOG", str(tmp_path / "argv.log"))
+    monkeypatch.setenv("FAKE_VALIDATE_LOG", str(tmp_path / "validate.log"))
+    return bindir
+
+
 @pytest.fixture
 def loop_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kube: FakeKube) -> dict[str, Any]:
     """The host tree, the tools on PATH (fake nvidia-smi and validation tools, python3 for them), the Node
@@ -75,18 +93,8 @@ def loop_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kube: FakeKube) ->
     (host.root / "run").mkdir(exist_ok=True)
     (host.root / "var").mkdir(exist_ok=True)
     (host.root / "var/run").symlink_to("/run")  # as on every systemd host: kured's sentinel lands in /run
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    (bindir / "python3").symlink_to(sys.executable)
-    for name in ("all_reduce_perf", "nvbandwidth", "dcgmi", "ib_write_bw"):
-        (bindir / name).symlink_to(FAKES / name)
-    smi = bindir / "nvidia-smi"
-    smi.write_text(FAKE_NVIDIA_SMI)
-    smi.chmod(smi.stat().st_mode | stat.S_IEXEC)
-    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.setenv("GNA_TEST_ARGV_LOG", str(tmp_path / "argv.log"))
+    _tools_on_path(tmp_path, monkeypatch, **{"nvidia-smi": FAKE_NVIDIA_SMI})
     monkeypatch.setenv("GNA_TEST_HOST_ROOT", str(host.root))
-    monkeypatch.setenv("FAKE_VALIDATE_LOG", str(tmp_path / "validate.log"))
     monkeypatch.setenv("FAKE_DCGMI_MODE", "fail")  # the GPU reset does not cure it: dcgmi diag still fails
     kube.add_node("gpu-01")
     kube.add_pod("train", "trainer-0", "uid-t0", node_name="gpu-01", labels={"job": "llm"},
@@ -276,13 +284,7 @@ async def test_the_daemon_validates_on_a_schedule_and_publishes_each_report(
     from tests.conftest import agent_config, running_agent, stream_messages
 
     host = SimHost.gpu_node(tmp_path / "host", gpus=8, hcas=2)
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    (bindir / "python3").symlink_to(sys.executable)
-    for name in ("all_reduce_perf", "nvbandwidth", "dcgmi", "ib_write_bw"):
-        (bindir / name).symlink_to(FAKES / name)
-    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.setenv("FAKE_VALIDATE_LOG", str(tmp_path / "validate.log"))
+    _tools_on_path(tmp_path, monkeypatch)
     monkeypatch.setenv("FAKE_NVBANDWIDTH_MODE", "low_p2p")
     extra = FAST_VALIDATE.replace("[validate]\n", "[validate]\nschedule_interval = 0.3\nschedule_level = \"standard\"\n")
     cfg = agent_config(tmp_path, servers=[nats_server.url], host_root=host.root, extra=extra)
@@ -412,18 +414,8 @@ async def test_central_cordoner_uncordons_only_on_the_nodes_own_validation_after
     from tests.conftest import agent_config, running_agent
 
     host = SimHost.gpu_node(tmp_path / "host", gpus=8, hcas=2)
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    (bindir / "python3").symlink_to(sys.executable)
-    for name in ("all_reduce_perf", "nvbandwidth", "dcgmi", "ib_write_bw"):
-        (bindir / name).symlink_to(FAKES / name)
-    scontrol = bindir / "scontrol"
-    scontrol.write_text(FAKE_TOOL)
-    scontrol.chmod(scontrol.stat().st_mode | stat.S_IEXEC)
-    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.setenv("GNA_TEST_ARGV_LOG", str(tmp_path / "argv.log"))
+    _tools_on_path(tmp_path, monkeypatch, scontrol=FAKE_TOOL)
     monkeypatch.setenv("GNA_TEST_STATE", str(tmp_path / "slurm-state.json"))
-    monkeypatch.setenv("FAKE_VALIDATE_LOG", str(tmp_path / "validate.log"))
     monkeypatch.setenv("FAKE_DCGMI_MODE", "pass")
 
     central = configmod.parse('[remediations]\nenforce = true\ncordon_with = "slurm"\nuncordon_hold_down = 0.3\n',
