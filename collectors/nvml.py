@@ -27,7 +27,9 @@ from typing import Any, ClassVar, Literal
 
 import msgspec
 import structlog
+from msgspec import UNSET
 
+from collectors.formats import gfd_labels
 from collectors.formats.pci_acs import PCI_CFG_SPACE_EXP_SIZE, AcsState, parse_acs
 from collectors.formats.pcie_tree import Topology, pcie_distance, read_topology
 from collectors.formats.xid_catalog import classify, emit_xid
@@ -141,6 +143,8 @@ TENSOR_IDLE_SOURCE = ("field notes (seeds 000, DCGM panel 4: SM_ACTIVE > 0.8 and
 # (single: every GPU MIG-enabled, else it panics; no MIG-enabled GPU: falls back to none) and internal/mig/mig.go
 # AssertAllMigEnabledDevicesAreValid (every MIG-enabled GPU has >= 1 MIG device; single: all of one
 # nvmlDeviceGetAttributes); the flag: cmd/nvidia-device-plugin/main.go @01421a2
+GFD_SOURCE = ("NVIDIA/k8s-device-plugin v0.20.0 internal/lm/mig-strategy.go (mig.strategy only for single|mixed; "
+              "mig-<profile>.count under mixed, gpu.count under single), internal/lm/output.go (key=value lines)")
 DEVICE_PLUGIN_SOURCE = ("NVIDIA/k8s-device-plugin @0b62328 cmd/nvidia-device-plugin/mig-strategy.go, "
                         "internal/mig/mig.go AssertAllMigEnabledDevicesAreValid")
 MAX_MIG_DEVICES = 64
@@ -203,6 +207,9 @@ class NVMLConfig(CollectorSettings, kw_only=True, forbid_unknown_fields=True):
     tensor_idle_window: float = 600.0
     # the device plugin's --mig-strategy: auto reads it from the plugin's /proc/<pid>/cmdline and environ
     mig_strategy: Literal["auto", "none", "single", "mixed"] = "auto"
+    # GPU Feature Discovery's labels (collectors/formats/gfd_labels.py) against the plugin and NVML; "" : not read
+    gfd_labels_file: str = gfd_labels.DEFAULT_PATH
+    gfd_grace: float = 180.0  # s a disagreement must last (GFD relabels every 60 s by default)
     p2p: bool = True  # nvmlDeviceGetP2PStatus of GPU pairs under one PCIe switch or NVLink-connected
 
 
@@ -252,6 +259,7 @@ class NVMLCollector:
         self._signals_at: float | None = None
         self._export: list[tuple[str, str, dict[str, Any], dict[str, Any]]] = []  # a pass's metrics, for scrapes
         self._topo: Topology | None = None
+        self._gfd_since: dict[str, float] = {}  # a GFD disagreement -> when it was first seen
         # a GPU reset (gna_sdk.gpu_release): no pass and no Xid wait while released, NVML shut down meanwhile
         self._released = ""  # why, while released
         self._pass_lock = asyncio.Lock()
@@ -844,6 +852,7 @@ class NVMLCollector:
                 pid, strategy = found
                 source = "cmdline_or_environ" if strategy is not None else "default"
                 strategy = strategy or "none"
+        gfd, gfd_why = self._gfd_disagreement(strategy, sum(profiles.values()))
         for d in enabled:
             n = sum(d["mig"].get("profiles", {}).values())
             if n == 0:
@@ -862,17 +871,56 @@ class NVMLCollector:
                 message = (f"--mig-strategy=single with MIG devices of {len(profiles)} profiles "
                            f"({', '.join(sorted(profiles))}): the device plugin refuses the node "
                            f"(GPU {d['entity'][4:]}).")
+            elif gfd_why:
+                reason = gfd_why
+                message = (f"GPU Feature Discovery's labels say mig.strategy={gfd.strategy if gfd else '?'} while the "
+                           f"device plugin runs --mig-strategy={strategy}: pods selecting by these labels ask for "
+                           f"resources the plugin does not advertise (GPU {d['entity'][4:]})."
+                           if gfd_why == "GFDStrategyDiffers" else
+                           f"GPU Feature Discovery's labels count {gfd.mig_devices() if gfd else '?'} MIG devices, "
+                           f"NVML {sum(profiles.values())}: the labels describe another MIG layout (GPU "
+                           f"{d['entity'][4:]}; GFD not relabelling, or the layout changed under it).")
             else:
                 continue
             self._verdict_cond("GPUMIGMisconfigured", d["entity"], reason, message, wire(GPUMIGMisconfigured(
                 mig_devices=n, profiles=dict(sorted(profiles.items())[:32]), mig_enabled_gpus=len(enabled),
                 mig_disabled_gpus=len(disabled), strategy=strategy, strategy_source=source,
                 **({"plugin_pid": pid} if pid is not None else {}),
+                gfd_strategy=gfd.strategy[:64] if gfd else UNSET,
+                gfd_file=self.config.gfd_labels_file[:256] if gfd else UNSET,
+                gfd_mig_devices=c if gfd and (c := gfd.mig_devices()) is not None else UNSET,
                 rule={"NoMIGDevices": "MIG enabled, 0 MIG devices",
                       "StrategyNoneWithMIG": "mig-strategy none, MIG enabled",
                       "MIGDisabledGPUUnderSingle": "mig-strategy single, a MIG-disabled GPU on the node",
-                      "MixedProfilesUnderSingle": "mig-strategy single, > 1 MIG profile on the node"}[reason],
-                citation=DEVICE_PLUGIN_SOURCE)))
+                      "MixedProfilesUnderSingle": "mig-strategy single, > 1 MIG profile on the node",
+                      "GFDStrategyDiffers": "GFD's mig.strategy label != the device plugin's --mig-strategy",
+                      "GFDMIGCountDiffers": "GFD's MIG device count != NVML's"}[reason],
+                citation=DEVICE_PLUGIN_SOURCE if not reason.startswith("GFD") else GFD_SOURCE)))
+
+    def _gfd_disagreement(self, strategy: str | None, mig_devices: int) -> tuple[gfd_labels.GFDLabels | None, str]:
+        """GFD's labels and what disagrees with them for ``gfd_grace`` s: ("", none), GFDStrategyDiffers (its
+        strategy is not the plugin's) or GFDMIGCountDiffers (its MIG device count is not NVML's)."""
+        if not self.config.gfd_labels_file:
+            return None, ""
+        gfd = gfd_labels.read(self.host, self.config.gfd_labels_file)
+        if gfd is None:
+            self._gfd_since.clear()
+            return None, ""
+        if gfd.unparsed:
+            self.emit.unparsed(f"GFD labels {self.config.gfd_labels_file}",
+                               f"{plural(gfd.unparsed, 'line')} no label or past a bound")
+        why = ""
+        if strategy is not None and gfd.strategy != strategy:
+            why = "GFDStrategyDiffers"
+        elif (labelled := gfd.mig_devices()) is not None and labelled != mig_devices:
+            why = "GFDMIGCountDiffers"
+        now = self._clock()
+        for other in [k for k in self._gfd_since if k != why]:
+            del self._gfd_since[other]
+        if not why:
+            return gfd, ""
+        since = self._gfd_since.setdefault(why, now)
+        return gfd, why if now - since >= self.config.gfd_grace else ""
 
     def _acs_between(self, topo: Topology, a: str, b: str) -> tuple[list[AcsPort], list[str]]:
         """The ports between two GPUs of one host bridge (the common switch port and both downward chains) whose

@@ -192,7 +192,8 @@ MigProfile = Annotated[str, Meta(max_length=64)]
 class GPUMIGMisconfigured(msgspec.Struct, kw_only=True, omit_defaults=True):
     """``GPUMIGMisconfigured``: a MIG-enabled GPU the device plugin cannot advertise as MIG devices: none created
     (nvmlDeviceGetMigDeviceHandleByIndex finds none), or the plugin's ``--mig-strategy`` does not fit the
-    node's MIG layout (NVIDIA/k8s-device-plugin mig-strategy.go, internal/mig/mig.go)."""
+    node's MIG layout (NVIDIA/k8s-device-plugin mig-strategy.go, internal/mig/mig.go); or GPU Feature
+    Discovery's labels disagree with the plugin's strategy or NVML's MIG devices."""
 
     mig_devices: Count  # MIG devices (GPU + compute instances) on this GPU
     profiles: Annotated[dict[MigProfile, Count], Meta(max_length=32)]  # this node's MIG devices by profile
@@ -201,6 +202,10 @@ class GPUMIGMisconfigured(msgspec.Struct, kw_only=True, omit_defaults=True):
     strategy: Word | None  # the device plugin's --mig-strategy; None: unknown
     strategy_source: Word  # cmdline | environ | default | config | unknown
     plugin_pid: Annotated[int, Meta(ge=0)] | UnsetType = UNSET
+    # GPU Feature Discovery's labels (collectors/formats/gfd_labels.py), when its feature file exists
+    gfd_strategy: Word | UnsetType = UNSET  # its nvidia.com/mig.strategy (no label: none)
+    gfd_mig_devices: Count | UnsetType = UNSET  # the MIG devices its labels count
+    gfd_file: Annotated[str, Meta(max_length=256)] | UnsetType = UNSET
     rule: Rule
     citation: Citation
 

@@ -108,6 +108,14 @@ GRADED: dict[tuple[str, str], Verdict] = {
     ("GPUMIGMisconfigured", "MIGDisabledGPUUnderSingle"): Verdict(
         "warning", "fix_config",
         "--mig-strategy=single with MIG enabled on some GPUs only: the plugin refuses the node"),
+    ("GPUMIGMisconfigured", "GFDStrategyDiffers"): Verdict(
+        "warning", "fix_config",
+        "GPU Feature Discovery labels the node for another --mig-strategy than the device plugin runs: workloads "
+        "selecting by its labels (nvidia.com/mig.strategy, gpu.product) ask for resources that are not advertised"),
+    ("GPUMIGMisconfigured", "GFDMIGCountDiffers"): Verdict(
+        "warning", "fix_config",
+        "GPU Feature Discovery's labels count other MIG devices than NVML shows: they describe a past layout "
+        "(GFD not relabelling) and mislead schedulers"),
     ("GPUMIGMisconfigured", "StrategyNoneWithMIG"): Verdict(
         "warning", "fix_config",
         "--mig-strategy=none (the default) on a MIG-enabled GPU: the whole GPU is advertised, no MIG device is"),

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from agent.emitter import CollectorEmitter, ConditionTracker
 from agent.facts import FactStore
 from agent.message import to_dict
+from collectors.formats import gfd_labels
 from collectors.formats.pci_acs import AcsState, parse_acs
 from collectors.nvml import NVMLCollector, NVMLConfig
 from collectors.shared.device_plugin import parse_mig_strategy
@@ -141,6 +142,81 @@ async def test_mig_healthy_layouts_stay_clean(tmp_path: Path) -> None:
     assert (await _mig(tmp_path / "x", {0: [(1, 10240)], 1: [(1, 10240)]}, [1, 1],
                        mig_strategy="single")).messages == []
     assert (await _mig(tmp_path / "y", {}, [0, 0])).messages == []  # no MIG: nothing asked of the plugin
+
+
+def _gfd(root: Path, text: str) -> None:
+    """GFD's feature file as internal/lm/output.go writes it: one key=value line per label."""
+    path = root / gfd_labels.DEFAULT_PATH.lstrip("/")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+# GFD v0.20.0's labels of a 2-GPU A100 node, one GPU in MIG mode (internal/lm: resource.go product/count, mig-strategy.go)
+GFD_MIXED = ("nvidia.com/gfd.timestamp=1765000000\nnvidia.com/gpu.count=2\nnvidia.com/gpu.product=NVIDIA-A100-SXM4-80GB\n"
+             "nvidia.com/mig.capable=true\nnvidia.com/mig.strategy=mixed\nnvidia.com/mig-1g.10gb.count=1\n"
+             "nvidia.com/mig-3g.40gb.count=1\nnvidia.com/mig-1g.10gb.memory=9984\n")
+
+
+async def test_gfd_labels_against_the_plugin_and_nvml(tmp_path: Path) -> None:
+    """GPU Feature Discovery's labels: a strategy other than the plugin's, or another count of MIG devices than NVML
+    shows, for longer than gfd_grace; agreeing labels, and no file at all, stay clean."""
+    layout = {0: [(1, 10240), (3, 40192)]}
+    _plugin(tmp_path, ["/usr/bin/nvidia-device-plugin"], ["MIG_STRATEGY=mixed"])
+    assert (await _mig(tmp_path, layout, [1, 0], gfd_grace=0.0)).messages == []  # no GFD file: nothing to compare
+    _gfd(tmp_path, GFD_MIXED)
+    assert (await _mig(tmp_path, layout, [1, 0], gfd_grace=0.0)).messages == []  # 2 MIG devices, mixed: agree
+    _gfd(tmp_path, GFD_MIXED.replace("mig.strategy=mixed", "mig.strategy=single"))
+    got = await _mig(tmp_path, layout, [1, 0], gfd_grace=0.0)
+    assert [(m.entity, m.reason, m.severity) for m in got.messages] == [
+        ("gpu:0000:18:00.0", "GFDStrategyDiffers", "warning")]
+    d = got.messages[0].details
+    assert d["gfd_strategy"] == "single" and d["strategy"] == "mixed" and "k8s-device-plugin" in d["citation"]
+    _gfd(tmp_path, GFD_MIXED.replace("mig-3g.40gb.count=1", "mig-3g.40gb.count=2"))  # a layout of before
+    got = await _mig(tmp_path, layout, [1, 0], gfd_grace=0.0)
+    assert [m.reason for m in got.messages] == ["GFDMIGCountDiffers"] and got.messages[0].details["gfd_mig_devices"] == 3
+    # GFD under "none" writes no mig.strategy label at all: against a mixed plugin that differs
+    _gfd(tmp_path, "nvidia.com/gpu.count=2\nnvidia.com/gpu.product=NVIDIA-A100-SXM4-80GB\n")
+    assert [m.reason for m in (await _mig(tmp_path, layout, [1, 0], gfd_grace=0.0)).messages] == ["GFDStrategyDiffers"]
+
+
+async def test_gfd_disagreement_must_last_the_grace(tmp_path: Path) -> None:
+    """GFD relabels every 60 s by default: a layout just changed is not a finding until gfd_grace has passed."""
+    now = [1000.0]
+    _plugin(tmp_path, ["/usr/bin/nvidia-device-plugin", "--mig-strategy=mixed"])
+    _gfd(tmp_path, GFD_MIXED.replace("mig-3g.40gb.count=1", "mig-3g.40gb.count=2"))
+    gpus = [FakeGPU("00000000:18:00.0", nvlinks=[], mig=(1, 1))]
+    sink = Sink()
+    c = _collector(ChecksNVML(gpus, migs={0: [(1, 10240), (3, 40192)]}), sink, str(tmp_path), clock=lambda: now[0],
+                   p2p=False, gfd_grace=180.0)
+    await c.collect()
+    now[0] += 120
+    await c.collect()
+    mig = [m for m in sink.messages if m.type == "GPUMIGMisconfigured"]
+    assert mig == []
+    now[0] += 61
+    await c.collect()
+    assert [m.reason for m in sink.messages if m.type == "GPUMIGMisconfigured"] == ["GFDMIGCountDiffers"]
+
+
+def test_gfd_label_file_parse() -> None:
+    got = gfd_labels.parse(GFD_MIXED + "# a comment\n\nnot a label\n" + "x" * 400 + "=1\nnvidia.com/k=" + "v" * 64)
+    assert got.strategy == "mixed" and got.mig_devices() == 2 and got.unparsed == 3
+    single = gfd_labels.parse("nvidia.com/mig.strategy=single\nnvidia.com/gpu.count=7\n")
+    assert single.mig_devices() == 7
+    invalid = gfd_labels.parse("nvidia.com/mig.strategy=single\nnvidia.com/gpu.count=0\n"
+                               "nvidia.com/gpu.product=NVIDIA-A100-SXM4-80GB-MIG-INVALID\n")
+    assert invalid.invalid_single and invalid.mig_devices() is None
+    assert gfd_labels.parse("nvidia.com/gpu.count=8\n").strategy == "none"
+    assert gfd_labels.parse("nvidia.com/mig.strategy=mixed\nnvidia.com/mig-1g.10gb.count=x\n").mig_devices() is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=4096))
+def test_gfd_label_parser_never_raises_and_keeps_bounds(text: str) -> None:
+    got = gfd_labels.parse(text)
+    assert len(got.labels) <= gfd_labels.MAX_LABELS
+    assert all(len(k) <= gfd_labels.MAX_NAME and len(v) <= gfd_labels.MAX_VALUE for k, v in got.labels.items())
+    assert got.mig_devices() is None or got.mig_devices() >= 0  # type: ignore[operator]
 
 
 def test_mig_strategy_from_cmdline_and_environ() -> None:
