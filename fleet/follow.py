@@ -12,11 +12,11 @@ over ``STREAM.MSG.GET`` with ``next_by_subj``), and the consumer is created by s
 Even by sequence, a re-creation can fail (the stream has no leader during an election) and nats-py does
 not retry it until its heartbeat check fires again. The follower therefore watches its consumer
 (``CONSUMER.INFO`` every ``check_s``, answered within ``check_s``): a consumer the server no longer
-knows, one nobody answers for, or one with messages pending that delivers nothing, is replaced by a new
-one starting after the last sequence handed on. Messages are handed on at most once each, in stream
-order (a sequence at or below the last one is a duplicate of a reset and is dropped, counted). A
-follower that cannot get a consumer for ``fail_s`` calls ``on_fail`` (the services exit 75: their
-supervisor restarts them, and a restart resumes).
+knows, one nobody answers for while it delivers nothing, or one with messages pending that delivers
+nothing, is replaced by a new one starting after the last sequence handed on. Messages are handed on
+at most once each, in stream order (a sequence at or below the last one is a duplicate of a reset and is
+dropped, counted). A follower that cannot get a consumer for ``fail_s`` calls ``on_fail`` (the services exit
+75: their supervisor restarts them, and a restart resumes).
 """
 
 from __future__ import annotations
@@ -95,7 +95,8 @@ class Follower:
         self.duplicates = 0
         self.resubscribes = 0
         self.failures = 0
-        self.unanswered = 0  # checks of the consumer nobody answered in time (then replaced)
+        self.unanswered = 0  # checks of the consumer nobody answered in time (replaced unless it still delivers)
+        self._checked = 0  # ``last`` at the previous check
         self.pending = 0  # messages its consumer had not delivered yet, at the last check (fleet/metrics.py)
         self.done = asyncio.Event()
         self.ready = asyncio.Event()  # subscribed at least once
@@ -229,7 +230,12 @@ class Follower:
             return False, None  # the server lost it (a restart, a failed re-creation)
         except TimeoutError:
             self.unanswered += 1
-            return False, None  # nobody answers for it: a new one, on a server that is there
+            # nobody answers for it: a new one, on a server that is there -- unless it is still delivering.
+            # On a busy server (a fleet start on 2 shared cores) CONSUMER.INFO can take longer than a check
+            # period while the consumer serves us; replacing it then only re-delivers what it was sending.
+            moved, self._checked = self.last > self._checked, self.last
+            return moved, seen
+        self._checked = self.last
         d = info.delivered
         delivered, cseq = (d.stream_seq or 0, d.consumer_seq or 0) if d is not None else (0, 0)
         pending = self.pending = info.num_pending or 0

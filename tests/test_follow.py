@@ -277,3 +277,44 @@ async def test_a_consumer_nobody_answers_for_is_replaced_within_the_check_period
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+class _BusyJS(_SilentJS):
+    """A consumer whose server is too busy to answer CONSUMER.INFO in time while it keeps delivering (a fleet
+    start on 2 shared cores): one message every 50 ms through the follower's callback."""
+
+    def __init__(self) -> None:
+        super().__init__(answer_after=10**6)
+        self.tasks: list[asyncio.Task[None]] = []
+
+    async def subscribe(self, *_a: Any, cb: Any = None, **_k: Any) -> Any:
+        sub = await super().subscribe()
+        first = self.subs * 10_000
+
+        async def feed() -> None:
+            for seq in range(first, first + 10_000):
+                md = type("MD", (), {"sequence": type("S", (), {"stream": seq})(),
+                                     "timestamp": type("T", (), {"timestamp": lambda self: time.time()})()})()
+                await cb(type("M", (), {"metadata": md, "subject": "t.a", "data": str(seq).encode()})())
+                await asyncio.sleep(0.05)
+
+        self.tasks.append(asyncio.create_task(feed()))
+        return sub
+
+
+async def test_a_consumer_that_keeps_delivering_is_kept_though_its_server_is_slow_to_answer() -> None:
+    """A fleet start: CONSUMER.INFO unanswered within the check period while messages keep coming is no dead
+    consumer (replacing it re-delivered what it was sending, bench/incidents_scale.py fleet start:
+    follower_resubscribing x3); counted as unanswered, kept."""
+    js = _BusyJS()
+    f = Follower(js, STREAM, "t.>", Seen(), start=1, check_s=0.2)
+    task = asyncio.create_task(f.run())
+    try:
+        await _until(lambda: f.unanswered >= 3, 3.0, "three unanswered checks")
+        assert js.subs == 1 and f.resubscribes == 0 and f.handed > 10
+    finally:
+        task.cancel()
+        for t in js.tasks:
+            t.cancel()
+        await asyncio.gather(task, *js.tasks, return_exceptions=True)
+
