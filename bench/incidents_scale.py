@@ -526,7 +526,7 @@ class Correlator:
     def problems_text(self) -> str:
         if not self.problems and not self.other:
             return ""
-        out = ", ".join(f"{k} x{v}" for k, v in sorted(self.problems.items()))
+        out = ", ".join(f"{k} x{v} (first: {self.samples.get(k, '')[:240]})" for k, v in sorted(self.problems.items()))
         if self.other:
             out += f"; {len(self.other)} non-JSON lines, last: {self.other[-1][:200]}"
         return out

@@ -97,6 +97,7 @@ class Follower:
         self.failures = 0
         self.unanswered = 0  # checks of the consumer nobody answered in time (replaced unless it still delivers)
         self._checked = 0  # ``last`` at the previous check
+        self.why = ""  # why the last check found the consumer not serving
         self.pending = 0  # messages its consumer had not delivered yet, at the last check (fleet/metrics.py)
         self.done = asyncio.Event()
         self.ready = asyncio.Event()  # subscribed at least once
@@ -217,8 +218,19 @@ class Follower:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
 
+    def _server_alive(self) -> bool:
+        """nats-py's own sign of life of this consumer: the core subscription's JetStream state (``_jsi``) has
+        ``_active`` set on every message and idle heartbeat (nats/aio/client.py ``_process_msg``,
+        ``check_for_sequence_mismatch``) and its ``activity_check`` clears it every two heartbeat intervals, resetting an ordered consumer that
+        stayed silent (nats-py 2.16 nats/js/client.py). An idle consumer on a server too busy to answer
+        CONSUMER.INFO in time still sends its heartbeats: it is not replaced for that. False when the
+        attribute is missing (another nats-py): then an unanswered check replaces it, as before."""
+        core = getattr(self._sub, "_sub", None)  # js.subscribe's PushSubscription wraps the core subscription
+        jsi = getattr(core, "_jsi", None)
+        return getattr(jsi, "_active", None) is True
+
     async def _healthy(self, seen: tuple[int, int, int] | None) -> tuple[bool, tuple[int, int, int] | None]:
-        """Whether the consumer still serves us, by asking the server about it."""
+        """Whether the consumer still serves us, by asking the server about it (``self.why``: why not)."""
         from nats.js.errors import NotFoundError
 
         try:
@@ -227,14 +239,19 @@ class Follower:
             # consumer named 5-7 s after their decisive message, bench/incidents_scale.py --mode cluster)
             info = await asyncio.wait_for(self._sub.consumer_info(), timeout=self.check_s)
         except NotFoundError:
+            self.why = "consumer not found"
             return False, None  # the server lost it (a restart, a failed re-creation)
         except TimeoutError:
             self.unanswered += 1
+            self.why = (f"CONSUMER.INFO unanswered within {self.check_s:g} s, nothing handed on since the last check "
+                        "and no heartbeat")
             # nobody answers for it: a new one, on a server that is there -- unless it is still delivering.
             # On a busy server (a fleet start on 2 shared cores) CONSUMER.INFO can take longer than a check
             # period while the consumer serves us; replacing it then only re-delivers what it was sending.
             moved, self._checked = self.last > self._checked, self.last
-            return moved, seen
+            if moved or self._server_alive():
+                return True, seen
+            return False, None
         self._checked = self.last
         d = info.delivered
         delivered, cseq = (d.stream_seq or 0, d.consumer_seq or 0) if d is not None else (0, 0)
@@ -246,6 +263,7 @@ class Follower:
                 pending == 0 and (cseq == 0 or delivered <= self.last or now == seen))):
             self.done.set()  # a replay: everything up to ``until`` (or all there is) was handed on
         stuck = seen is not None and pending > 0 and now == seen  # pending, and nothing moved
+        self.why = f"{pending} pending, nothing delivered since the last check (delivered {delivered})" if stuck else ""
         return not stuck, now
 
     async def run(self) -> None:
@@ -264,7 +282,7 @@ class Follower:
                         break
                     ok, seen = await self._healthy(seen)
                     if not ok:
-                        log.warning("follower_resubscribing", follower=self.name, after=self.last)
+                        log.warning("follower_resubscribing", follower=self.name, after=self.last, why=self.why)
                         self.resubscribes += 1
                         await self._drop()
                     failing_since = None

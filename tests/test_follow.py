@@ -318,3 +318,25 @@ async def test_a_consumer_that_keeps_delivering_is_kept_though_its_server_is_slo
             t.cancel()
         await asyncio.gather(task, *js.tasks, return_exceptions=True)
 
+
+
+async def test_an_idle_consumer_shows_life_through_nats_pys_heartbeat_flag(tmp_path: Path,
+                                                                          nats_server: NatsServerProcess) -> None:
+    """``Follower._server_alive`` reads nats-py's own activity flag (set by each idle heartbeat): on the installed
+    nats-py an idle follower's consumer shows life, and stops showing it once its server is gone. Fails when a
+    nats-py upgrade renames the flag (the follower would then replace a busy server's idle consumer again)."""
+    nc = await _connect([nats_server.url])
+    js = nc.jetstream()
+    try:
+        await js.add_stream(StreamConfig(name=STREAM, subjects=["t.>"]))
+        f = Follower(js, STREAM, "t.a", Seen(), start=1, check_s=5.0)
+        task = asyncio.create_task(f.run())
+        await _until(lambda: f._sub is not None, 5.0, "subscribed")
+        await asyncio.sleep(2.5)  # past nats-py's activity check (2 heartbeats): only heartbeats keep it set
+        assert f.handed == 0 and f._server_alive()
+        nats_server.stop(kill=True)
+        await _until(lambda: not f._server_alive(), 6.0, "no heartbeat, no life")
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    finally:
+        await nc.close()
