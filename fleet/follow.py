@@ -221,8 +221,9 @@ class Follower:
     def _server_alive(self) -> bool:
         """nats-py's own sign of life of this consumer: the core subscription's JetStream state (``_jsi``) has
         ``_active`` set on every message and idle heartbeat (nats/aio/client.py ``_process_msg``,
-        ``check_for_sequence_mismatch``) and its ``activity_check`` clears it every two heartbeat intervals, resetting an ordered consumer that
-        stayed silent (nats-py 2.16 nats/js/client.py). An idle consumer on a server too busy to answer
+        ``check_for_sequence_mismatch``) and its ``activity_check`` clears it every two heartbeat intervals,
+        resetting an ordered consumer that stayed silent (nats-py 2.16 nats/js/client.py). An idle consumer on
+        a server too busy to answer
         CONSUMER.INFO in time still sends its heartbeats: it is not replaced for that. False when the
         attribute is missing (another nats-py): then an unanswered check replaces it, as before."""
         core = getattr(self._sub, "_sub", None)  # js.subscribe's PushSubscription wraps the core subscription
