@@ -54,7 +54,7 @@ if "-pm" in sys.argv:
     # persistence mode through nvidia-persistenced: the daemon drops (0) or takes again (1) its fd on the
     # GPU; the texts are from real transcripts ("Disabled persistence mode for GPU 00000000:55:00.0." and
     # "Enabled persistence mode via daemon for GPU 00000000:55:00.0.", a public field report of a GPU reset
-    # on driver 580; "All done." after it in several others)
+    # (a blog post in Korean, found through the code index); "All done." after it in several others)
     on = sys.argv[sys.argv.index("-pm") + 1] == "1"
     info = open(os.path.join(root, "proc/driver/nvidia/gpus", pci, "information")).read()
     minor = info.split("Device Minor:")[1].split()[0]
