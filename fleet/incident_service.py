@@ -45,6 +45,7 @@ from gna_types.subjects import (
     EVENTS_PREFIX,
     INCIDENTS_PREFIX,
     JOB_BUCKETS,
+    JOB_KINDS,
     JOBS_PREFIX,
     SIGNALS_PREFIX,
     STRAGGLERS_PREFIX,
@@ -195,11 +196,19 @@ class IncidentService:
             return
         loop = asyncio.get_running_loop()
         js = self.nc.jetstream()
-        f = Follower(js, self.nats_cfg.jobs_stream, f"{JOBS_PREFIX}.>", self.accept,
-                     filters=job_bucket_filters(partition_buckets(partition, self.tracker.partitions)),
-                     since=time.time() - self.history_s, name=f"incidents:jobs:{partition}", on_fail=self._give_up)
-        self._replaying[partition] = 1
-        tasks = [loop.create_task(self._run_reader(partition, f), name=f"incidents:jobs:{partition}")]
+        # Two consumers a partition: its jobs' membership (bulk: a fleet start stores ~145,000 records at once)
+        # and their NCCL evidence (few, urgent). One consumer reads the stream in order, so a job's symptoms
+        # waited behind every membership record stored before them: traced in a 500-job fleet start, a
+        # gpu_fell_off job's symptoms were filed 1.7 s after its finding though published before it, and the
+        # verdict followed them by 65 ms. A job's evidence read before its membership is judged again when the
+        # membership arrives (every message touches its job); the partition is judged once both caught up.
+        buckets = partition_buckets(partition, self.tracker.partitions)
+        readers = [Follower(js, self.nats_cfg.jobs_stream, f"{JOBS_PREFIX}.>", self.accept,
+                            filters=job_bucket_filters(buckets, kind), since=time.time() - self.history_s,
+                            name=f"incidents:jobs:{partition}:{kind}", on_fail=self._give_up)
+                   for kind in JOB_KINDS]
+        self._replaying[partition] = len(readers)
+        tasks = [loop.create_task(self._run_reader(partition, f), name=f.name) for f in readers]
         if partition == 0 and self.tracker.partitions > 1:  # (one partition: its reader has every job)
             others = [b for b in range(JOB_BUCKETS) if b not in set(partition_buckets(0, self.tracker.partitions))]
             m = Follower(js, self.nats_cfg.jobs_stream, f"{JOBS_PREFIX}.>", self.accept_membership,

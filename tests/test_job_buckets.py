@@ -114,10 +114,14 @@ async def test_each_replica_receives_only_its_own_jobs(nats_server: NatsServerPr
             await asyncio.sleep(0.1)
         for p, svc in enumerate(svcs):
             assert set(svc.tracker.jobs) == want[p]
-            reader = next(f for f in svc.followers if f.name == f"incidents:jobs:{p}")
-            assert reader.handed == 4 * len(want[p]), "the server handed this replica another partition's jobs"
+            # two consumers a partition (membership, evidence): each asks for its partition's buckets only
+            members = next(f for f in svc.followers if f.name == f"incidents:jobs:{p}:member")
+            evidence = next(f for f in svc.followers if f.name == f"incidents:jobs:{p}:evidence")
+            assert members.handed == 4 * len(want[p]), "the server handed this replica another partition's jobs"
+            assert evidence.handed == 0
             assert svc.skipped == 0 and not svc.rejections.counts
-            assert reader.filters == [f"gna.jobs.{b}.*.*.*" for b in partition_buckets(p, 3)]
+            assert members.filters == [f"gna.jobs.{b}.*.*.member" for b in partition_buckets(p, 3)]
+            assert evidence.filters == [f"gna.jobs.{b}.*.*.evidence" for b in partition_buckets(p, 3)]
         # the holder of partition 0 also reads every job's membership for the straggler watch
         assert {f.name for f in svcs[0].followers} >= {"stragglers:membership"}
         assert all("stragglers:membership" not in {f.name for f in s.followers} for s in svcs[1:])
