@@ -343,3 +343,72 @@ async def test_an_idle_consumer_shows_life_through_nats_pys_heartbeat_flag(tmp_p
         await asyncio.gather(task, return_exceptions=True)
     finally:
         await nc.close()
+
+
+class _HeartbeatJS(_SilentJS):
+    """A server too busy to answer CONSUMER.INFO whose idle consumer still sends its heartbeats: nats-py's
+    activity flag set by each heartbeat (every ``beat`` s) and cleared by its activity check every two
+    (nats-py 2.16 nats/js/client.py ``activity_check``): read once, the flag is down about half the time."""
+
+    def __init__(self, beat: float) -> None:
+        super().__init__(answer_after=10**6)
+        self.beat = beat
+        self.tasks: list[asyncio.Task[None]] = []
+
+    async def subscribe(self, *_a: Any, **_k: Any) -> Any:
+        sub = await super().subscribe()
+        jsi = type("JSI", (), {"_active": False})()
+        sub._sub = type("Core", (), {"_jsi": jsi})()
+
+        async def beats() -> None:
+            # the activity check clears the flag at 0, 2, 4 ... beats; the heartbeats set it at 0.9, 1.9,
+            # 2.9 ...: down for 0.9 of every 2 beats
+            while True:
+                jsi._active = False
+                await asyncio.sleep(self.beat * 0.9)
+                jsi._active = True
+                await asyncio.sleep(self.beat * 1.1)
+
+        self.tasks.append(asyncio.create_task(beats()))
+        return sub
+
+
+async def test_an_idle_consumer_whose_flag_is_down_at_the_check_is_kept_when_a_heartbeat_follows(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Read once, nats-py's activity flag is down for up to half of each period on a live idle consumer, so
+    an unanswered check replaced ~25 % of live consumers on a busy server; the follower waits up to a
+    heartbeat interval and a half for a sign of life before replacing one."""
+    import fleet.follow as follow
+
+    monkeypatch.setattr(follow, "IDLE_HEARTBEAT_S", 0.2)
+    js = _HeartbeatJS(beat=0.2)
+    f = Follower(js, STREAM, "t.>", Seen(), start=1, check_s=0.1)
+    task = asyncio.create_task(f.run())
+    try:
+        await _until(lambda: f.unanswered >= 8, 6.0, "eight unanswered checks")
+        assert js.subs == 1 and f.resubscribes == 0
+    finally:
+        task.cancel()
+        for t in js.tasks:
+            t.cancel()
+        await asyncio.gather(task, *js.tasks, return_exceptions=True)
+
+
+async def test_a_consumer_without_heartbeats_is_replaced_after_one_heartbeat_interval_and_a_half(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same busy server, no heartbeat: replaced once the wait for a sign of life runs out."""
+    import fleet.follow as follow
+
+    monkeypatch.setattr(follow, "IDLE_HEARTBEAT_S", 0.2)
+    js = _HeartbeatJS(beat=3600)
+    f = Follower(js, STREAM, "t.>", Seen(), start=1, check_s=0.1)
+    task = asyncio.create_task(f.run())
+    try:
+        t0 = time.monotonic()
+        await _until(lambda: js.subs >= 2, 3.0, "replaced")
+        assert 0.2 + 0.3 <= time.monotonic() - t0 < 2.0  # a check period, its answer's bound, and the wait
+    finally:
+        task.cancel()
+        for t in js.tasks:
+            t.cancel()
+        await asyncio.gather(task, *js.tasks, return_exceptions=True)
