@@ -18,7 +18,7 @@ from agent.bus import split_record
 from agent.metrics import AgentMetrics
 from agent.nats_link import NatsLink
 from agent.spool import SEVERITY_NAMES, Spool
-from gna_sdk.aio import raise_if_cancelling
+from gna_sdk.aio import aligned_delay, raise_if_cancelling
 from gna_sdk.ids import id_time_ms
 from gna_sdk.retry import Backoff
 
@@ -82,7 +82,7 @@ class Forwarder:
                     continue
                 self.idle.set()
                 # Appends wake this at once; the timeout only bounds a missed wake-up.
-                await self.spool.wait_new(after, 30.0)
+                await self.spool.wait_new(after, aligned_delay(30.0))  # with the rest (gna_sdk.aio)
                 if not self.link.connected.is_set():
                     return
                 continue

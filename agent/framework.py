@@ -19,7 +19,7 @@ import structlog
 from agent.emitter import CollectorEmitter
 from agent.metrics import AgentMetrics
 from gna_sdk import Emitter, LongRunning, Periodic, auto_resolves
-from gna_sdk.aio import wait_event, within
+from gna_sdk.aio import aligned_delay, wait_event, within
 from gna_sdk.retry import Backoff, delay_after
 from gna_types.host_details import CollectorFailing
 from gna_types.node_details import wire
@@ -93,12 +93,14 @@ class CollectorRunner:
         await self._sleep_or_wakeup(random.uniform(0, interval * self.settings.jitter))
         while True:
             ok = await self.run_once()
-            if ok:
-                delay = interval
+            if not ok:
+                delay = self._delay(delay_after(self.consecutive_failures, interval,
+                                                max(interval, self.settings.restart_backoff_max)))
+            elif self.settings.align:
+                delay = aligned_delay(interval)  # with the heartbeat and the other collectors: one wake-up
             else:
-                delay = delay_after(self.consecutive_failures, interval,
-                                    max(interval, self.settings.restart_backoff_max))
-            await self._sleep_or_wakeup(self._delay(delay))
+                delay = self._delay(interval)
+            await self._sleep_or_wakeup(delay)
 
     async def run_once(self) -> bool:
         """One supervised pass of ``collect``; auto-resolves conditions it no longer asserts."""

@@ -21,7 +21,7 @@ from agent.message import rfc3339
 from agent.nats_link import NatsLink
 from agent.spool import Spool
 from gna_sdk import severity_rank
-from gna_sdk.aio import raise_if_cancelling, wait_event
+from gna_sdk.aio import aligned_delay, raise_if_cancelling, wait_event
 from gna_types.subjects import encode_token, heartbeat_subject
 
 log = structlog.get_logger(__name__)
@@ -107,5 +107,5 @@ class NodeStatePublisher:
                 log.warning("heartbeat_failed", error=repr(exc))
             self.changed.clear()
             # A condition transition refreshes the KV state early (debounced to 200 ms).
-            if await wait_event(self.changed, self.interval):
+            if await wait_event(self.changed, aligned_delay(self.interval)):  # on the process's grid (gna_sdk.aio)
                 await asyncio.sleep(0.2)

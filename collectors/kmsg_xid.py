@@ -41,7 +41,7 @@ from collectors.formats.pcie_tree import Topology, read_topology
 from collectors.formats.torch_failures import parse_oom_kill
 from collectors.formats.xid_catalog import classify, emit_sxid, emit_xid
 from gna_sdk import Aggregator, CollectorSettings, Emitter, HostPaths
-from gna_sdk.aio import wait_event
+from gna_sdk.aio import aligned_delay, wait_event
 from gna_sdk.inotify import IN_MODIFY, Inotify
 from gna_sdk.persist import boot_id
 from gna_sdk.statefile import is_int, read_state, write_state
@@ -578,7 +578,7 @@ class KmsgXidCollector:
                         await self._judge_source()
                         # inotify says when the file grows; without it, poll
                         wait = self.config.poll_interval if watcher is None else max(30.0, self.config.poll_interval)
-                        await wait_event(ready, wait)
+                        await wait_event(ready, wait if watcher is None else aligned_delay(wait))
                         ready.clear()
                 finally:
                     fh.close()

@@ -79,7 +79,10 @@ class CollectorSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
 
     enabled: bool = True
     interval: float = 30.0
-    jitter: float = 0.1  # fraction of interval, randomised per run to de-synchronise a fleet
+    jitter: float = 0.1  # fraction of interval, randomised per run to de-synchronise a fleet (align = false)
+    # true: periodic passes land on the process's grid (gna_sdk.aio.aligned_delay) with the heartbeat and the
+    # other collectors, one wake-up for all; jitter then only offsets the first pass
+    align: bool = True
     timeout: float = 10.0
     restart_backoff_min: float = 1.0  # first delay after a failure; doubles up to the max
     restart_backoff_max: float = 60.0

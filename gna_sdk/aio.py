@@ -12,6 +12,8 @@ with a timeout goes through these helpers. Libraries we call (nats-py's requests
 from __future__ import annotations
 
 import asyncio
+import random
+import time
 from collections.abc import Awaitable
 from typing import TypeVar
 
@@ -19,6 +21,29 @@ T = TypeVar("T")
 
 
 RECANCEL_S = 0.1
+
+# Periodic work lands on one grid per process (the kernel's round_jiffies idea): the heartbeat and every
+# collector's periodic pass wake the process together instead of each at its own jittered moment, so an
+# idle agent wakes a few times a minute rather than about once a second. The grid's phase is drawn once
+# per process: a fleet's nodes stay spread over the step (what per-pass jitter was for).
+ALIGN_STEP_S = 10.0
+_PHASE = random.uniform(0.0, ALIGN_STEP_S)
+
+
+def aligned_delay(interval: float, now: float | None = None, phase: float | None = None) -> float:
+    """Seconds from ``now`` (time.monotonic()) to the grid point nearest ``now + interval``. The grid's step
+    is ``ALIGN_STEP_S``, or ``interval`` when shorter; the delay is never under half the interval (two passes
+    never run back to back) and never over the interval plus half a step."""
+    if interval <= 0:
+        return 0.0
+    now = time.monotonic() if now is None else now
+    phase = _PHASE if phase is None else phase
+    step = min(ALIGN_STEP_S, interval)
+    target = now + interval
+    point = phase + round((target - phase) / step) * step
+    while point - now < interval / 2:
+        point += step
+    return point - now
 
 
 def raise_if_cancelling() -> None:

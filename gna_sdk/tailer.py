@@ -36,7 +36,7 @@ from typing import Any
 
 import structlog
 
-from gna_sdk.aio import wait_event
+from gna_sdk.aio import aligned_delay, wait_event
 from gna_sdk.hostroot import HostRoot
 from gna_sdk.inotify import (
     IN_CLOSE_WRITE,
@@ -548,19 +548,20 @@ class Tailer:
         except OSError as exc:
             log.warning("tail_inotify_unavailable", error=str(exc), fallback="periodic rescan")
             self._watch = None
-        last_scan = 0.0
+        next_scan = 0.0
         try:
             while True:
                 now = time.monotonic()
-                if now - last_scan >= self.rescan_interval or self._wake.is_set():
+                if now >= next_scan or self._wake.is_set():
                     self.rescan()
-                    last_scan = now
+                    # on the process's grid, with the collectors' passes and the heartbeat (gna_sdk.aio)
+                    next_scan = now + aligned_delay(self.rescan_interval, now)
                 self._wake.clear()
                 await self.pump(handler)
                 self._close_finished()
                 if self._park_idle() and self._deferred:
                     self._wake.set()  # room was made: open the next files now, not at the next rescan
-                await wait_event(self._wake, self.rescan_interval)
+                await wait_event(self._wake, max(0.0, next_scan - time.monotonic()))
                 await asyncio.sleep(self.debounce)  # batch a burst of appends into one read
         finally:
             if self._watch:

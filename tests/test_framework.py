@@ -3,10 +3,14 @@ from __future__ import annotations
 import asyncio
 from typing import Any, ClassVar
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from agent.emitter import CollectorEmitter, ConditionTracker
 from agent.framework import CollectorRunner
 from agent.metrics import AgentMetrics
 from gna_sdk import CollectorSettings
+from gna_sdk.aio import ALIGN_STEP_S, aligned_delay
 from tests.conftest import Sink
 
 
@@ -144,3 +148,44 @@ async def test_a_good_housekeeping_pass_never_hides_a_crashing_watcher() -> None
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+@given(interval=st.floats(0.001, 7200.0), now=st.floats(0.0, 1e7), phase=st.floats(0.0, 10.0))
+def test_an_aligned_delay_stays_near_its_interval_and_on_the_grid(interval: float, now: float, phase: float) -> None:
+    """The grid keeps a pass within half an interval (and half a step) of when it was due, never back to back,
+    and on a point of the process's grid."""
+    d = aligned_delay(interval, now=now, phase=phase)
+    step = min(ALIGN_STEP_S, interval)
+    assert interval / 2 - 1e-6 <= d <= interval + step / 2 + 1e-6
+    k = (now + d - phase) / step
+    assert abs(k - round(k)) < 1e-6 * max(1.0, abs(k))
+
+
+def test_passes_of_different_intervals_and_phases_share_their_wake_ups() -> None:
+    """Three collectors (10 s, 10 s, 30 s) and a 10 s heartbeat started at arbitrary moments: after their
+    first period every wake-up of the 30 s one is one of the 10 s ones' (one wake-up serves them all)."""
+    phase = 3.7
+    wakes: dict[str, set[float]] = {}
+    for name, start, interval in (("a", 0.3, 10.0), ("b", 6.1, 10.0), ("c", 2.2, 30.0), ("hb", 8.8, 10.0)):
+        t, seen = start, set()
+        for _ in range(12):
+            t += aligned_delay(interval, now=t, phase=phase)
+            seen.add(round(t, 6))
+        wakes[name] = {w for w in seen if 40 < w < 110}
+    assert wakes["a"] == wakes["b"] == wakes["hb"]
+    assert wakes["c"] <= wakes["a"]
+
+
+async def test_an_aligned_collector_keeps_its_interval(monkeypatch: Any) -> None:
+    """align = true (the default): passes come every interval, not faster, on the grid."""
+    import gna_sdk.aio as aio
+
+    monkeypatch.setattr(aio, "ALIGN_STEP_S", 0.1)
+    t = Ticker()
+    sink = Sink()
+    r = _runner(t, sink, AgentMetrics(), interval=0.1, align=True)
+    task = asyncio.create_task(r.run())
+    await asyncio.sleep(1.05)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert 8 <= t.calls <= 12
