@@ -13,6 +13,9 @@ if sys.argv[1:2] == ["run"]:
     # The daemon never renders rich output, but structlog imports rich whenever it is installed
     # (a node install does not carry it; one with the [fleet] extra does): ~5 MiB of RSS.
     sys.modules.setdefault("rich", None)  # type: ignore[arg-type]
+    # Nor greenlet (a test dependency's, playwright's): structlog's deprecated threadlocal module imports it
+    # when present (structlog/_greenlets.py) and falls back to threading.local without it: ~1 MiB of RSS.
+    sys.modules.setdefault("greenlet", None)  # type: ignore[arg-type]
 
 import argparse
 import asyncio

@@ -10,7 +10,7 @@
 2. Idle cost on a simulated HGX node (``sim.host.SimHost.hgx_node``: 8 H100s, 4 NVSwitches, 8 NDR
    HCAs + a RoCE NIC, an NCCL log, a JuiceFS mount): one nats-server (the full venv's), then
    ``python -m agent run`` from the node venv and from the full venv, interleaved, ``--runs`` times:
-   CPU (utime+stime from /proc) over ``--idle`` seconds after a ``--warmup``, and VmRSS at the end.
+   CPU (the threads' schedstat, ns) over ``--idle`` seconds after a ``--warmup``, and VmRSS at the end.
    The agent runs with a temp dir as cwd so this source tree never shadows the installed package.
    A short extra run per venv (8 s) records the daemon's sys.modules at exit: what it imported.
 
@@ -36,12 +36,13 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from procstat import cpu_seconds, status_mib, stop  # noqa: E402
+import record as results  # noqa: E402
+from procstat import status_mib, stop, threads_cpu_ns  # noqa: E402
 
 from sim.host import SimHost  # noqa: E402
 
 BEFORE = "d9a9275"
-GOAL_MC, GOAL_RSS = 1.0, 40.0
+GOAL_MC, GOAL_RSS = 0.6, 36.0  # issue 27 (issue 14 set 1 millicore, 40 MiB)
 NPD = "node-problem-detector: 2 millicores, 30 MiB"
 PREVIOUS = "previous figure on this layout: 1.2 millicores, 42 MiB"
 
@@ -190,10 +191,10 @@ def idle_run(venv: Path, work: Path, host: SimHost, url: str, tag: str, warmup: 
         time.sleep(warmup)  # start-up (imports, first passes) is not idle
         if proc.poll() is not None:
             raise RuntimeError(f"agent {tag} exited {proc.returncode}: {(work / f'{tag}.stderr').read_text()[-2000:]}")
-        c0, t0 = cpu_seconds(proc.pid), time.monotonic()
+        c0, t0 = threads_cpu_ns(proc.pid), time.monotonic()  # scheduler nanoseconds, not 10 ms ticks
         time.sleep(seconds)
-        c1, t1 = cpu_seconds(proc.pid), time.monotonic()
-        return {"mc": (c1 - c0) / (t1 - t0) * 1000, "rss": status_mib(proc.pid), "hwm": status_mib(proc.pid, "VmHWM"),
+        c1, t1 = threads_cpu_ns(proc.pid), time.monotonic()
+        return {"mc": (c1 - c0) / 1e6 / (t1 - t0), "rss": status_mib(proc.pid), "hwm": status_mib(proc.pid, "VmHWM"),
                 "native": native_rss(proc.pid, site_packages(venv))}
     finally:
         stop(proc)
@@ -224,6 +225,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=float, default=5.0)
     ap.add_argument("--daemons", default="node,full", help="venvs whose daemon is measured (node,full,before)")
     ap.add_argument("--keep", action="store_true", help="keep the temp dir (venvs, host tree, agent stderr)")
+    ap.add_argument("--no-record", action="store_true", help="print only: nothing appended to bench/results/")
     args = ap.parse_args()
     print("$ " + shlex.join(["python", "bench/node_footprint.py", *sys.argv[1:]]), flush=True)
 
@@ -325,6 +327,30 @@ def main() -> None:
                   f"{', '.join(mods['central'])}")
         print("  native code mapped from site-packages (Rss MiB): "
               + ", ".join(f"{k} {v:.1f}" for k, v in sorted(native.items(), key=lambda kv: -kv[1]) if v >= 0.1))
+
+    figures = [
+        results.figure("node install, site-packages", round(n["site_mib"], 1), "MiB",
+                       baseline=round(full["site_mib"], 1), baseline_name="the full install (.[all])",
+                       higher_is_better=False),
+        results.figure("node install, distributions", n["dists"], "", baseline=full["dists"],
+                       baseline_name="the full install (.[all])", higher_is_better=False),
+    ]
+    if "node" in med:
+        base = med.get("full")
+        figures += [
+            results.figure("daemon idle CPU, node install, HGX layout", round(med["node"][0], 2), "millicores",
+                           baseline=round(base[0], 2) if base else None,
+                           baseline_name="the same daemon from the full install, interleaved",
+                           higher_is_better=False, goal=f"<= {GOAL_MC:g} millicores (issue 27)"),
+            results.figure("daemon VmRSS, node install, HGX layout", round(med["node"][1], 1), "MiB",
+                           baseline=round(base[1], 1) if base else None,
+                           baseline_name="the same daemon from the full install, interleaved",
+                           higher_is_better=False, goal=f"<= {GOAL_RSS:g} MiB (issue 27)"),
+        ]
+    params = {k: v for k, v in vars(args).items() if k not in ("no_record", "keep")}
+    raw = {"install": {k: {x: y for x, y in v.items() if x != "dist_bytes"} for k, v in inst.items()},
+           "runs": {k: [{x: y for x, y in r.items() if x != "native"} for r in v] for k, v in runs.items()}}
+    results.record("node_footprint", figures, params=params, raw=raw, write=not args.no_record)
 
 
 if __name__ == "__main__":

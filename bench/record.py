@@ -62,8 +62,8 @@ MEASURES: dict[str, tuple[str, ...]] = {
     "pod_logs": (*_NCCL_NODE,),
     "ib_scrape": ("collectors/infiniband.py", "collectors/roce.py", "collectors/formats/ib_sysfs.py",
                   "collectors/formats/roce_qos.py", "agent/metrics.py", "agent/framework.py", "agent/emitter.py"),
-    "detection_latency": ("collectors/gpu_devices.py", "collectors/kernel_modules.py", "collectors/kmsg_xid.py",
-                          "collectors/formats/kmsg_records.py", "agent/framework.py", "agent/emitter.py"),
+    # (d) runs the whole daemon idle: every collector (loaded by name) and the runtime
+    "detection_latency": ("collectors/**/*.py", "agent/**/*.py", "remediations/**/*.py", "gna_sdk/**/*.py"),
     "fanin": ("fleet/dashboard.py", "fleet/state.py", "fleet/follow.py", "fleet/wire.py"),
     "correlator": (*_CORRELATOR, "sim/scenarios.py", "bench/naive_blame.py", "tests/layouts/*.py",
                    "fleet/diagnose.py"),
@@ -72,6 +72,9 @@ MEASURES: dict[str, tuple[str, ...]] = {
                         "fleet/follow.py", "fleet/leases.py", "agent/nats_link.py", "agent/natsclient.py"),
     "stragglers": ("fleet/stragglers.py", "sim/stragglers.py", "collectors/nvml.py"),
     "straggler_watch": ("fleet/stragglers.py", "sim/stragglers.py"),
+    # the whole daemon runs (collectors and remediations are loaded by name), installed from pyproject.toml
+    "node_footprint": ("agent/**/*.py", "collectors/**/*.py", "remediations/**/*.py", "gna_sdk/**/*.py",
+                       "gna_types/**/*.py", "sim/host.py", "pyproject.toml"),
 }
 
 
