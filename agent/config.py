@@ -459,7 +459,7 @@ def _check_values(config: Config, file: str, text: str) -> None:
     for name, path in msgspec.structs.asdict(va.tools).items():
         if path and not path.startswith("/"):
             fail(f"validate.tools.{name}", f"must be an absolute path, got {path[:80]!r}")
-    if cfg.metrics.listen and not re.match(r"^[^:]+:\d+$|^\[[0-9a-fA-F:]+\]:\d+$", cfg.metrics.listen):
+    if cfg.metrics.listen and not re.fullmatch(r"[^:]+:\d+|\[[0-9a-fA-F:]+\]:\d+", cfg.metrics.listen):
         fail("metrics.listen", f"expected HOST:PORT, got {cfg.metrics.listen!r}")
 
 

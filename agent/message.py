@@ -76,7 +76,7 @@ def make_message(
     suggested_action: SuggestedAction = "none",
     msg_id: str | None = None,
 ) -> Message:
-    if not TYPE_NAME.match(type):
+    if not TYPE_NAME.fullmatch(type):
         raise ValueError(f"message type {type!r} must be CamelCase")
     if (kind == "condition") != (status is not None):
         raise ValueError("conditions carry a status, events do not")

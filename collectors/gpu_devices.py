@@ -112,7 +112,7 @@ class GPUDevicesCollector:
         self._wake()
 
     def _on_dev_events(self, events: list[InotifyEvent]) -> None:
-        if any(_WATCHED_DEV.match(e.name) or not e.name for e in events):
+        if any(_WATCHED_DEV.fullmatch(e.name) or not e.name for e in events):
             self._wake()
 
     async def run(self) -> None:

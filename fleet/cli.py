@@ -61,7 +61,7 @@ def metrics_listen(args: argparse.Namespace, cfg: configmod.AgentConfig) -> str 
     listen = cfg.metrics.listen if args.metrics_listen is None else args.metrics_listen
     if args.metrics_listen is None and listen == configmod.MetricsConfig().listen:
         listen = f"127.0.0.1:{SERVICE_PORTS[args.metrics_service]}"
-    if listen and not HOST_PORT.match(listen):
+    if listen and not HOST_PORT.fullmatch(listen):
         print(f"gpu-node-agent: --metrics-listen wants HOST:PORT, got {listen!r}", file=sys.stderr)
         return None
     return str(listen)

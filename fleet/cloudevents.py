@@ -45,7 +45,7 @@ TYPE_PREFIX = re.compile(r"^[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)+$")  # a reverse-DNS 
 
 
 def check_type_prefix(prefix: str) -> str:
-    if not TYPE_PREFIX.match(prefix) or len(prefix) > 200:
+    if not TYPE_PREFIX.fullmatch(prefix) or len(prefix) > 200:
         raise ValueError(f"type prefix {prefix[:80]!r} is not a reverse-DNS name (e.g. com.example.gpu)")
     return prefix
 

@@ -148,7 +148,7 @@ def check_layout(layout: Layout) -> None:
                      *((f"reader #{i}", k) for i, k in enumerate(layout.roles.readers)),
                      *((f"exporter #{i}", k) for i, k in enumerate(layout.roles.exporters)),
                      *((f"admin #{i}", k) for i, k in enumerate(layout.roles.admins))]:
-        if not _USER_NKEY.match(key):
+        if not _USER_NKEY.fullmatch(key):
             raise ValueError(f"{who}: {key!r} is not a user public nkey (U + 55 base32 characters)")
         if key in seen:  # nats-server would let the first entry win: a silent wrong role
             raise ValueError(f"{who} and {seen[key]} share the nkey {key}")

@@ -111,7 +111,7 @@ def scan(host: HostPaths) -> GPUUse:
                 target = os.readlink(os.path.join(fd_dir, fd))
             except OSError:
                 continue
-            if m := _DEV.match(target):
+            if m := _DEV.fullmatch(target):
                 minors.add(int(m.group(1)))
         if minors:
             name = _comm(pid_dir)

@@ -100,7 +100,7 @@ def decode_token(token: str) -> str:
 
 
 def is_valid_token(token: str) -> bool:
-    return bool(_TOKEN.match(token))
+    return bool(_TOKEN.fullmatch(token))
 
 
 PLUGIN_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -108,7 +108,7 @@ PLUGIN_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 
 def check_plugin_name(name: str) -> str:
     """Collector and remediation names are used verbatim as subject tokens."""
-    if not PLUGIN_NAME.match(name):
+    if not PLUGIN_NAME.fullmatch(name):
         raise ValueError(f"plugin name {name!r} must match {PLUGIN_NAME.pattern}")
     return name
 

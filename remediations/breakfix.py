@@ -160,7 +160,7 @@ class BreakfixRemediation:
 
     def _node(self, msg: dict[str, Any]) -> str:
         node = self.config.node_name or str(msg.get("node", ""))
-        if len(node) > 253 or not _DNS_SUBDOMAIN.match(node):
+        if len(node) > 253 or not _DNS_SUBDOMAIN.fullmatch(node):
             raise ValueError(f"refusing node {node[:80]!r}: not a Kubernetes node name")
         return node
 

@@ -245,7 +245,7 @@ class KubernetesDrainRemediation:
 
     def _node(self, msg: dict[str, Any]) -> str:
         node = self.config.node_name or msg.get("node", "")
-        if not isinstance(node, str) or not _NODE.match(node):
+        if not isinstance(node, str) or not _NODE.fullmatch(node):
             raise ValueError(f"refusing node {printable(node, 80)!r}: not a Kubernetes node name")
         return node
 

@@ -49,9 +49,9 @@ MAX_TEXT = 512  # characters of the sentinel's content and of the reason annotat
 def qualified_name(key: str) -> bool:
     """A Kubernetes annotation/label key: ``[prefix/]name`` (apimachinery IsQualifiedName)."""
     prefix, sep, name = key.rpartition("/")
-    if sep and not (prefix and len(prefix) <= 253 and _DNS_SUBDOMAIN.match(prefix)):
+    if sep and not (prefix and len(prefix) <= 253 and _DNS_SUBDOMAIN.fullmatch(prefix)):
         return False
-    return bool(_QUALIFIED_NAME.match(name)) and "/" not in prefix
+    return bool(_QUALIFIED_NAME.fullmatch(name)) and "/" not in prefix
 
 
 def printable(text: str, limit: int = MAX_TEXT) -> str:
@@ -139,13 +139,13 @@ class RebootRequestRemediation:
 
     def _node(self, msg: dict[str, Any]) -> str:
         node = self.config.node_name or str(msg.get("node", ""))
-        if not _NODE.match(node):
+        if not _NODE.fullmatch(node):
             raise ValueError(f"refusing node {node[:80]!r}: not a plain name")
         return node
 
     def _type(self, msg: dict[str, Any]) -> str:
         type_ = str(msg.get("type", ""))
-        if not _TYPE.match(type_):
+        if not _TYPE.fullmatch(type_):
             raise ValueError(f"refusing trigger type {type_[:80]!r}: not a CamelCase name")
         return type_
 

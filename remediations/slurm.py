@@ -23,7 +23,7 @@ class SlurmConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 def _checked(msg: dict[str, Any], cfg: SlurmConfig) -> tuple[str, str]:
     node, type_ = cfg.node_name or msg.get("node", ""), msg.get("type", "")
-    if not _NODE.match(node) or not _TYPE.match(type_):
+    if not _NODE.fullmatch(node) or not _TYPE.fullmatch(type_):
         raise ValueError(f"refusing node {node!r} / type {type_!r}: not a plain name")
     return node, type_
 

@@ -59,7 +59,7 @@ class GFDLabels:
         """The MIG devices GFD labelled: the sum of ``nvidia.com/mig-*.count`` under ``mixed``, ``gpu.count`` under a
         valid ``single``; None when its labels do not say (``none``, an invalid ``single``, a count unreadable)."""
         if self.strategy == "mixed":
-            counts = [self._count(k) for k in self.labels if _MIG_COUNT.match(k)]
+            counts = [self._count(k) for k in self.labels if _MIG_COUNT.fullmatch(k)]
             return None if any(c is None for c in counts) else sum(c for c in counts if c is not None)
         if self.strategy == "single" and not self.invalid_single:
             return self._count("nvidia.com/gpu.count")

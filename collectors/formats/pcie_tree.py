@@ -55,7 +55,7 @@ PCIE_LADDER: tuple[str, ...] = ("PIX", "PXB", "PHB", "NODE", "SYS")
 
 def parse_hex(text: str | None, bits: int) -> int | None:
     """'0x10de' -> 0x10de; None unless a hex number that fits ``bits`` (vendor 16, class 24)."""
-    m = _HEX.match((text or "").strip())
+    m = _HEX.fullmatch((text or "").strip())
     if not m:
         return None
     value = int(m.group(1), 16)
@@ -65,7 +65,7 @@ def parse_hex(text: str | None, bits: int) -> int | None:
 def parse_numa(text: str | None) -> int | None:
     """numa_node: "%d", -1 when the firmware names no node (pci-sysfs.c numa_node_show); None for -1 and junk."""
     t = (text or "").strip()
-    if not _INT.match(t):
+    if not _INT.fullmatch(t):
         return None
     value = int(t)
     return value if 0 <= value <= 4095 else None
@@ -73,7 +73,7 @@ def parse_numa(text: str | None) -> int | None:
 
 def parse_link_speed(text: str | None) -> float | None:
     """'32.0 GT/s PCIe' (pci_speed_string, kernel >= 5.7) or '8 GT/s' (older) -> GT/s; None for 'Unknown'."""
-    m = _SPEED.match((text or "").strip())
+    m = _SPEED.fullmatch((text or "").strip())
     if not m:
         return None
     value = float(m.group(1))
@@ -282,12 +282,12 @@ class _Reader:
     def add(self, real: str, entry: str, expect: str | None = None) -> str | None:
         """Register the PCI function at ``real`` and every bridge above it; its bdf, or None (counted)."""
         parts = os.path.relpath(real, self.devroot).split(os.sep)
-        hb = max((i for i, p in enumerate(parts) if _HOST_BRIDGE.match(p)), default=-1)
+        hb = max((i for i, p in enumerate(parts) if _HOST_BRIDGE.fullmatch(p)), default=-1)
         if hb < 0:
             self.skip(entry, "not below a PCI host bridge (pci<domain>:<bus>)")
             return None
         chain = tuple(parts[hb + 1:])
-        if not chain or len(chain) > MAX_CHAIN or not all(BDF.match(p) for p in chain):
+        if not chain or len(chain) > MAX_CHAIN or not all(BDF.fullmatch(p) for p in chain):
             self.skip(entry, "not a chain of PCI functions below the host bridge")
             return None
         if expect is not None and chain[-1] != expect:
@@ -341,7 +341,7 @@ class _Reader:
             self.skip(devices, f"more than {self.max_devices} entries: the rest not read")
         for name in names:
             entry = f"/sys/bus/pci/devices/{name}"
-            if not BDF.match(name):
+            if not BDF.fullmatch(name):
                 self.skip(entry, "not a PCI bus id")
                 continue
             real = self.resolve(os.path.join(devices, name), entry)
@@ -356,7 +356,7 @@ class _Reader:
             self.skip(directory, f"more than {MAX_CLASS_ENTRIES} entries: the rest not read")
         for name in names:
             entry = f"/sys/class/{klass}/{name}"
-            if not _NAME.match(name):
+            if not _NAME.fullmatch(name):
                 self.skip(entry, "not a device name")
                 continue
             link = os.path.join(directory, name, "device")
@@ -367,7 +367,7 @@ class _Reader:
             real = self.resolve(link, entry)
             if real is None:
                 continue
-            if not BDF.match(os.path.basename(real)):
+            if not BDF.fullmatch(os.path.basename(real)):
                 continue  # a virtual or non-PCI parent (a USB NIC): not part of the PCIe matrix
             bdf = self.add(real, entry)
             if bdf is not None:

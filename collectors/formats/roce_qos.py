@@ -81,7 +81,7 @@ def parse_ethtool_s(text: str, limit: int = MAX_STATS) -> dict[str, int]:
     for line in text.splitlines():
         name, sep, value = line.strip().rpartition(":")
         name, value = name.strip(), value.strip()
-        if not sep or not _NAME.match(name) or not value.isascii() or not value.isdigit() or len(value) > 20:
+        if not sep or not _NAME.fullmatch(name) or not value.isascii() or not value.isdigit() or len(value) > 20:
             continue
         n = int(value)
         if n > MAX_VALUE:

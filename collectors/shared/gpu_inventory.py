@@ -46,7 +46,7 @@ def scan(host: HostPaths) -> Inventory:
     minors: set[int] = set()
     try:
         for node in host.path("/dev").iterdir():
-            if m := _DEV_NODE.match(node.name):
+            if m := _DEV_NODE.fullmatch(node.name):
                 minors.add(int(m.group(1)))
     except OSError:
         pass
