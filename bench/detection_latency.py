@@ -7,9 +7,9 @@
 (b) an Xid line written to the kernel log -> GPUXidError received: the real /dev/kmsg when it
     is writable (root), else a kmsg file on the simulated host root.
 (c) a real kernel uevent -> IBDeviceMissing (udev path);
-(d) idle CPU (millicores, scheduler nanoseconds), wake-ups per minute and RSS of an agent on an 8-GPU /
-    8-HCA simulated node with every collector at its default interval; baseline over the same window: a
-    Python process that only wakes every 10 s (the heartbeat's period).
+(d) idle CPU (millicores, scheduler nanoseconds), voluntary context switches per minute and RSS of an agent
+    on an 8-GPU / 8-HCA simulated node with every collector at its default interval; over the same window: the
+    agent with no collector, and a Python process that only wakes every 10 s (the heartbeat's period).
 
     python bench/detection_latency.py [--trials 200] [--idle 60] [--no-record]
 
@@ -186,7 +186,8 @@ SLEEPER = "import time\nwhile True:\n    time.sleep(10.0)\n    time.time()\n"
 
 
 def wakeups(pid: int) -> int:
-    """Voluntary context switches of all the process's threads: how often it went to sleep and woke."""
+    """Voluntary context switches of all the process's threads: how often one of them went to sleep (a timer or
+    socket wait of the event loop, a worker thread's wait for work or for the GIL another thread holds)."""
     n = 0
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
@@ -207,7 +208,7 @@ NO_COLLECTORS = "".join(f"[collectors.{c}]\nenabled = false\n" for c in (
 async def idle(url: str, work: Path, seconds: float) -> dict[str, float]:
     """Over the same ``seconds``, side by side: the agent, the same agent with no collector (its runtime alone:
     heartbeat, NATS, spool) and the sleeper. CPU in millicores from /proc/<pid>/task/*/schedstat (nanoseconds,
-    not the 10 ms ticks of /proc/<pid>/stat), wake-ups per minute, the agent's RSS."""
+    not the 10 ms ticks of /proc/<pid>/stat), voluntary context switches per minute, the agent's RSS."""
     host = SimHost.gpu_node(work / "host-idle", gpus=8, hcas=8)
     procs = [start_agent(work, host, url, "", "idle-node"),
              start_agent(work, host, url, NO_COLLECTORS, "idle-runtime"),
@@ -276,10 +277,10 @@ async def main() -> None:
         print(f"    p50 {pct(udev, 50):.1f} ms   p99 {pct(udev, 99):.1f} ms   max {max(udev):.1f} ms"
               "   (goal p99 <= 100 ms)")
     print(f"(d) idle agent, 8 GPUs + 8 HCAs, default intervals, {args.idle:.0f} s: {quiet['agent_mc']:.2f} "
-          f"millicores, {quiet['agent_wakeups']:.0f} wake-ups/min, RSS {quiet['rss']:.1f} MiB")
+          f"millicores, {quiet['agent_wakeups']:.0f} voluntary context switches/min, RSS {quiet['rss']:.1f} MiB")
     print(f"    same window: the agent with no collector {quiet['runtime_mc']:.2f} millicores, "
-          f"{quiet['runtime_wakeups']:.0f} wake-ups/min, RSS {quiet['runtime_rss']:.1f} MiB; a Python process waking "
-          f"every 10 s {quiet['sleeper_mc']:.2f} millicores, {quiet['sleeper_wakeups']:.0f} wake-ups/min")
+          f"{quiet['runtime_wakeups']:.0f} switches/min, RSS {quiet['runtime_rss']:.1f} MiB; a Python process waking "
+          f"every 10 s {quiet['sleeper_mc']:.2f} millicores, {quiet['sleeper_wakeups']:.0f} switches/min")
     figures = [
         results.figure("/dev/nvidiaN deleted -> GPUDevicesMissing, p50 (inotify)", round(pct(fast, 50), 1), "ms",
                        baseline=round(pct(poll, 50), 1), baseline_name="the same agent polling every 1 s, p50",
@@ -297,14 +298,14 @@ async def main() -> None:
     figures += [results.figure("idle agent, 8 GPUs + 8 HCAs, default intervals", round(quiet["agent_mc"], 2),
                                "millicores", baseline=round(quiet["sleeper_mc"], 2), baseline_name=sleeper,
                                higher_is_better=False, goal="<= 0.6 millicores (issue 27)"),
-                results.figure("idle agent wake-ups", round(quiet["agent_wakeups"], 1), "per minute",
+                results.figure("idle agent voluntary context switches", round(quiet["agent_wakeups"], 1), "per minute",
                                baseline=round(quiet["sleeper_wakeups"], 1), baseline_name=sleeper,
                                higher_is_better=False),
                 results.figure("idle agent with no collector (runtime alone)", round(quiet["runtime_mc"], 2),
                                "millicores", baseline=round(quiet["sleeper_mc"], 2), baseline_name=sleeper,
                                higher_is_better=False),
-                results.figure("idle agent with no collector, wake-ups", round(quiet["runtime_wakeups"], 1),
-                               "per minute"),
+                results.figure("idle agent with no collector, voluntary context switches",
+                               round(quiet["runtime_wakeups"], 1), "per minute"),
                 results.figure("idle agent RSS", round(quiet["rss"], 1), "MiB", goal="<= 36 MiB (issue 27)"),
                 results.figure("idle agent with no collector, RSS", round(quiet["runtime_rss"], 1), "MiB")]
     results.record("detection_latency", figures,
