@@ -23,9 +23,9 @@ T = TypeVar("T")
 RECANCEL_S = 0.1
 
 # Periodic work lands on one grid per process (the kernel's round_jiffies idea): the heartbeat and every
-# collector's periodic pass wake the process together instead of each at its own jittered moment, so an
-# idle agent wakes a few times a minute rather than about once a second. The grid's phase is drawn once
-# per process: a fleet's nodes stay spread over the step (what per-pass jitter was for).
+# collector's periodic pass wake the process together instead of each at its own jittered moment (what
+# that saves depends on the machine: docs/benchmarks.md, issue 27). The grid's phase is drawn once per
+# process: a fleet's nodes stay spread over the step (what per-pass jitter was for).
 ALIGN_STEP_S = 10.0
 _PHASE = random.uniform(0.0, ALIGN_STEP_S)
 
