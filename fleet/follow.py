@@ -230,22 +230,6 @@ class Follower:
         jsi = getattr(core, "_jsi", None)
         return getattr(jsi, "_active", None) is True
 
-    async def _alive_within(self, timeout: float) -> bool:
-        """Whether the consumer shows a sign of life within ``timeout`` s: a message handed on or the
-        heartbeat flag set. nats-py clears the flag every two heartbeat intervals and the server sends one
-        each interval, so a live idle consumer shows it within one interval (and a little); read once, the
-        flag is down for up to half the time on a live consumer."""
-        core = getattr(self._sub, "_sub", None)
-        if not hasattr(getattr(core, "_jsi", None), "_active"):
-            return False  # another nats-py (or none of its state): nothing to wait for
-        start, t0 = self.last, time.monotonic()
-        while True:
-            if self.last > start or self._server_alive():
-                return True
-            if time.monotonic() - t0 >= timeout:
-                return False
-            await asyncio.sleep(0.05)
-
     async def _healthy(self, seen: tuple[int, int, int] | None) -> tuple[bool, tuple[int, int, int] | None]:
         """Whether the consumer still serves us, by asking the server about it (``self.why``: why not)."""
         from nats.js.errors import NotFoundError
@@ -266,7 +250,7 @@ class Follower:
             # On a busy server (a fleet start on 2 shared cores) CONSUMER.INFO can take longer than a check
             # period while the consumer serves us; replacing it then only re-delivers what it was sending.
             moved, self._checked = self.last > self._checked, self.last
-            if moved or await self._alive_within(IDLE_HEARTBEAT_S * 1.5):
+            if moved or self._server_alive():
                 return True, seen
             return False, None
         self._checked = self.last
