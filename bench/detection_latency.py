@@ -35,9 +35,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import nats
 import record as results
 from procstat import status_mib as rss_mib
-from procstat import stop, threads_cpu_ns
+from procstat import stop, threads_cpu_ns, wakeups
 
 from agent.nats_server import NatsServerProcess
+from agent.registry import collector_classes
 from sim.host import SimHost
 
 
@@ -185,24 +186,9 @@ async def udev_trials(url: str, work: Path, trials: int) -> list[float]:
 SLEEPER = "import time\nwhile True:\n    time.sleep(10.0)\n    time.time()\n"
 
 
-def wakeups(pid: int) -> int:
-    """Voluntary context switches of all the process's threads: how often one of them went to sleep (a timer or
-    socket wait of the event loop, a worker thread's wait for work or for the GIL another thread holds)."""
-    n = 0
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            for line in (task / "status").read_text().splitlines():
-                if line.startswith("voluntary_ctxt_switches:"):
-                    n += int(line.split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-    return n
-
-
 PACKAGES = ("agent", "collectors", "gna_sdk", "gna_types", "remediations")
-NO_COLLECTORS = "".join(f"[collectors.{c}]\nenabled = false\n" for c in (
-    "gpu_devices", "infiniband", "juicefs", "kernel_modules", "kmsg_xid", "nccl_env", "nccl_inspector", "nccl_logs",
-    "nvml", "topology"))
+# every collector the agent would load (the registry's entry points), each turned off
+NO_COLLECTORS = "".join(f"[collectors.{c}]\nenabled = false\n" for c in sorted(collector_classes()))
 
 
 async def idle(url: str, work: Path, seconds: float) -> dict[str, float]:

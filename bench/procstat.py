@@ -27,6 +27,20 @@ def threads_cpu_ns(pid: int) -> int:
     return total
 
 
+def wakeups(pid: int) -> int:
+    """Voluntary context switches of all the process's threads: how often one of them went to sleep (a timer or
+    socket wait of the event loop, a worker thread's wait for work or for the GIL another thread holds)."""
+    n = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            for line in (task / "status").read_text().splitlines():
+                if line.startswith("voluntary_ctxt_switches:"):
+                    n += int(line.split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    return n
+
+
 def status_mib(pid: int, key: str = "VmRSS") -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith(f"{key}:"):
