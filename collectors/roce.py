@@ -9,9 +9,14 @@ Per RoCE port, through its netdev (/sys/class/infiniband/<hca>/device/net/<if>):
   Ethernet - RoCE", default configuration "switch priority 3 to traffic class 3 (RoCE)"). Off at either is
   ``RoCEQoSMisconfigured``/``ECNDisabled``. The files come with MLNX_OFED/DOCA drivers only: absent is "not
   seen", never a finding.
-- PFC enablement and trust: mlx5 exposes them through DCB netlink only (no sysfs or debugfs file in
-  upstream mlx5_core or OFED's en_sysfs.c); this agent does not speak DCB netlink yet, so they are reported
-  as not seen, never guessed.
+- PFC enablement and trust, over DCB netlink (RTM_GETDCB / DCB_CMD_IEEE_GET, collectors/formats/dcb_netlink.py;
+  mlx5 exposes them nowhere else). In ``mode = "lossless"`` (NVUE's default RoCE mode; Cumulus Linux 5.14 "RDMA over
+  Converged Ethernet - RoCE": "Enable PFC on switch priority 3 (RoCE)" is YES for lossless, NO for lossy) PFC
+  off on the RoCE priority is ``PFCDisabled`` (off everywhere) or ``PFCWrongPriority`` (on for others); in
+  ``"lossy"`` it is not required. Trust (both modes trust L3, the same table): a physical function whose APP
+  table holds no DSCP entry is in PCP trust, ``TrustMismatch`` against ``trust``; in DSCP trust, the RoCE DSCP
+  (``dscp``, 26) mapped to another priority is ``DSCPMapMismatch``. A VF (``device/physfn``) publishes no DSCP
+  entry whatever its trust, so its trust is not judged; a driver without DCB ops (EOPNOTSUPP) is not seen.
 - PFC pause counters of the priority (ethtool stats, collectors/formats/roce_qos.py) as rates over a real
   sliding window (collectors/shared/counter_window.py): the share of the window the port was paused (pause
   duration in microseconds / window) above ``pause_fraction_warning`` / ``_critical`` is ``RoCEPauseStorm``.
@@ -21,12 +26,17 @@ Per RoCE port, through its netdev (/sys/class/infiniband/<hca>/device/net/<if>):
 
 from __future__ import annotations
 
+import errno
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated, Any, Literal
 
 import msgspec
 
+from collectors.formats import dcb_netlink
+from collectors.formats.dcb_netlink import DCBReplyError, DCBState
 from collectors.formats.roce_qos import (
     COUNTERS_SOURCE,
     ECN_PROTOCOLS,
@@ -41,7 +51,7 @@ from collectors.formats.roce_qos import (
 )
 from collectors.shared.counter_window import CounterWindow
 from gna_sdk import Emitter, HostPaths
-from gna_types.network_details import RoCEECNDisabled, RoCEPauseStorm
+from gna_types.network_details import RoCEPauseStorm, RoCEQoSProblems
 from gna_types.node_details import wire
 from gna_types.policy import verdict
 
@@ -52,6 +62,14 @@ class RoCEConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     enabled: bool = True
     priority: int = 3  # the RoCE traffic priority (PFC/ECN), 0-7
     check_ecn: bool = True
+    check_pfc: bool = True  # PFC enablement and trust over DCB netlink
+    # "lossless": PFC must be on for the RoCE priority; "lossy" (ECN only, no PFC): it need not be
+    mode: Literal["lossless", "lossy"] = "lossless"
+    # what the port classifies RoCE by: "dscp" (NVIDIA's RoCE configuration: no VLAN tag needed), "pcp" (a
+    # VLAN-tagged fabric), "any" (not judged)
+    trust: Literal["dscp", "pcp", "any"] = "dscp"
+    # the DSCP the jobs' RoCE traffic carries (NCCL_IB_TC=106 is DSCP 26 << 2 | ECT(0))
+    dscp: Annotated[int, msgspec.Meta(ge=0, le=63)] = 26
     pause_window_s: float = 60.0  # "sustained": the paused share over at least this long
     # No public source gives a pause-storm threshold: conservative defaults (docs/operations.md)
     pause_fraction_warning: float = 0.10
@@ -63,6 +81,21 @@ class _Port:
     windows: dict[str, CounterWindow] = field(default_factory=dict)
 
 
+@dataclass
+class _Findings:
+    """One port's QoS problems of a pass: (reason, sentence) in check order, the sources, the details."""
+
+    ifname: str
+    priority: int
+    problems: list[tuple[str, str]] = field(default_factory=list)
+    citations: set[str] = field(default_factory=set)
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def add(self, reason: str, text: str, citation: str) -> None:
+        self.problems.append((reason, text))
+        self.citations.add(citation)
+
+
 class RoCEChecks:
     def __init__(self, config: RoCEConfig, host: HostPaths, emit: Emitter, reader: StatsReader | None = None,
                  *, thresholds_configured: bool = False) -> None:
@@ -71,6 +104,9 @@ class RoCEChecks:
         self.emit = emit
         self.prio = min(7, max(0, config.priority))
         self.reader = reader if reader is not None else self._default_reader()
+        # DCB netlink on the real host, the seam's saved replies under a --host-root; tests may inject their own
+        self.dcb_reader: Callable[[str], DCBState] = (
+            dcb_netlink.query if Path(str(self.host.root)) == Path("/") else self._fixture_dcb)
         self.from_config = thresholds_configured
         self.ports: dict[str, _Port] = {}
         self.facts: dict[str, dict[str, object]] = {}
@@ -111,15 +147,32 @@ class RoCEChecks:
                                f"no netdev found for RoCE port {hca}/{port}: ECN and PFC not checked")
             return
         fact: dict[str, object] = {"interface": ifname, "priority": self.prio}
+        found = _Findings(ifname=ifname, priority=self.prio)
         if self.config.check_ecn:
-            await self._ecn(ifname, entity, fact)
-        self.emit.not_seen(f"/sys/class/net/{ifname} PFC",
-                           "PFC enablement and trust are only exposed through DCB netlink (RTM_GETDCB), which this "
-                           "agent does not read: not checked")
+            self._ecn(ifname, fact, found)
+        if self.config.check_pfc:
+            self._dcb(ifname, fact, found)
+        await self._report(entity, found)
         await self._pause(ifname, entity, now, fact)
         self.facts[entity] = fact
 
-    async def _ecn(self, ifname: str, entity: str, fact: dict[str, object]) -> None:
+    async def _report(self, entity: str, found: _Findings) -> None:
+        """Every QoS problem of the port as one condition (one type per entity: the first problem is its
+        reason, the message names them all); none resolves it."""
+        if not found.problems:
+            return
+        reason = found.problems[0][0]
+        v = verdict("RoCEQoSMisconfigured", reason)
+        d = found.details
+        await self.emit.condition(
+            "RoCEQoSMisconfigured", firing=True, severity=v.severity, entity=entity, reason=reason,
+            message=" ".join(text for _r, text in found.problems),
+            details=wire(RoCEQoSProblems(
+                interface=found.ifname, priority=found.priority, problems=[r for r, _t in found.problems],
+                mode=self.config.mode, expected_trust=self.config.trust, citations=sorted(found.citations), **d)),
+            suggested_action=v.action)
+
+    def _ecn(self, ifname: str, fact: dict[str, object], found: _Findings) -> None:
         base = f"/sys/class/net/{ifname}/ecn"
         if not self.host.path(base).is_dir():
             self.emit.not_seen(base, "no per-priority ECN sysfs (MLNX_OFED/DOCA drivers only, not upstream "
@@ -135,17 +188,63 @@ class RoCEChecks:
                 self.emit.unparsed(f"{base}/{proto}/enable/{self.prio}", "unreadable or not 0/1 (a failed query)")
         if np_on is False or rp_on is False:
             off = [proto for proto, on in (("roce_np", np_on), ("roce_rp", rp_on)) if on is False]
-            v = verdict("RoCEQoSMisconfigured", "ECNDisabled")
-            await self.emit.condition(
-                "RoCEQoSMisconfigured", firing=True, severity=v.severity, entity=entity, reason="ECNDisabled",
-                message=f"ECN is disabled on {ifname} for RoCE priority {self.prio} ({' and '.join(off)}): "
-                        f"congestion becomes PFC pauses and AllReduce P99 stalls without loss.",
-                details=wire(RoCEECNDisabled(
-                    interface=ifname, priority=self.prio, roce_np=np_on, roce_rp=rp_on,
-                    np_enabled_priorities=[p for p, on in states["roce_np"].items() if on],
-                    rp_enabled_priorities=[p for p, on in states["roce_rp"].items() if on], citation=ECN_SOURCE)),
-                suggested_action=v.action)
+            found.add("ECNDisabled", f"ECN is disabled on {ifname} for RoCE priority {self.prio} "
+                                     f"({' and '.join(off)}): congestion becomes PFC pauses and AllReduce P99 stalls "
+                                     f"without loss.", ECN_SOURCE)
+            found.details.update(
+                roce_np=np_on, roce_rp=rp_on,
+                np_enabled_priorities=[p for p, on in states["roce_np"].items() if on],
+                rp_enabled_priorities=[p for p, on in states["roce_rp"].items() if on])
 
+    def _fixture_dcb(self, ifname: str) -> DCBState:
+        text = self.host.read_text(f"{dcb_netlink.FIXTURE_DIR}/{ifname}", limit=1 << 18)
+        if text is None:
+            raise OSError(f"no {dcb_netlink.FIXTURE_DIR}/{ifname} under the host root")
+        return dcb_netlink.parse_hex(text, ifname=ifname)
+
+    def _dcb(self, ifname: str, fact: dict[str, object], found: _Findings) -> None:
+        source = f"RTM_GETDCB {ifname}"
+        try:
+            state = self.dcb_reader(ifname)
+        except DCBReplyError as exc:
+            self.emit.unparsed(source, str(exc)[:200])
+            return
+        except OSError as exc:
+            why = ("the driver has no DCB ops" if exc.errno == errno.EOPNOTSUPP else str(exc)[:200])
+            self.emit.not_seen(source, f"DCB netlink query failed ({why}): PFC enablement and trust not checked")
+            return
+        for kind, n in state.skipped.items():
+            self.emit.unparsed(source, f"{n} APP entries dropped ({kind})")
+        dscp_map = state.dscp_map
+        pf = not self.host.path(f"/sys/class/net/{ifname}/device/physfn").exists()
+        fact["pfc_enabled"] = sorted(state.pfc_enabled) if state.pfc_enabled is not None else None
+        fact["trust"] = state.trust if pf else None
+        fact["dcbx"] = state.dcbx_modes
+        if state.pfc_enabled is None:
+            self.emit.not_seen(f"{source} DCB_ATTR_IEEE_PFC", "the driver gave no PFC object: PFC enablement not "
+                                                              "checked")
+        elif self.config.mode == "lossless" and self.prio not in state.pfc_enabled:
+            on = sorted(state.pfc_enabled)
+            reason = "PFCWrongPriority" if on else "PFCDisabled"
+            where = f"enabled only on priorit{'y' if len(on) == 1 else 'ies'} {', '.join(map(str, on))}" if on \
+                else "disabled on every priority"
+            found.add(reason, f"PFC is {where} of {ifname}, not on the RoCE priority {self.prio}: RoCE traffic is "
+                              f"lossy on a fabric configured lossless (drops become retransmissions and stalls).",
+                      dcb_netlink.SOURCE)
+            found.details.update(pfc_enabled_priorities=on, pfc_cap=state.pfc_cap)
+        want = self.config.trust
+        if not pf or want == "any":
+            return
+        if state.trust != want:
+            found.add("TrustMismatch", f"{ifname} classifies by {state.trust.upper()}, not {want.upper()}"
+                                       + (" (no DSCP entry in its DCB APP table)" if state.trust == "pcp" else "")
+                                       + f": RoCE traffic may not reach priority {self.prio}.", dcb_netlink.SOURCE)
+            found.details.update(trust=state.trust)
+        elif want == "dscp" and dscp_map.get(self.config.dscp, self.prio) != self.prio:
+            got = dscp_map[self.config.dscp]
+            found.add("DSCPMapMismatch", f"{ifname} maps DSCP {self.config.dscp} (RoCE) to priority {got}, not to "
+                                         f"the RoCE priority {self.prio}.", dcb_netlink.SOURCE)
+            found.details.update(trust=state.trust, dscp=self.config.dscp, dscp_priority=got)
     async def _pause(self, ifname: str, entity: str, now: float, fact: dict[str, object]) -> None:
         try:
             stats = self.reader(ifname)

@@ -112,18 +112,29 @@ class RoCECongestion(msgspec.Struct, kw_only=True, omit_defaults=True):
     drop_rate_per_s: Annotated[float, Meta(ge=0)]
 
 
-class RoCEECNDisabled(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """``RoCEQoSMisconfigured``: a RoCE port whose netdev has ECN off at the notification point (roce_np) or the
-    reaction point (roce_rp) for its RoCE priority (MLNX_OFED's /sys/class/net/<if>/ecn/<proto>/enable/<prio>,
-    collectors/formats/roce_qos.py)."""
+class RoCEQoSProblems(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """``RoCEQoSMisconfigured``: a RoCE port's lossless-Ethernet configuration problems, in check order (the
+    first is the condition's reason): ``ECNDisabled`` (MLNX_OFED's /sys/class/net/<if>/ecn/<proto>/enable/<prio>
+    off at the notification point roce_np or the reaction point roce_rp), ``PFCDisabled`` / ``PFCWrongPriority``
+    (DCB netlink IEEE pfc_en without the RoCE priority, in lossless mode), ``TrustMismatch`` (the port classifies
+    by PCP where DSCP is expected, or the reverse), ``DSCPMapMismatch`` (the RoCE DSCP mapped to another
+    priority). collectors/roce.py, collectors/formats/roce_qos.py and dcb_netlink.py."""
 
     interface: Word
     priority: Annotated[int, Meta(ge=0, le=7)]
-    roce_np: bool | None  # None: unreadable
-    roce_rp: bool | None
-    np_enabled_priorities: Annotated[list[Annotated[int, Meta(ge=0, le=7)]], Meta(max_length=8)]
-    rp_enabled_priorities: Annotated[list[Annotated[int, Meta(ge=0, le=7)]], Meta(max_length=8)]
-    citation: Citation
+    problems: Annotated[list[Word], Meta(min_length=1, max_length=8)]
+    mode: Word  # "lossless" | "lossy"
+    expected_trust: Word  # "dscp" | "pcp" | "any"
+    roce_np: bool | None = None  # ECN at the notification point; None: unreadable or not checked
+    roce_rp: bool | None = None
+    np_enabled_priorities: Annotated[list[Annotated[int, Meta(ge=0, le=7)]], Meta(max_length=8)] = []
+    rp_enabled_priorities: Annotated[list[Annotated[int, Meta(ge=0, le=7)]], Meta(max_length=8)] = []
+    pfc_enabled_priorities: Annotated[list[Annotated[int, Meta(ge=0, le=7)]], Meta(max_length=8)] | None = None
+    pfc_cap: Annotated[int, Meta(ge=0, le=255)] | None = None
+    trust: Word | None = None  # what the port does: "dscp" | "pcp"
+    dscp: Annotated[int, Meta(ge=0, le=63)] | None = None
+    dscp_priority: Annotated[int, Meta(ge=0, le=7)] | None = None
+    citations: Annotated[list[Citation], Meta(max_length=4)]
 
 
 class RoCEPauseStorm(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -208,7 +219,7 @@ NETWORK_DETAILS: Final[dict[str, type[msgspec.Struct]]] = {
     "IBErrorCountersIncreasing": IBErrorCountersIncreasing,
     "IBCounterSaturated": IBCounterSaturated,
     "RoCECongestion": RoCECongestion,
-    "RoCEQoSMisconfigured": RoCEECNDisabled,
+    "RoCEQoSMisconfigured": RoCEQoSProblems,
     "RoCEPauseStorm": RoCEPauseStorm,
     "NCCLEnvMisconfigured": NCCLEnvMisconfigured,
     "NCCLInspectorSummary": NCCLInspectorSummary,

@@ -124,6 +124,22 @@ GRADED: dict[tuple[str, str], Verdict] = {
         "warning", "fix_config",
         "ECN is off at the notification or reaction point for the RoCE priority (MLNX_OFED's ecn/roce_np|roce_rp/"
         "enable/<prio>): no CNPs, DCQCN cannot slow senders, congestion turns into PFC pauses and P99 stalls"),
+    ("RoCEQoSMisconfigured", "PFCDisabled"): Verdict(
+        "warning", "fix_config",
+        "PFC is off on every priority of a RoCE port in `mode = \"lossless\"` (DCB netlink IEEE pfc_en): the switch "
+        "cannot pause the sender, congestion drops RoCE packets and go-back-N retransmissions stall collectives"),
+    ("RoCEQoSMisconfigured", "PFCWrongPriority"): Verdict(
+        "warning", "fix_config",
+        "PFC is on for other priorities than the RoCE one (DCB netlink IEEE pfc_en): RoCE traffic is lossy while "
+        "the fabric is configured lossless"),
+    ("RoCEQoSMisconfigured", "TrustMismatch"): Verdict(
+        "warning", "fix_config",
+        "the port classifies by PCP where DSCP is expected (no DSCP entry in mlx5's DCB APP table), or the "
+        "reverse: untagged RoCE traffic lands on priority 0, outside PFC and ECN for the RoCE priority"),
+    ("RoCEQoSMisconfigured", "DSCPMapMismatch"): Verdict(
+        "warning", "fix_config",
+        "in DSCP trust, the RoCE DSCP (`roce.dscp`) maps to another priority than the RoCE one (mlx5's "
+        "dscp2prio, as its DCB APP table shows it)"),
     ("RoCEPauseStorm", "PauseStorm"): Verdict(
         "warning", "inspect_hardware",
         "the port spent more than `pause_fraction_warning` of a full window paused on the RoCE priority: a "

@@ -21,6 +21,7 @@ other trees (a DGX H100 with its published bus ids, a PCIe-switch box) with the 
 from __future__ import annotations
 
 import os
+import struct
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -269,6 +270,35 @@ class SimHost:
         FIXTURE_DIR (``/.sim/ethtool-S/<netdev>``): no real host has this path, it stands for SIOCETHTOOL."""
         body = "".join(f"     {k}: {v}\n" for k, v in sorted(stats.items()))
         self.write(f"/.sim/ethtool-S/{netdev}", f"NIC statistics:\n{body}")
+
+    def set_dcb(self, netdev: str, *, pfc: set[int] | None = None, pfc_cap: int = 8,
+                dscp2prio: dict[int, int] | None = None, dcbx: int | None = 0x09, seq: int = 0) -> None:
+        """The kernel's reply to RTM_GETDCB / DCB_CMD_IEEE_GET for ``netdev`` at the test seam
+        collectors/formats/dcb_netlink.py FIXTURE_DIR (``/.sim/dcb-ieee/<netdev>``, hex). Laid out as net/dcb/
+        dcbnl.c ``dcbnl_ieee_fill`` builds it (include/uapi/linux/dcbnl.h): DCB_ATTR_IFNAME, a DCB_ATTR_IEEE nest
+        with an ETS object (mlx5e has ``ieee_getets``), DCB_ATTR_IEEE_PFC (``struct ieee_pfc``) unless ``pfc`` is
+        None (a driver without ``ieee_getpfc``), the APP table (one DSCP entry per ``dscp2prio`` key, as mlx5e
+        publishes in DSCP trust; none in PCP trust), then DCB_ATTR_DCBX (mlx5e: DCB_CAP_DCBX_HOST |
+        DCB_CAP_DCBX_VER_IEEE = 0x09)."""
+
+        def nla(kind: int, payload: bytes, nested: bool = False) -> bytes:
+            size = 4 + len(payload)
+            return struct.pack("=HH", size, kind | (0x8000 if nested else 0)) + payload + b"\0" * (-size % 4)
+
+        ieee = nla(1, bytes(59))  # DCB_ATTR_IEEE_ETS: struct ieee_ets, 3 + 7 * 8 bytes, zeros
+        if pfc is not None:
+            en = sum(1 << p for p in pfc)
+            ieee += nla(2, struct.pack("=BBBxHxx8Q8Q", pfc_cap, en, 0, 0, *([0] * 16)))  # DCB_ATTR_IEEE_PFC
+        apps = b"".join(nla(1, struct.pack("=BBH", 5, prio, dscp))  # DCB_ATTR_IEEE_APP, IEEE_8021QAZ_APP_SEL_DSCP
+                        for dscp, prio in sorted((dscp2prio or {}).items()))
+        ieee += nla(3, apps, nested=True)  # DCB_ATTR_IEEE_APP_TABLE
+        body = struct.pack("=BBH", 0, 21, 0)  # struct dcbmsg: AF_UNSPEC, DCB_CMD_IEEE_GET
+        body += nla(1, netdev.encode() + b"\0")  # DCB_ATTR_IFNAME
+        body += nla(13, ieee, nested=True)  # DCB_ATTR_IEEE
+        if dcbx is not None:
+            body += nla(14, bytes([dcbx]))  # DCB_ATTR_DCBX
+        msg = struct.pack("=IHHII", 16 + len(body), 78, 0, seq, 0) + body  # nlmsghdr, RTM_GETDCB
+        self.write(f"/.sim/dcb-ieee/{netdev}", msg.hex() + "\n")
 
     def add_gdr_provider(self) -> None:
         """What nvidia_peermem (or nv_peer_mem) exposes when GPUDirect RDMA is available."""

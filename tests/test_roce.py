@@ -41,9 +41,13 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     return c
 
 
-def node(root: Path, *, ecn: bool | None = True) -> tuple[SimHost, str, str]:
+DEFAULT_DSCP2PRIO = {d: d >> 3 for d in range(64)}  # mlx5's default dscp2prio (mlnx_qos -i, trust dscp)
+
+
+def node(root: Path, *, ecn: bool | None = True, dcb: bool = True) -> tuple[SimHost, str, str]:
     """One IB ConnectX-7 (mlx5_0) and one RoCE ConnectX-7 (mlx5_1); the RoCE netdev's ECN files when ``ecn``
-    is not None (MLNX_OFED), its ethtool stats at the test seam with PFC counters for priority 3."""
+    is not None (MLNX_OFED), its ethtool stats at the test seam with PFC counters for priority 3, and (``dcb``)
+    its DCB netlink reply: PFC on priority 3, DSCP trust with the default map (DSCP 26 -> 3)."""
     h = SimHost(root)
     bridge = h.add_host_bridge("0000:10")
     h.add_nic(bridge, "0000:11:00.0", IB)
@@ -53,6 +57,8 @@ def node(root: Path, *, ecn: bool | None = True) -> tuple[SimHost, str, str]:
         h.set_roce_ecn(roce_if, enabled=ecn)
         h.set_roce_ecn(ib_if, enabled=False)  # an IB port's netdev is never judged, whatever it holds
     pause(h, roce_if, 0, 0)
+    if dcb:
+        h.set_dcb(roce_if, pfc={3}, dscp2prio=DEFAULT_DSCP2PRIO)
     return h, ib_if, roce_if
 
 
@@ -99,7 +105,9 @@ async def test_healthy_roce_port_stays_clean(tmp_path: Path, clock: Clock) -> No
     assert list(fact) == [f"ib:{ROCE}/1"]  # the IB port is not there
     assert fact[f"ib:{ROCE}/1"]["ecn"] == {"roce_np": True, "roce_rp": True}
     assert fact[f"ib:{ROCE}/1"]["pause_rates_per_s"]["rx_prio3_pause"] == pytest.approx(5.0)
-    assert any("PFC" in src for src in r.em.blind)  # PFC enablement: not seen, never guessed
+    assert (fact[f"ib:{ROCE}/1"]["pfc_enabled"], fact[f"ib:{ROCE}/1"]["trust"]) == ([3], "dscp")
+    assert fact[f"ib:{ROCE}/1"]["dcbx"] == ["host", "ieee"]
+    assert not r.em.blind and not r.em.skipped
 
 
 # -- ECN -------------------------------------------------------------------------------------------------
@@ -126,7 +134,7 @@ async def test_ecn_disabled_on_roce_priority(tmp_path: Path, clock: Clock, np: s
 async def test_ecn_priority_is_configurable(tmp_path: Path, clock: Clock) -> None:
     h, _ib_if, roce_if = node(tmp_path)
     h.set_roce_ecn(roce_if, np={3: "0"}, rp={3: "0"})  # priority 3 off, 5 on
-    r = Runner(tmp_path, roce=RoCEConfig(priority=5))
+    r = Runner(tmp_path, roce=RoCEConfig(priority=5, check_pfc=False))
     await r.tick(clock)
     assert not r.of("RoCEQoSMisconfigured")
 
@@ -143,6 +151,118 @@ async def test_ecn_absent_or_unreadable_is_not_a_finding(tmp_path: Path, clock: 
     await r2.tick(clock)
     assert not r2.of("RoCEQoSMisconfigured")
     assert any(src.endswith("roce_np/enable/3") for src in r2.em.skipped)
+
+
+# -- PFC enablement and trust (DCB netlink) -----------------------------------------------------------------
+
+@pytest.mark.parametrize(("pfc", "reason"), [(set(), "PFCDisabled"), ({4}, "PFCWrongPriority"),
+                                             ({0, 4}, "PFCWrongPriority")])
+async def test_pfc_off_on_roce_priority(tmp_path: Path, clock: Clock, pfc: set[int], reason: str) -> None:
+    h, _ib_if, roce_if = node(tmp_path)
+    h.set_dcb(roce_if, pfc=pfc, dscp2prio=DEFAULT_DSCP2PRIO)
+    r = Runner(tmp_path)
+    await r.tick(clock)
+    (m,) = r.of("RoCEQoSMisconfigured")
+    v = verdict("RoCEQoSMisconfigured", reason)
+    assert (m.entity, m.reason, m.severity, m.suggested_action) == (f"ib:{ROCE}/1", reason, v.severity, v.action)
+    assert m.suggested_action != "cordon"
+    assert m.details["problems"] == [reason] and m.details["pfc_enabled_priorities"] == sorted(pfc)
+    assert roce_if in m.message and "priority 3" in m.message
+    # fixed: the condition resolves
+    h.set_dcb(roce_if, pfc={3}, dscp2prio=DEFAULT_DSCP2PRIO)
+    await r.tick(clock)
+    assert ("RoCEQoSMisconfigured", f"ib:{ROCE}/1") not in r.firing()
+
+
+async def test_lossy_mode_does_not_require_pfc(tmp_path: Path, clock: Clock) -> None:
+    h, _ib_if, roce_if = node(tmp_path)
+    h.set_dcb(roce_if, pfc=set(), dscp2prio=DEFAULT_DSCP2PRIO)
+    r = Runner(tmp_path, roce=RoCEConfig(mode="lossy"))
+    await r.tick(clock)
+    assert not r.of("RoCEQoSMisconfigured")
+    assert r.em.facts.get("infiniband.roce")[f"ib:{ROCE}/1"]["pfc_enabled"] == []
+
+
+async def test_pcp_trust_where_dscp_expected(tmp_path: Path, clock: Clock) -> None:
+    h, _ib_if, roce_if = node(tmp_path)
+    h.set_dcb(roce_if, pfc={3}, dscp2prio=None)  # mlx5e publishes no DSCP entry in PCP trust
+    r = Runner(tmp_path)
+    await r.tick(clock)
+    (m,) = r.of("RoCEQoSMisconfigured")
+    assert (m.reason, m.details["trust"], m.details["expected_trust"]) == ("TrustMismatch", "pcp", "dscp")
+    # a VLAN-tagged fabric says so; "any" does not judge trust
+    for trust in ("pcp", "any"):
+        r2 = Runner(tmp_path, roce=RoCEConfig(trust=trust))  # type: ignore[arg-type]
+        await r2.tick(clock)
+        assert not r2.of("RoCEQoSMisconfigured"), trust
+
+
+async def test_dscp_trust_where_pcp_expected(tmp_path: Path, clock: Clock) -> None:
+    node(tmp_path)
+    r = Runner(tmp_path, roce=RoCEConfig(trust="pcp"))
+    await r.tick(clock)
+    (m,) = r.of("RoCEQoSMisconfigured")
+    assert (m.reason, m.details["trust"]) == ("TrustMismatch", "dscp")
+
+
+async def test_vf_trust_is_not_judged(tmp_path: Path, clock: Clock) -> None:
+    """A VF is not the vport group manager: mlx5e publishes no DSCP entry for it whatever the trust."""
+    h, _ib_if, roce_if = node(tmp_path)
+    h.set_dcb(roce_if, pfc={3}, dscp2prio=None)
+    h.write(f"/sys/class/net/{roce_if}/device/physfn/vendor", "0x15b3\n")
+    r = Runner(tmp_path)
+    await r.tick(clock)
+    assert not r.of("RoCEQoSMisconfigured")
+    assert r.em.facts.get("infiniband.roce")[f"ib:{ROCE}/1"]["trust"] is None
+
+
+async def test_roce_dscp_mapped_elsewhere(tmp_path: Path, clock: Clock) -> None:
+    h, _ib_if, roce_if = node(tmp_path)
+    h.set_dcb(roce_if, pfc={3}, dscp2prio={**DEFAULT_DSCP2PRIO, 26: 0})
+    r = Runner(tmp_path)
+    await r.tick(clock)
+    (m,) = r.of("RoCEQoSMisconfigured")
+    assert (m.reason, m.details["dscp"], m.details["dscp_priority"]) == ("DSCPMapMismatch", 26, 0)
+    r2 = Runner(tmp_path, roce=RoCEConfig(dscp=24))  # 24 -> 3: the configured DSCP is mapped right
+    await r2.tick(clock)
+    assert not r2.of("RoCEQoSMisconfigured")
+
+
+async def test_every_problem_in_one_condition(tmp_path: Path, clock: Clock) -> None:
+    h, _ib_if, roce_if = node(tmp_path)
+    h.set_roce_ecn(roce_if, np={3: "0"})
+    h.set_dcb(roce_if, pfc=set(), dscp2prio=None)
+    r = Runner(tmp_path)
+    await r.tick(clock)
+    (m,) = r.of("RoCEQoSMisconfigured")
+    assert m.reason == "ECNDisabled" and m.details["problems"] == ["ECNDisabled", "PFCDisabled", "TrustMismatch"]
+    assert "ECN" in m.message and "PFC" in m.message and "PCP" in m.message
+    assert len(m.details["citations"]) == 2
+
+
+async def test_dcb_not_seen_or_unparsed(tmp_path: Path, clock: Clock) -> None:
+    h, _ib_if, roce_if = node(tmp_path, dcb=False)
+    r = Runner(tmp_path)
+    await r.tick(clock)  # no reply at the seam: the query failed
+    assert f"RTM_GETDCB {roce_if}" in r.em.blind and not r.of("RoCEQoSMisconfigured")
+    h.write(f"/.sim/dcb-ieee/{roce_if}", "zz not hex\n")
+    await r.tick(clock)
+    assert f"RTM_GETDCB {roce_if}" in r.em.skipped and not r.of("RoCEQoSMisconfigured")
+    h.set_dcb(roce_if, pfc=None, dscp2prio=DEFAULT_DSCP2PRIO)  # a driver without ieee_getpfc: unknown, not off
+    await r.tick(clock)
+    assert f"RTM_GETDCB {roce_if} DCB_ATTR_IEEE_PFC" in r.em.blind and not r.of("RoCEQoSMisconfigured")
+    r.c.roce.dcb_reader = lambda _if: (_ for _ in ()).throw(OSError(95, "Operation not supported"))
+    await r.tick(clock)
+    assert "no DCB ops" in r.em.blind[f"RTM_GETDCB {roce_if}"]
+
+
+async def test_check_pfc_off(tmp_path: Path, clock: Clock) -> None:
+    h, _ib_if, roce_if = node(tmp_path)
+    h.set_dcb(roce_if, pfc=set(), dscp2prio=None)
+    r = Runner(tmp_path, roce=RoCEConfig(check_pfc=False))
+    await r.tick(clock)
+    assert not r.of("RoCEQoSMisconfigured") and "pfc_enabled" not in r.em.facts.get("infiniband.roce")[
+        f"ib:{ROCE}/1"]
 
 
 async def test_ib_port_never_judged(tmp_path: Path, clock: Clock) -> None:
