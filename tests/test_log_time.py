@@ -137,6 +137,24 @@ def test_local_stamps_convert_with_the_node_s_zone() -> None:
     assert stated_time("2026-07-01T12:00:00-04:00 x", now=NOW, tz=_zone("Europe/Berlin")) == "2026-07-01T16:00:00Z"
 
 
+def test_ncclx_through_fmt_10_states_utc_beside_glog_s_local_lines() -> None:
+    """meta-pytorch/torchcomms#231 (tests/corpus/nccl/47-...): in one run, glog's own lines say 13:18 (the
+    node's Pacific time) and NCCLX's folly header, formatted by {fmt} 10+, "21:18:23.655698629.655698" (UTC,
+    sub-seconds of %S then the formatter's microseconds). Read in the node's zone, the two are the same
+    instant 30 microseconds apart; a one-fraction NCCLX stamp ({fmt} before 10) stays local like glog's."""
+    case = Path(__file__).parent / "corpus" / "nccl" / "47-ncclx-glog-header-fmt10-init" / "input.log"
+    lines = case.read_bytes().splitlines()
+    glog = next(raw for raw in lines if b"CUDART_VERSION" in raw)
+    ncclx = next(raw for raw in lines if b"NCCL INFO NCCL version" in raw)
+    now, la = datetime(2026, 2, 12, 0, 0, tzinfo=UTC), _zone("America/Los_Angeles")
+    assert parse_line(0, glog, now=now, tz=la).stated == "2026-02-11T21:18:23.655668Z"
+    assert parse_line(0, ncclx, now=now, tz=la).stated == "2026-02-11T21:18:23.655698629Z"
+    old_fmt = ncclx.replace(b"21:18:23.655698629.655698", b"13:18:23.655698")
+    assert parse_line(0, old_fmt, now=now, tz=la).stated == "2026-02-11T21:18:23.655698Z"
+    line = parse_line(0, ncclx)
+    assert (line.host, line.pid, line.dev, line.level) == ("devvm5553", 1718364, 0, "INFO")
+
+
 def test_node_zone_reads_the_host_s_localtime_under_its_root(tmp_path: Path) -> None:
     berlin = _tzif("Europe/Berlin")
     root = tmp_path / "host"

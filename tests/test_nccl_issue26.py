@@ -110,6 +110,10 @@ def test_nccl_x_lines_behind_their_glog_header() -> None:
     line = parse_line(0, b"I0414 11:46:56.369712 4115466 x.cc:1] h:1:2 [0][" + b"t" * 80 + b"] NCCL INFO x")
     assert line.unread and line.level == ""
     assert not parse_line(0, b"h:1:2 [0] NCCL INFO x").unread
+    # the same through {fmt} 10+ (meta-pytorch/torchcomms#231: sub-seconds of %S, then the microseconds)
+    line = parse_line(0, b"I0211 21:18:23.655698629.655698 1718364 showVersion:653] h:1:2 [0][" + b"t" * 80
+                      + b"] NCCL INFO x")
+    assert line.unread and line.level == ""
 
 
 _PIECES = st.sampled_from([

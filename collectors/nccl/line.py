@@ -34,7 +34,8 @@ PREFIX = re.compile(
 # NcclLogFormatter::formatMessage, commit 6d361cbb): a glog header, then NCCL's own fields with the thread's
 # name after the device, and folly's level name -- "W0414 11:46:56.369712 4115466 Logger.cc:25]
 # devvm2605:4115466:4115466 [-1][main] NCCL WARN msg" (header "{}{:%m%d %H:%M:%S}.{:06d} {:5d} {}:{}]
-# {}:{}:{} [{}][{}] {} {} ", getGlogLevelName: VERBOSE, INFO, WARN, ERROR, CRITICAL, FATAL). The glog part
+# {}:{}:{} [{}][{}] {} {} ", getGlogLevelName: VERBOSE, INFO, WARN, ERROR, CRITICAL, FATAL; built with {fmt} 10+
+# the stamp is "hh:mm:ss.<ns>.<us>", collectors/nccl/log_time.py, as in meta-pytorch/torchcomms#231). The glog part
 # stands before NCCL's prefix like any launcher's; ``[thread]`` is the optional group after ``[dev]``. Its
 # error levels are NCCL's WARN (NCCL's own error channel: what the WARN rules and NCCLWarning read), VERBOSE
 # its TRACE.
@@ -42,8 +43,8 @@ _NCCLX_LEVEL = {"ERROR": "WARN", "CRITICAL": "WARN", "FATAL": "WARN", "VERBOSE":
 # The same header where the NCCL part after it cannot be read (another formatter prefix than "NCCL", a thread
 # name past its bound, a device that is no number): such a line is NCCLX's and is counted as unread, never
 # silently dropped (``Line.unread``). Bounded pieces, linear on any line.
-NCCLX_HEADER = re.compile(r"[IWEFCV]\d{4} \d{2}:\d{2}:\d{2}\.\d{6} {0,8}\d{1,10} [^\s\]]{1,256}:\d{1,10}\] "
-                          r"[^\s:\[\]<>]{1,64}:\d{1,10}:\d{1,10} \[")
+NCCLX_HEADER = re.compile(r"[IWEFCV]\d{4} \d{2}:\d{2}:\d{2}\.\d{6,9}(?:\.\d{6})? {0,8}\d{1,10} "
+                          r"[^\s\]]{1,256}:\d{1,10}\] [^\s:\[\]<>]{1,64}:\d{1,10}:\d{1,10} \[")
 
 # NCCL's own prefix on an INFO line with nothing before it, as a repeated line's digit shape reads it
 # (collectors/nccl/repeats.py: every digit 0): "host:pid:tid [cudaDev] NCCL INFO ", the host ASCII word characters,

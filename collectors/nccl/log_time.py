@@ -23,6 +23,13 @@ a restart, hours later. :func:`stated_time` takes the line's own time from, best
    - glog's (google/glog v0.7.1 src/logging.cc ``LogMessage::Init``): ``<IWEF>[yyyy]mmdd
      hh:mm:ss.uuuuuu threadid file:line] `` (the year with ``--log_year_in_prefix``, the default since
      0.6; microseconds of the wall clock);
+   - Meta NCCLX's folly header (meta-pytorch/torchcomms comms/utils/logger/LoggingFormat.cc
+     ``NcclLogFormatter::formatMessage``, ``"{}{:%m%d %H:%M:%S}.{:06d} ..."`` of a system_clock time): glog's
+     shape, local time, when built with {fmt} before 10.0; from 10.0 {fmt} prints ``%S`` with the time's
+     sub-seconds and formats a system_clock time in UTC (fmtlib/fmt PR #3115 and PR #3230, release 10.0.0;
+     fmtlib/fmt#3520 shows both), so the stamp reads ``hh:mm:ss.nnnnnnnnn.uuuuuu`` (seen in
+     meta-pytorch/torchcomms#231: "I0211 21:18:23.655698629.655698" beside glog's local "13:18" lines):
+     that doubled fraction is UTC, its nanoseconds kept;
    - PyTorch's Python logs (torch/_logging/_internal.py ``TorchLogsFormatter``): ``[rank<r>]:`` when the
      process group is up, then ``<level letter>%m%d %H:%M:%S.<microseconds> pid path:line] ``;
    - Python logging's default ``asctime``, "%Y-%m-%d %H:%M:%S,<msecs>" (CPython Lib/logging/__init__.py
@@ -77,7 +84,7 @@ _ISO: Final = re.compile(rf"(?P<open>\[)?{_DT}{_ZONE}?(?(open)\]|(?=\s|$){_SYSLO
 # c10 "[E1205 12:34:56.123456789 ", glog "E20261205 12:34:56.123456 " or "E1205 ...", TorchLogsFormatter
 # "W1205 12:34:56.123000 "
 _GLOG: Final = re.compile(r"(?P<open>\[)?[FEWIVC](?P<date>\d{8}|\d{3,4}) (?P<h>\d{2}):(?P<mi>\d{2}):(?P<s>\d{2})"
-                          r"(?:\.(?P<f>\d{1,9}))?(?=\s)", re.ASCII)
+                          r"(?:\.(?P<f>\d{1,9}))?(?:\.(?P<fmt10>\d{6}))?(?=\s)", re.ASCII)
 _MONTHS: Final = {m: i for i, m in enumerate(
     ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"), start=1)}
 _SYSLOG: Final = re.compile(r"(?:<\d{1,3}>)?(?P<mon>Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) "
@@ -131,7 +138,9 @@ def _prefixes(head: str, zone: tzinfo, now_utc: datetime) -> tuple[str, str]:
         elif (m := _GLOG.match(head, pos)) is not None:
             date = m["date"]
             frac = "" if m["open"] and len(m["f"] or "") == 9 else m["f"] or ""  # c10: CLOCK_MONOTONIC's ns
-            if len(date) == 8:  # glog's --log_year_in_prefix
+            if m["fmt10"] is not None and not m["open"] and len(date) == 4:  # NCCLX through {fmt} 10+: UTC
+                zoned = _yearless(int(date) // 100, int(date) % 100, m, m["f"] or "", UTC, now_utc) or zoned
+            elif len(date) == 8:  # glog's --log_year_in_prefix
                 local = _utc(int(date[:4]), int(date[4:6]), int(date[6:]), _clock(m), frac, zone) or local
             else:
                 local = _yearless(int(date) // 100, int(date) % 100, m, frac, zone, now_utc) or local
