@@ -37,9 +37,9 @@ import os
 import platform
 import subprocess
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
@@ -99,6 +99,27 @@ def _module_files(name: str) -> list[Path]:
     return out
 
 
+T = TypeVar("T")
+
+
+def _memo(fn: Callable[[Path], T]) -> Callable[[Path], T]:
+    """One parse per file and version in a process (the test checks every bench's closure: mostly the same
+    files); a file that changed since (size or mtime) is read again."""
+    seen: dict[tuple[Path, int, int], T] = {}
+
+    def cached(path: Path) -> T:
+        try:
+            st = path.stat()
+        except OSError:
+            return fn(path)
+        key = (path, st.st_size, st.st_mtime_ns)
+        if key not in seen:
+            seen[key] = fn(path)
+        return seen[key]
+    return cached
+
+
+@_memo
 def _imports(path: Path) -> set[str]:
     """The modules a file imports (``from a import b`` may name a submodule b: both are tried)."""
     try:
@@ -151,6 +172,7 @@ def _without_docstrings(tree: ast.AST) -> ast.AST:
     return tree
 
 
+@_memo
 def _digest(path: Path) -> bytes:
     data = path.read_bytes()
     if path.suffix == ".py":
