@@ -15,8 +15,9 @@ Per RoCE port, through its netdev (/sys/class/infiniband/<hca>/device/net/<if>):
   off on the RoCE priority is ``PFCDisabled`` (off everywhere) or ``PFCWrongPriority`` (on for others); in
   ``"lossy"`` it is not required. Trust (both modes trust L3, the same table): a physical function whose APP
   table holds no DSCP entry is in PCP trust, ``TrustMismatch`` against ``trust``; in DSCP trust, the RoCE DSCP
-  (``dscp``, 26) mapped to another priority is ``DSCPMapMismatch``. A VF (``device/physfn``) publishes no DSCP
-  entry whatever its trust, so its trust is not judged; a driver without DCB ops (EOPNOTSUPP) is not seen.
+  (``dscp``, 26) mapped to another priority is ``DSCPMapMismatch``. Trust is judged on mlx5 physical functions
+  only (``device/driver`` mlx5_core, no ``device/physfn``): a VF publishes no DSCP entry whatever its trust, and
+  another driver's APP table need not show its trust. A driver without DCB ops (EOPNOTSUPP) is not seen.
 - PFC pause counters of the priority (ethtool stats, collectors/formats/roce_qos.py) as rates over a real
   sliding window (collectors/shared/counter_window.py): the share of the window the port was paused (pause
   duration in microseconds / window) above ``pause_fraction_warning`` / ``_critical`` is ``RoCEPauseStorm``.
@@ -27,6 +28,7 @@ Per RoCE port, through its netdev (/sys/class/infiniband/<hca>/device/net/<if>):
 from __future__ import annotations
 
 import errno
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -158,7 +160,8 @@ class RoCEChecks:
 
     async def _report(self, entity: str, found: _Findings) -> None:
         """Every QoS problem of the port as one condition (one type per entity: the first problem is its
-        reason, the message names them all); none resolves it."""
+        reason, the message names them all). A pass that finds none asserts nothing: the framework resolves
+        the condition."""
         if not found.problems:
             return
         reason = found.problems[0][0]
@@ -216,9 +219,11 @@ class RoCEChecks:
         for kind, n in state.skipped.items():
             self.emit.unparsed(source, f"{n} APP entries dropped ({kind})")
         dscp_map = state.dscp_map
-        pf = not self.host.path(f"/sys/class/net/{ifname}/device/physfn").exists()
+        # trust read from the APP table is mlx5e's convention: judged on an mlx5 physical function only
+        judged = self._driver(ifname) == "mlx5_core" and not self.host.path(
+            f"/sys/class/net/{ifname}/device/physfn").exists()
         fact["pfc_enabled"] = sorted(state.pfc_enabled) if state.pfc_enabled is not None else None
-        fact["trust"] = state.trust if pf else None
+        fact["trust"] = state.trust if judged else None
         fact["dcbx"] = state.dcbx_modes
         if state.pfc_enabled is None:
             self.emit.not_seen(f"{source} DCB_ATTR_IEEE_PFC", "the driver gave no PFC object: PFC enablement not "
@@ -233,7 +238,7 @@ class RoCEChecks:
                       dcb_netlink.SOURCE)
             found.details.update(pfc_enabled_priorities=on, pfc_cap=state.pfc_cap)
         want = self.config.trust
-        if not pf or want == "any":
+        if not judged or want == "any":
             return
         if state.trust != want:
             found.add("TrustMismatch", f"{ifname} classifies by {state.trust.upper()}, not {want.upper()}"
@@ -245,6 +250,14 @@ class RoCEChecks:
             found.add("DSCPMapMismatch", f"{ifname} maps DSCP {self.config.dscp} (RoCE) to priority {got}, not to "
                                          f"the RoCE priority {self.prio}.", dcb_netlink.SOURCE)
             found.details.update(trust=state.trust, dscp=self.config.dscp, dscp_priority=got)
+
+    def _driver(self, ifname: str) -> str:
+        """The netdev's PCI driver (the basename of ``device/driver``), "" when unbound or unreadable."""
+        try:
+            return os.path.basename(os.readlink(self.host.path(f"/sys/class/net/{ifname}/device/driver")))
+        except OSError:
+            return ""
+
     async def _pause(self, ifname: str, entity: str, now: float, fact: dict[str, object]) -> None:
         try:
             stats = self.reader(ifname)

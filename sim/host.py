@@ -123,6 +123,15 @@ class SimHost:
         return [self.add_pci_function(up, d, vendor=BROADCOM_VENDOR, device=PEX89, klass=CLASS_BRIDGE, numa=numa)
                 for d in dsps]
 
+    def bind_driver(self, function: str, driver: str) -> None:
+        """<function>/driver -> /sys/bus/pci/drivers/<driver> (relative, as the driver core links it)."""
+        drv = self.p(f"/sys/bus/pci/drivers/{driver}")
+        drv.mkdir(parents=True, exist_ok=True)
+        link = self.p(f"{function}/driver")
+        if link.is_symlink():
+            link.unlink()
+        link.symlink_to(os.path.relpath(drv, link.parent))
+
     def class_link(self, klass: str, name: str, function: str) -> None:
         """/sys/class/<klass>/<name> -> ../../devices/.../<bdf>/<klass>/<name>, whose ``device`` is
         ../../../<bdf> (the kernel's own relative forms)."""
@@ -218,6 +227,7 @@ class SimHost:
         real = self.add_pci_function(parent, bdf, vendor=MELLANOX_VENDOR, device=CX7, numa=numa,
                                      klass=CLASS_IB if link_layer == "InfiniBand" else CLASS_ETH)
         bus = int(bdf.split(":")[1], 16)
+        self.bind_driver(real, "mlx5_core")
         netdev = f"ibp{bus}s0" if link_layer == "InfiniBand" else f"enp{bus}s0np0"
         self.class_link("infiniband", hca, real)
         self.class_link("net", netdev, real)

@@ -216,6 +216,22 @@ async def test_vf_trust_is_not_judged(tmp_path: Path, clock: Clock) -> None:
     assert r.em.facts.get("infiniband.roce")[f"ib:{ROCE}/1"]["trust"] is None
 
 
+async def test_trust_of_another_driver_is_not_judged(tmp_path: Path, clock: Clock) -> None:
+    """The APP table shows the trust state by mlx5e's convention only: a RoCE port of another driver (or one
+    whose driver link cannot be read) keeps its PFC check, not a trust verdict."""
+    h, _ib_if, roce_if = node(tmp_path)
+    h.set_dcb(roce_if, pfc={3}, dscp2prio=None)
+    function = h.p(f"/sys/class/net/{roce_if}/device").resolve().relative_to(h.p("/").resolve())
+    h.bind_driver(f"/{function.as_posix()}", "bnxt_en")
+    r = Runner(tmp_path)
+    await r.tick(clock)
+    assert not r.of("RoCEQoSMisconfigured")
+    assert r.em.facts.get("infiniband.roce")[f"ib:{ROCE}/1"]["trust"] is None
+    h.set_dcb(roce_if, pfc=set(), dscp2prio=None)
+    await r.tick(clock)
+    assert [m.reason for m in r.of("RoCEQoSMisconfigured")] == ["PFCDisabled"]
+
+
 async def test_roce_dscp_mapped_elsewhere(tmp_path: Path, clock: Clock) -> None:
     h, _ib_if, roce_if = node(tmp_path)
     h.set_dcb(roce_if, pfc={3}, dscp2prio={**DEFAULT_DSCP2PRIO, 26: 0})
