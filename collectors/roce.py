@@ -254,7 +254,7 @@ class RoCEChecks:
     def _driver(self, ifname: str) -> str:
         """The netdev's PCI driver (the basename of ``device/driver``), "" when unbound or unreadable."""
         try:
-            return os.path.basename(os.readlink(self.host.path(f"/sys/class/net/{ifname}/device/driver")))
+            return os.path.basename(os.readlink(str(self.host.path(f"/sys/class/net/{ifname}/device/driver"))))
         except OSError:
             return ""
 
