@@ -27,10 +27,18 @@ lint: $(BIN)/.installed
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
+# The suite starts the agent and the central services as processes a few hundred times: their modules are
+# compiled once first, as a pip install leaves them (an editable install compiles on import, and not at all
+# under PYTHONDONTWRITEBYTECODE: ~0.35 s more per process start; the suite took 661 s instead of ~590 s).
+# __pycache__ is ignored by git.
+COMPILED := agent collectors fleet gna_sdk gna_types remediations sim
+
 test: lint
+	$(BIN)/python -m compileall -q -j 0 $(COMPILED) >/dev/null
 	$(BIN)/python -m pytest
 
 test-slow: $(BIN)/.installed
+	$(BIN)/python -m compileall -q -j 0 $(COMPILED) >/dev/null
 	$(BIN)/python -m pytest -m slow
 
 bench: $(BIN)/.installed
