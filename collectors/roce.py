@@ -105,18 +105,13 @@ class RoCEChecks:
         self.host = host
         self.emit = emit
         self.prio = min(7, max(0, config.priority))
-        self.reader = reader if reader is not None else self._default_reader()
-        # DCB netlink on the real host, the seam's saved replies under a --host-root; tests may inject their own
-        self.dcb_reader: Callable[[str], DCBState] = (
-            dcb_netlink.query if Path(str(self.host.root)) == Path("/") else self._fixture_dcb)
+        # the netdev itself on the real host, the seam's saved answers under a --host-root; tests may inject theirs
+        on_host = Path(str(self.host.root)) == Path("/")
+        self.reader = reader if reader is not None else ethtool_stats if on_host else self._fixture_stats
+        self.dcb_reader: Callable[[str], DCBState] = dcb_netlink.query if on_host else self._fixture_dcb
         self.from_config = thresholds_configured
         self.ports: dict[str, _Port] = {}
         self.facts: dict[str, dict[str, object]] = {}
-
-    def _default_reader(self) -> StatsReader:
-        if Path(str(self.host.root)) == Path("/"):
-            return ethtool_stats
-        return self._fixture_stats
 
     def _fixture_stats(self, ifname: str) -> dict[str, int]:
         text = self.host.read_text(f"{FIXTURE_DIR}/{ifname}", limit=1 << 20)

@@ -36,6 +36,8 @@ import socket
 import struct
 from dataclasses import dataclass, field
 
+from collectors.formats.roce_qos import IFNAMSIZ, valid_ifname
+
 SOURCE = ("torvalds/linux include/uapi/linux/dcbnl.h and net/dcb/dcbnl.c dcbnl_ieee_fill (RTM_GETDCB "
           "DCB_CMD_IEEE_GET); mlx5 DSCP trust from drivers/net/ethernet/mellanox/mlx5/core/en_dcbnl.c "
           "mlx5e_dcbnl_dscp_app")
@@ -76,7 +78,6 @@ _DCB_APP = struct.Struct("=BBH")
 # DCB_ATTR_DCBX bits (include/uapi/linux/dcbnl.h DCB_CAP_DCBX_*)
 DCBX_BITS = {0x01: "host", 0x02: "lld_managed", 0x04: "cee", 0x08: "ieee", 0x10: "static"}
 
-IFNAMSIZ = 16
 MAX_REPLY = 1 << 16  # dcbnl replies fit NLMSG_DEFAULT_SIZE (a page); this is ample
 MAX_ATTRS = 256  # per nesting level
 MAX_APPS = 1024  # 64 DSCP entries plus the other selectors' on any real port
@@ -121,11 +122,6 @@ class DCBState:
         return [name for bit, name in DCBX_BITS.items() if self.dcbx is not None and self.dcbx & bit]
 
 
-def _valid_ifname(ifname: str) -> bool:
-    return bool(ifname) and len(ifname) < IFNAMSIZ and ifname.isascii() and ifname.isprintable() \
-        and "/" not in ifname and " " not in ifname
-
-
 def _attr(kind: int, payload: bytes) -> bytes:
     size = _NLATTR.size + len(payload)
     return _NLATTR.pack(size, kind) + payload + b"\0" * (-size % 4)
@@ -133,7 +129,7 @@ def _attr(kind: int, payload: bytes) -> bytes:
 
 def request(ifname: str, seq: int) -> bytes:
     """The RTM_GETDCB / DCB_CMD_IEEE_GET request for ``ifname``."""
-    if not _valid_ifname(ifname):
+    if not valid_ifname(ifname):
         raise ValueError(f"bad interface name {ifname!r}")
     body = _DCBMSG.pack(socket.AF_UNSPEC, DCB_CMD_IEEE_GET, 0) + _attr(DCB_ATTR_IFNAME, ifname.encode() + b"\0")
     return _NLMSGHDR.pack(_NLMSGHDR.size + len(body), RTM_GETDCB, NLM_F_REQUEST, seq & 0xFFFFFFFF, 0) + body
@@ -161,6 +157,29 @@ def _pfc(payload: bytes) -> tuple[int, frozenset[int]]:
     # only pfc_cap and pfc_en are used: a driver built against an older, shorter struct still gives both
     cap, en = payload[0], payload[1]
     return cap, frozenset(p for p in range(8) if en >> p & 1)
+
+
+def _app_table(table: bytes, apps: list[DCBApp], skipped: dict[str, int]) -> None:
+    """The entries of one DCB_ATTR_IEEE_APP_TABLE appended to ``apps`` (at most :data:`MAX_APPS` in all); what
+    no kernel sends (short, a priority past 7, a DSCP past 63) counted in ``skipped`` by kind."""
+    for kind, entry in attributes(table, 0, len(table)):
+        if kind not in (DCB_ATTR_IEEE_APP, DCB_ATTR_DCB_APP):
+            continue
+        why = None
+        if len(entry) < _DCB_APP.size:
+            why = "short_app"
+        elif len(apps) >= MAX_APPS:
+            why = "apps_over_limit"
+        else:
+            sel, prio, proto = _DCB_APP.unpack_from(entry, 0)
+            if prio > 7 and sel != DCB_APP_SEL_PCP:
+                why = "bad_priority"
+            elif sel == IEEE_8021QAZ_APP_SEL_DSCP and proto > 63:
+                why = "bad_dscp"
+            else:
+                apps.append(DCBApp(sel, prio, proto))
+        if why is not None:
+            skipped[why] = skipped.get(why, 0) + 1
 
 
 def parse_reply(buf: bytes, *, ifname: str, seq: int | None = None) -> DCBState:
@@ -208,23 +227,7 @@ def parse_reply(buf: bytes, *, ifname: str, seq: int | None = None) -> DCBState:
                 if kind_ieee == DCB_ATTR_IEEE_PFC:
                     pfc_cap, pfc_en = _pfc(inner)
                 elif kind_ieee == DCB_ATTR_IEEE_APP_TABLE:
-                    for kind_app, entry in attributes(inner, 0, len(inner)):
-                        if kind_app not in (DCB_ATTR_IEEE_APP, DCB_ATTR_DCB_APP):
-                            continue
-                        if len(entry) < _DCB_APP.size:
-                            skipped["short_app"] = skipped.get("short_app", 0) + 1
-                            continue
-                        if len(apps) >= MAX_APPS:
-                            skipped["apps_over_limit"] = skipped.get("apps_over_limit", 0) + 1
-                            continue
-                        sel, prio, proto = _DCB_APP.unpack_from(entry, 0)
-                        if prio > 7 and sel != DCB_APP_SEL_PCP:
-                            skipped["bad_priority"] = skipped.get("bad_priority", 0) + 1
-                            continue
-                        if sel == IEEE_8021QAZ_APP_SEL_DSCP and proto > 63:
-                            skipped["bad_dscp"] = skipped.get("bad_dscp", 0) + 1
-                            continue
-                        apps.append(DCBApp(sel, prio, proto))
+                    _app_table(inner, apps, skipped)
     return DCBState(ifname=ifname, pfc_cap=pfc_cap, pfc_enabled=pfc_en, apps=tuple(apps), dcbx=dcbx,
                     skipped=skipped)
 

@@ -113,6 +113,13 @@ def pair_stats(names: list[str], values: list[int]) -> dict[str, int]:
     return {k: v for k, v in zip(names, values, strict=True) if k}
 
 
+def valid_ifname(name: str) -> bool:
+    """A name a netdev can have (net/core/dev.c ``dev_valid_name``: shorter than IFNAMSIZ, not "." or "..", no
+    '/', ':' or whitespace), ASCII: what may be put in an ifreq or a DCB_ATTR_IFNAME."""
+    return (0 < len(name) < IFNAMSIZ and name not in (".", "..") and name.isascii()
+            and not any(c in "/:" or c.isspace() for c in name))
+
+
 def _ioctl(sock: socket.socket, ifname: str, data: ctypes.Array[ctypes.c_char]) -> None:
     """SIOCETHTOOL with struct ifreq {char ifr_name[IFNAMSIZ]; union {... void *ifr_data;}} (40 bytes on LP64)."""
     ifreq = bytearray(struct.pack(f"{IFNAMSIZ}sP", ifname.encode("ascii"), ctypes.addressof(data)))
@@ -123,7 +130,7 @@ def _ioctl(sock: socket.socket, ifname: str, data: ctypes.Array[ctypes.c_char]) 
 def ethtool_stats(ifname: str) -> dict[str, int]:
     """The netdev's ETH_SS_STATS set through SIOCETHTOOL in this process's network namespace (the agent
     runs with the host's). OSError (ENODEV, EOPNOTSUPP, EPERM) when it cannot be read."""
-    if not ifname or len(ifname) >= IFNAMSIZ or not ifname.isascii() or "/" in ifname:
+    if not valid_ifname(ifname):
         raise OSError(f"bad interface name {ifname!r}")
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
         # struct ethtool_sset_info {u32 cmd; u32 reserved; u64 sset_mask; u32 data[];}
