@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import datetime
 import hashlib
 import json
@@ -37,6 +38,7 @@ import os
 import platform
 import subprocess
 import sys
+import tomllib
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -172,9 +174,21 @@ def _without_docstrings(tree: ast.AST) -> ast.AST:
     return tree
 
 
+def _installed_project(data: bytes) -> bytes:
+    """What of pyproject.toml an install is made from: the ``[project]`` table without the ``test`` extra
+    (the suite's tools, never installed on a node) and none of the tools' own tables."""
+    project = dict(tomllib.loads(data.decode()).get("project") or {})
+    extras = {k: v for k, v in (project.get("optional-dependencies") or {}).items() if k != "test"}
+    project["optional-dependencies"] = extras
+    return json.dumps(project, sort_keys=True).encode()
+
+
 @_memo
 def _digest(path: Path) -> bytes:
     data = path.read_bytes()
+    if path.name == "pyproject.toml":
+        with contextlib.suppress(ValueError):  # hashed as bytes when it does not parse
+            return _installed_project(data)
     if path.suffix == ".py":
         try:
             return ast.dump(_without_docstrings(ast.parse(data, filename=str(path)))).encode()

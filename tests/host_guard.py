@@ -119,8 +119,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    if not _enabled():
-        return
+    if not _enabled() or hasattr(session.config, "workerinput"):
+        return  # under pytest-xdist the controller's session spans every worker's: it alone checks
     tmp = Path(tempfile.gettempdir())
     _state["tmp"] = tmp
     _state["before"] = set(os.listdir(tmp))
