@@ -121,6 +121,9 @@ from gna_sdk.aio import within
 
 a = json.loads(sys.argv[1])
 configure("info", "json")
+if a.get("trace_steps_ms"):
+    from bench.step_trace import install
+    install(a["trace_steps_ms"])
 
 
 async def go():
@@ -393,11 +396,13 @@ class Correlator:
     and every warning or error it logged (counted by event)."""
 
     freeze_heap = True  # as the CLI runs it (fleet/heap.py); --no-freeze-heap: CPython's collections as they come
+    trace_steps_ms = 0.0  # --trace-steps: log every loop step longer than this (bench/step_trace.py)
 
     def __init__(self, servers: list[str], cwd: Path, *, stats_interval: float, partitions: int = 1,
                  partition: int = 0, replicas: int = 1, name: str = "correlator") -> None:
         self.cfg = {"servers": servers, "partitions": partitions, "partition": partition, "replicas": replicas,
-                    "stats_interval": stats_interval, "freeze_heap": self.freeze_heap}
+                    "stats_interval": stats_interval, "freeze_heap": self.freeze_heap,
+                    "trace_steps_ms": self.trace_steps_ms}
         self.cwd = cwd
         self.name = name
         self.proc: asyncio.subprocess.Process | None = None
@@ -407,6 +412,7 @@ class Correlator:
         self.samples: dict[str, str] = {}
         self.other: list[str] = []  # lines that are not JSON (a traceback)
         self.timeline: list[tuple[float, str]] = []  # (monotonic, what) for the events TIMELINE lists
+        self.slow_steps: list[dict[str, Any]] = []  # --trace-steps: the step tracer's lines
         self._reader: asyncio.Task[None] | None = None
         self.new_stats = asyncio.Event()
         self.killed = False
@@ -443,6 +449,10 @@ class Correlator:
                 self.new_stats.set()
             elif ev == "incident":
                 self.logged_incidents += 1
+            elif ev == "slow_step":
+                if len(self.slow_steps) < 100_000:
+                    self.slow_steps.append(rec)
+                continue
             if rec.get("level") in ("warning", "error", "critical"):
                 self.problems[ev] = self.problems.get(ev, 0) + 1
                 self.samples.setdefault(ev, line[:400])
@@ -1368,7 +1378,12 @@ def main() -> None:
     ap.add_argument("--no-freeze-heap", action="store_true",
                     help="the correlator without fleet/heap.py's freezing (the baseline it is measured against)")
     ap.add_argument("--no-record", action="store_true", help="do not append to bench/results/incidents_scale.jsonl")
+    ap.add_argument("--trace-steps", type=float, default=0.0, metavar="MS",
+                    help="name every correlator loop step longer than MS (bench/step_trace.py); implies --no-record")
     args = ap.parse_args()
+    if args.trace_steps:
+        args.no_record = True  # the tracer's own cost is in what it measures
+        Correlator.trace_steps_ms = args.trace_steps
     if args.mode == "many-jobs" and not 1 <= args.jobs <= 1000:
         ap.error("--jobs must be 1..1000 (each job's nodes are named by its seed modulo 1,000)")
     args.job_min_clamp = min(args.job_min, max(2, args.fleet_nodes // max(1, args.jobs)))
@@ -1394,6 +1409,8 @@ def main() -> None:
                     out = run_cluster(args, work)
             finally:
                 stop_all()
+                if args.trace_steps:
+                    print_slow_steps()
     except KeyboardInterrupt:
         print("\ninterrupted: nothing recorded", file=sys.stderr)
         raise SystemExit(130) from None
@@ -1410,6 +1427,26 @@ def main() -> None:
     results.record("incidents_scale", figures_of(out), variant=args.mode + ("-fleet-start" if args.fleet_start else ""),
                    params={k: v for k, v in vars(args).items() if k not in ("no_record", "cache", "gen_dir")},
                    raw=json.loads(line), write=not args.no_record)
+
+
+def print_slow_steps(top: int = 25) -> None:
+    """--trace-steps: per correlator, the slow steps grouped by where they resumed and suspended, longest first."""
+    for c in STARTED:
+        if not getattr(c, "slow_steps", None):
+            continue
+        groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        for r in c.slow_steps:
+            where = (" <- ".join(reversed((r.get("resumed_at") or [r.get("callback") or "?"])[-3:])),
+                     " <- ".join(reversed((r.get("suspended_at") or ["(done)"])[-3:])))
+            groups.setdefault(where, []).append(r)
+        print(f"\n{c.name}: {len(c.slow_steps)} loop steps over {Correlator.trace_steps_ms} ms")
+        rows = sorted(groups.items(), key=lambda kv: -max(float(r["ms"]) for r in kv[1]))
+        for (resumed, suspended), rs in rows[:top]:
+            mx = max(rs, key=lambda r: float(r["ms"]))
+            print(f"  x{len(rs):<5} max {mx['ms']:7.1f} ms (cpu {mx['cpu_ms']:.1f}, gc {mx['gc_ms']:.1f}) "
+                  f"sum {sum(float(r['ms']) for r in rs):8.1f} ms  task {mx.get('task')}")
+            print(f"         resumed  {resumed[:300]}")
+            print(f"         suspended {suspended[:300]}")
 
 
 def figures_of(out: dict[str, Any]) -> list[dict[str, Any]]:

@@ -1,0 +1,71 @@
+"""Which step held an asyncio loop: every callback the loop runs timed, the long ones named by where they ran.
+
+A loop-stall probe (fleet/incident_service.py) says *that* the loop was held 70 ms, not by what. Installed
+in a service process (``install(threshold_ms)``, before its loop starts), this wraps
+``asyncio.events.Handle._run`` -- the one place asyncio's event loop runs a ready callback
+(Lib/asyncio/base_events.py ``_run_once``, CPython v3.11.7) -- and, for each callback that took longer than
+the threshold, logs one ``slow_step`` line: its wall and thread-CPU milliseconds, the milliseconds CPython's
+cycle collector ran inside it, and, for a task's step, the task's await chain before and after (the innermost
+frame where the coroutine was suspended when the step began and where it suspended when it ended): the code
+between those two awaits is the step. Diagnostic only, for benches: ~1 us a callback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import time
+from typing import Any
+
+import structlog
+
+log = structlog.get_logger("step_trace")
+
+_gc_ms = 0.0
+_gc_t0 = 0.0
+
+
+def _on_gc(phase: str, info: dict[str, Any]) -> None:
+    global _gc_ms, _gc_t0
+    if phase == "start":
+        _gc_t0 = time.perf_counter()
+    else:
+        _gc_ms += (time.perf_counter() - _gc_t0) * 1000.0
+
+
+def chain(task: Any) -> list[str]:
+    """The await chain of a task's coroutine, outermost first, as ``file:line function`` (suspended now)."""
+    out: list[str] = []
+    coro = task.get_coro() if hasattr(task, "get_coro") else None
+    for _ in range(64):
+        frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None) or getattr(coro, "ag_frame", None)
+        if frame is None:
+            break
+        code = frame.f_code
+        out.append(f"{code.co_filename.rsplit('/', 2)[-1] if '/' in code.co_filename else code.co_filename}"
+                   f":{frame.f_lineno} {code.co_name}")
+        coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None) or getattr(coro, "ag_await", None)
+    return out
+
+
+def install(threshold_ms: float) -> None:
+    """Time every callback of every asyncio loop in this process from now on; log those over ``threshold_ms``."""
+    handle_run = asyncio.events.Handle._run
+    gc.callbacks.append(_on_gc)
+
+    def _run(self: asyncio.events.Handle) -> None:
+        task = getattr(self._callback, "__self__", None)
+        is_task = isinstance(task, asyncio.Task)
+        before = chain(task) if is_task else None
+        gc0 = _gc_ms
+        t0, c0 = time.perf_counter(), time.thread_time()
+        handle_run(self)
+        ms = (time.perf_counter() - t0) * 1000.0
+        if ms >= threshold_ms:
+            log.info("slow_step", ms=round(ms, 2), cpu_ms=round((time.thread_time() - c0) * 1000.0, 2),
+                     gc_ms=round(_gc_ms - gc0, 2),
+                     task=task.get_name() if is_task else None,
+                     resumed_at=before, suspended_at=chain(task) if is_task and not task.done() else None,
+                     callback=None if is_task else repr(self._callback)[:200])
+
+    asyncio.events.Handle._run = _run  # type: ignore[method-assign]
