@@ -200,7 +200,8 @@ class CorrelatorMetrics(ServiceMetrics):
         yield _counter("gna_correlator_gc_full", "Full (generation 2) garbage collections", svc.heap.full)
         yield _counter("gna_correlator_gc_freezes", "Times the long-lived state was frozen out of full collections",
                        svc.heap.freezes)
-        yield _gauge("gna_correlator_gc_frozen_objects", "Objects no cyclic collection walks (gc.freeze)",
+        yield _gauge("gna_correlator_gc_frozen_objects",
+                     "Objects frozen out of cyclic collections (gc.freeze) since the last thaw, counted when frozen",
                      svc.heap.frozen())
 
     @staticmethod

@@ -54,7 +54,9 @@ def test_what_survived_is_frozen_once_the_oldest_generation_passes_the_bound(ten
     tender.tick()
     assert tender.freezes == 2 and gc.get_freeze_count() >= frozen + 5_000
     assert len(gc.get_objects(generation=2)) < tender.young_max  # a full collection walks only what is new
-    assert tender.stats()["gc_frozen"] == gc.get_freeze_count() and tender.stats()["gc_freezes"] == 2
+    # counted when frozen (what died frozen since is still counted): never fewer, barely more
+    assert gc.get_freeze_count() <= tender.stats()["gc_frozen"] <= gc.get_freeze_count() * 1.01
+    assert tender.stats()["gc_freezes"] == 2
     tender.tick()  # no collection moved anything since: no walk over the generation, no second freeze
     assert tender.freezes == 2
     del kept
@@ -166,3 +168,12 @@ def test_the_trackers_state_holds_no_reference_cycles(tmp_path: Path, fault: str
         assert gc.collect() == 0  # nothing the state held was left in a cycle
     finally:
         gc.enable()
+
+
+def test_stats_never_walk_the_frozen_generation(tender: HeapTender, monkeypatch: pytest.MonkeyPatch) -> None:
+    """gc.get_freeze_count() walks every frozen object (16-47 ms per stats line over a fleet's state): the
+    stats line and the metrics read the tender's own count."""
+    def walks() -> int:
+        raise AssertionError("gc.get_freeze_count() walks the whole frozen generation")
+    monkeypatch.setattr(gc, "get_freeze_count", walks)
+    assert tender.stats()["gc_frozen"] > 0 and tender.frozen() > 0
