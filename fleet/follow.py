@@ -99,6 +99,7 @@ class Follower:
         self._checked = 0  # ``last`` at the previous check
         self.why = ""  # why the last check found the consumer not serving
         self.pending = 0  # messages its consumer had not delivered yet, at the last check (fleet/metrics.py)
+        self.buffered_max = 0  # the most messages nats-py held received but not yet handed on, since start
         self.done = asyncio.Event()
         self.ready = asyncio.Event()  # subscribed at least once
         # what the stream held when the follower began has been handed on (a service judges only then:
@@ -120,6 +121,8 @@ class Follower:
         self.last = seq
         self.last_stored = md.timestamp.timestamp()
         self.handed += 1
+        if self._sub is not None and (queued := self._sub.pending_msgs) > self.buffered_max:
+            self.buffered_max = queued
         self.on_msg(m.subject, m.data)
         if self.mark is not None and seq >= self.mark:
             self.caught_up.set()
@@ -305,4 +308,5 @@ class Follower:
 
     def stats(self) -> dict[str, int]:
         return {"last": self.last, "handed": self.handed, "duplicates": self.duplicates,
-                "resubscribes": self.resubscribes, "failures": self.failures, "unanswered": self.unanswered}
+                "resubscribes": self.resubscribes, "failures": self.failures, "unanswered": self.unanswered,
+                "buffered_max": self.buffered_max}

@@ -250,6 +250,8 @@ class _SilentJS:
         silent = self.subs <= self.answer_after
 
         class Sub:
+            pending_msgs = 0  # nats-py's Subscription: messages received, not yet handed to the callback
+
             async def consumer_info(self) -> Any:
                 if silent:
                     await asyncio.sleep(3600)  # nats-py would wait its 5 s, then raise
