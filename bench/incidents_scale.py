@@ -122,8 +122,9 @@ from gna_sdk.aio import within
 a = json.loads(sys.argv[1])
 configure("info", "json")
 if a.get("trace_steps_ms"):
-    from bench.step_trace import install
+    from bench.step_trace import install, time_calls
     install(a["trace_steps_ms"])
+    time_calls(a["trace_steps_ms"] / 2, *a["trace_calls"])
 
 
 async def go():
@@ -397,12 +398,13 @@ class Correlator:
 
     freeze_heap = True  # as the CLI runs it (fleet/heap.py); --no-freeze-heap: CPython's collections as they come
     trace_steps_ms = 0.0  # --trace-steps: log every loop step longer than this (bench/step_trace.py)
+    trace_calls: tuple[str, ...] = ()  # --trace-call: functions timed inside the steps
 
     def __init__(self, servers: list[str], cwd: Path, *, stats_interval: float, partitions: int = 1,
                  partition: int = 0, replicas: int = 1, name: str = "correlator") -> None:
         self.cfg = {"servers": servers, "partitions": partitions, "partition": partition, "replicas": replicas,
                     "stats_interval": stats_interval, "freeze_heap": self.freeze_heap,
-                    "trace_steps_ms": self.trace_steps_ms}
+                    "trace_steps_ms": self.trace_steps_ms, "trace_calls": self.trace_calls}
         self.cwd = cwd
         self.name = name
         self.proc: asyncio.subprocess.Process | None = None
@@ -449,7 +451,7 @@ class Correlator:
                 self.new_stats.set()
             elif ev == "incident":
                 self.logged_incidents += 1
-            elif ev == "slow_step":
+            elif ev in ("slow_step", "slow_call", "slow_gc"):
                 if len(self.slow_steps) < 100_000:
                     self.slow_steps.append(rec)
                 continue
@@ -1380,10 +1382,13 @@ def main() -> None:
     ap.add_argument("--no-record", action="store_true", help="do not append to bench/results/incidents_scale.jsonl")
     ap.add_argument("--trace-steps", type=float, default=0.0, metavar="MS",
                     help="name every correlator loop step longer than MS (bench/step_trace.py); implies --no-record")
+    ap.add_argument("--trace-call", action="append", default=[], metavar="MODULE:QUALNAME",
+                    help="with --trace-steps: also time this function in the correlator (repeatable)")
     args = ap.parse_args()
     if args.trace_steps:
         args.no_record = True  # the tracer's own cost is in what it measures
         Correlator.trace_steps_ms = args.trace_steps
+        Correlator.trace_calls = tuple(args.trace_call)
     if args.mode == "many-jobs" and not 1 <= args.jobs <= 1000:
         ap.error("--jobs must be 1..1000 (each job's nodes are named by its seed modulo 1,000)")
     args.job_min_clamp = min(args.job_min, max(2, args.fleet_nodes // max(1, args.jobs)))
@@ -1435,7 +1440,15 @@ def print_slow_steps(top: int = 25) -> None:
         if not getattr(c, "slow_steps", None):
             continue
         groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        calls: dict[str, list[float]] = {}
         for r in c.slow_steps:
+            if r.get("event") == "slow_gc":
+                print(f"  full collection: {r.get('ms')} ms, {r.get('walked')} objects walked, "
+                      f"{r.get('collected')} collected")
+                continue
+            if r.get("event") == "slow_call":
+                calls.setdefault(str(r.get("call")), []).append(float(r["ms"]))
+                continue
             where = (" <- ".join(reversed((r.get("resumed_at") or [r.get("callback") or "?"])[-3:])),
                      " <- ".join(reversed((r.get("suspended_at") or ["(done)"])[-3:])))
             groups.setdefault(where, []).append(r)
@@ -1447,6 +1460,12 @@ def print_slow_steps(top: int = 25) -> None:
                   f"sum {sum(float(r['ms']) for r in rs):8.1f} ms  task {mx.get('task')}")
             print(f"         resumed  {resumed[:300]}")
             print(f"         suspended {suspended[:300]}")
+        last = c.last().get("followers") or {}
+        print("  followers' most messages held received, not yet handed on: "
+              + ", ".join(f"{k} {v.get('buffered_max')}" for k, v in last.items() if isinstance(v, dict)))
+        for call, mss in sorted(calls.items(), key=lambda kv: -max(kv[1])):
+            print(f"  call {call}: x{len(mss)} over {Correlator.trace_steps_ms / 2} ms, max {max(mss):.1f} ms, "
+                  f"sum {sum(mss):.1f} ms")
 
 
 def figures_of(out: dict[str, Any]) -> list[dict[str, Any]]:

@@ -25,12 +25,23 @@ _gc_ms = 0.0
 _gc_t0 = 0.0
 
 
+_gc_unfrozen = 0
+SLOW_GC_MS = 10.0
+
+
 def _on_gc(phase: str, info: dict[str, Any]) -> None:
-    global _gc_ms, _gc_t0
+    """Time every collection; a full one's size (the unfrozen objects it walks) is counted before it starts,
+    and a full one over SLOW_GC_MS is logged (``slow_gc``)."""
+    global _gc_ms, _gc_t0, _gc_unfrozen
     if phase == "start":
+        if info.get("generation") == 2:
+            _gc_unfrozen = sum(len(gc.get_objects(generation=g)) for g in (0, 1, 2))
         _gc_t0 = time.perf_counter()
     else:
-        _gc_ms += (time.perf_counter() - _gc_t0) * 1000.0
+        ms = (time.perf_counter() - _gc_t0) * 1000.0
+        _gc_ms += ms
+        if info.get("generation") == 2 and ms >= SLOW_GC_MS:
+            log.info("slow_gc", ms=round(ms, 2), walked=_gc_unfrozen, collected=info.get("collected"))
 
 
 def chain(task: Any) -> list[str]:
@@ -69,3 +80,31 @@ def install(threshold_ms: float) -> None:
                      callback=None if is_task else repr(self._callback)[:200])
 
     asyncio.events.Handle._run = _run  # type: ignore[method-assign]
+
+
+def time_calls(threshold_ms: float, *targets: str) -> None:
+    """Also time these functions (``module:Class.method`` or ``module:function``) wherever they are called;
+    log a ``slow_call`` line for each call over ``threshold_ms`` (wall and thread CPU): what inside a long
+    step took the time."""
+    import functools
+    import importlib
+
+    for target in targets:
+        mod_name, _, path = target.partition(":")
+        owner: Any = importlib.import_module(mod_name)
+        *outer, name = path.split(".")
+        for part in outer:
+            owner = getattr(owner, part)
+        fn = getattr(owner, name)
+
+        def timed(*args: Any, _fn: Any = fn, _target: str = target, **kwargs: Any) -> Any:
+            t0, c0 = time.perf_counter(), time.thread_time()
+            try:
+                return _fn(*args, **kwargs)
+            finally:
+                ms = (time.perf_counter() - t0) * 1000.0
+                if ms >= threshold_ms:
+                    log.info("slow_call", call=_target, ms=round(ms, 2),
+                             cpu_ms=round((time.thread_time() - c0) * 1000.0, 2))
+
+        setattr(owner, name, functools.wraps(fn)(timed))
