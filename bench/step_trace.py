@@ -26,22 +26,53 @@ _gc_t0 = 0.0
 
 
 _gc_unfrozen = 0
+_gc_c0 = 0.0
+_gc_big: list[tuple[int, str, str]] = []
 SLOW_GC_MS = 10.0
 
 
 def _on_gc(phase: str, info: dict[str, Any]) -> None:
     """Time every collection; a full one's size (the unfrozen objects it walks) is counted before it starts,
     and a full one over SLOW_GC_MS is logged (``slow_gc``)."""
-    global _gc_ms, _gc_t0, _gc_unfrozen
+    global _gc_ms, _gc_t0, _gc_unfrozen, _gc_c0
     if phase == "start":
         if info.get("generation") == 2:
-            _gc_unfrozen = sum(len(gc.get_objects(generation=g)) for g in (0, 1, 2))
+            objs = [o for g in (0, 1, 2) for o in gc.get_objects(generation=g)]
+            _gc_unfrozen = len(objs)
+            sized = []
+            for o in objs:  # the biggest containers: a traversal visits each of their entries
+                try:
+                    n = len(o)
+                except Exception:
+                    continue
+                if n >= 1000:
+                    sized.append((n, id(o), o))
+            top = sorted(sized, key=lambda x: x[0], reverse=True)[:4]
+            _gc_big[:] = [(n, type(o).__name__, _referrer(o)) for n, _i, o in top]
+            del sized, top
+            del objs
+            _gc_c0 = time.thread_time()
         _gc_t0 = time.perf_counter()
     else:
         ms = (time.perf_counter() - _gc_t0) * 1000.0
         _gc_ms += ms
         if info.get("generation") == 2 and ms >= SLOW_GC_MS:
-            log.info("slow_gc", ms=round(ms, 2), walked=_gc_unfrozen, collected=info.get("collected"))
+            log.info("slow_gc", ms=round(ms, 2), cpu_ms=round((time.thread_time() - _gc_c0) * 1000.0, 2),
+                     walked=_gc_unfrozen, collected=info.get("collected"), biggest=_gc_big[:4])
+
+
+def _referrer(o: Any) -> str:
+    """Who holds a container: the attribute name in the first object whose __dict__ holds it."""
+    for r in gc.get_referrers(o)[:8]:
+        for k, v in (list(vars(r).items())[:200] if hasattr(r, "__dict__") and not isinstance(r, type) else ()):
+            if v is o:  # an instance whose attributes live inline (3.11's managed dicts): no dict in between
+                return f"{type(r).__name__}.{k}"
+        if isinstance(r, dict):
+            for k, v in list(r.items())[:200]:
+                if v is o:
+                    holders = [h for h in gc.get_referrers(r)[:4] if getattr(h, "__dict__", None) is r]
+                    return f"{type(holders[0]).__name__ if holders else '?'}.{k}"
+    return "?"
 
 
 def chain(task: Any) -> list[str]:
