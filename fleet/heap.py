@@ -12,7 +12,10 @@ numbers; a dropped job is freed by reference counts alone, tests/test_heap.py). 
 *frozen* (``gc.freeze``: moved to a generation no collection walks) whenever the unfrozen oldest generation
 passes ``young_max`` objects, right after one full collection over the unfrozen part only (so no garbage
 cycle among them is frozen: that collection costs at most what ``young_max`` objects cost). Every
-collection after that walks at most about ``young_max`` objects.
+collection after that walks at most about ``young_max`` objects. When CPython runs a full collection of its
+own, what survived it is frozen at once from the ``gc.callbacks`` hook (no second walk: it just left only
+survivors, all in the oldest generation), so a large young container -- a straggler evaluation's set of every
+device, alive across its yields -- is walked by one full collection, not by each until the next freeze.
 
 Frozen objects are still freed by reference counting the moment they are dropped; only a *cycle* that
 becomes garbage while frozen waits: every ``thaw_s`` (default 6 h), at a quiet moment, everything is thawed,
@@ -38,6 +41,22 @@ YOUNG_MAX = 5_000
 THAW_S = 6 * 3600.0  # s between two full collections of everything (cycles that died frozen reclaimed)
 
 
+class TrackedDict(dict):  # type: ignore[type-arg]
+    """A dict CPython never untracks, so it is frozen once and never walked again.
+
+    A full collection untracks an exact dict whose keys and values are all untracked
+    (Modules/gcmodule.c ``untrack_dicts``, CPython v3.11.7); inserting a tracked key or value tracks it again,
+    into the *youngest* generation (Objects/dictobject.c ``MAINTAIN_TRACKING``). A job's members keyed by
+    ``(node, process)`` tuples built at run time, valued by untracked records (``gc=False`` structs), bounced
+    that way: untracked by each collect-and-freeze, young again at the next member, so never frozen and
+    walked whole -- every entry -- by each later collection: ~800 such dicts, 127-311k entries, in every full
+    collection of a 500-job fleet start (bench/incidents_scale.py --trace-steps, ``slow_gc``). A subclass is
+    not an exact dict: it stays tracked, the next freeze takes it, and inserting into a frozen dict moves
+    nothing."""
+
+    __slots__ = ()
+
+
 class HeapTender:
     """Every collection timed (the longest, how many full); with ``install(freeze=True)`` the freezing above.
     Call :meth:`tick` often (the stats loop's probe, every 50 ms); it acts only after a collection of
@@ -56,6 +75,7 @@ class HeapTender:
         self.full = 0  # CPython's own full collections
         self._promoted = 0  # generation-1 collections since the last look (the oldest generation grew)
         self._frozen = 0  # objects this froze (see frozen())
+        self._in_freeze = False  # its own collect-and-freeze is running (the gc callback leaves it to it)
         self._t0 = 0.0
         self._thawed_at = clock()
         self._freezing = False
@@ -86,6 +106,15 @@ class HeapTender:
         generation = info.get("generation")
         if generation == 2:
             self.full += 1
+            if self._freezing and not self._in_freeze:
+                # CPython's own full collection just walked everything unfrozen and left only survivors, all in
+                # the oldest generation: freezing them now costs nothing more (no second walk) and keeps what
+                # it walked -- a large young container included -- out of every later one
+                self._frozen += len(gc.get_objects(generation=2))
+                gc.freeze()
+                self._promoted = 0
+                self.freezes += 1
+                return
         if generation in (1, 2):
             self._promoted += 1
 
@@ -106,7 +135,11 @@ class HeapTender:
 
     def freeze(self) -> None:
         t0 = time.perf_counter()
-        gc.collect()  # the frozen generation is not walked: this is a pass over the unfrozen objects only
+        self._in_freeze = True
+        try:
+            gc.collect()  # the frozen generation is not walked: this is a pass over the unfrozen objects only
+        finally:
+            self._in_freeze = False
         # what survived is all in the oldest generation now: counted here, where it costs what the collection
         # just walked (gc.get_freeze_count() walks the whole frozen list: ~27 ns an object, 16-47 ms per
         # stats line over a 144k-rank fleet's state, measured with bench/step_trace.py)
@@ -119,7 +152,11 @@ class HeapTender:
     def _thaw(self, now: float) -> None:
         gc.unfreeze()
         t0 = time.perf_counter()
-        self.thaw_collected = gc.collect()
+        self._in_freeze = True
+        try:
+            self.thaw_collected = gc.collect()
+        finally:
+            self._in_freeze = False
         self.thaw_ms = round((time.perf_counter() - t0) * 1000.0, 1)
         self._frozen = len(gc.get_objects(generation=2))
         gc.freeze()

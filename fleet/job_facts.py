@@ -31,6 +31,7 @@ from typing import Any
 
 import msgspec
 
+from fleet.heap import TrackedDict
 from fleet.typed_details import nccl
 from gna_types import entities
 from gna_types.details import (
@@ -186,7 +187,8 @@ class Membership:
     the job contested. Ranks are only ever taken from here, never from a symptom's payload."""
 
     def __init__(self, *, members_per_node: int = MEMBERS_PER_NODE) -> None:
-        self.members: dict[tuple[str, str], Member] = {}
+        # not an exact dict: frozen once, not walked by each collection (fleet/heap.py TrackedDict)
+        self.members: dict[tuple[str, str], Member] = TrackedDict()
         self.by_node: dict[str, list[Member]] = {}
         self.ranks: dict[int, Member] = {}
         self.size = 0
@@ -406,7 +408,7 @@ class JobFacts:
         self.job = job
         self.symptoms = frozenset(symptoms)
         self.ms = Membership(members_per_node=members_per_node)
-        self.procs: dict[tuple[str, str], Proc] = {}  # (node, entity) -> its watchdog's numbers
+        self.procs: dict[tuple[str, str], Proc] = TrackedDict()  # (node, entity) -> its watchdog's numbers
         self.samples: dict[str, list[dict[str, Any]]] = {}  # type -> the first SAMPLES_PER_TYPE briefs
         self.counts: dict[str, int] = {}  # type -> messages counted
         self.node_counts: dict[str, int] = {}  # node -> its symptom messages counted (one entry per job node)

@@ -47,6 +47,7 @@ from collections.abc import Generator, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from fleet.heap import TrackedDict
 from fleet.typed_details import nccl
 from gna_types import entities, subjects
 
@@ -634,7 +635,9 @@ class StragglerWatch:
 
     def _use(self, node: str, job: str, devs: tuple[str, ...]) -> None:
         self.dirty_jobs.add(job)
-        jd = self.job_devs.setdefault(job, {})
+        jd = self.job_devs.get(job)
+        if jd is None:  # device-tuple keys, int values: an exact dict would bounce out of the freezes (fleet/heap.py)
+            jd = self.job_devs[job] = TrackedDict()
         for entity in devs:
             dev_id = (node, entity)
             u = self.uses.setdefault(dev_id, {})

@@ -177,3 +177,15 @@ def test_stats_never_walk_the_frozen_generation(tender: HeapTender, monkeypatch:
         raise AssertionError("gc.get_freeze_count() walks the whole frozen generation")
     monkeypatch.setattr(gc, "get_freeze_count", walks)
     assert tender.stats()["gc_frozen"] > 0 and tender.frozen() > 0
+
+
+def test_what_cpythons_own_full_collection_left_is_frozen_at_once(tender: HeapTender) -> None:
+    """A full collection of CPython's own walks every unfrozen object: what survives it is frozen right
+    after (from the gc callback, with no second walk), so a big young container is walked once, not by
+    every full collection until the tender's next tick (issue 21: a 90k-entry set in each)."""
+    freezes, frozen = tender.freezes, tender.frozen()
+    big = {("node", str(i)) for i in range(50_000)}  # a young container: every entry visited by a walk
+    gc.collect(2)  # as CPython's own trigger would run it
+    assert tender.freezes == freezes + 1 and tender.frozen() > frozen
+    assert not any(o is big for g in (0, 1, 2) for o in gc.get_objects(generation=g))  # frozen: walked no more
+    del big
