@@ -1444,7 +1444,8 @@ def print_slow_steps(top: int = 25) -> None:
         for r in c.slow_steps:
             if r.get("event") == "slow_gc":
                 print(f"  full collection: {r.get('ms')} ms (cpu {r.get('cpu_ms')}), {r.get('walked')} objects walked, "
-                      f"{r.get('collected')} collected; biggest containers {r.get('biggest')}")
+                      f"{r.get('collected')} collected; biggest containers {r.get('biggest')}; "
+                      f"(entries, objects, type) {r.get('types')}")
                 continue
             if r.get("event") == "slow_call":
                 calls.setdefault(str(r.get("call")), []).append(float(r["ms"]))

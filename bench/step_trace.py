@@ -28,6 +28,7 @@ _gc_t0 = 0.0
 _gc_unfrozen = 0
 _gc_c0 = 0.0
 _gc_big: list[tuple[int, str, str]] = []
+_gc_types: list[tuple[int, int, str]] = []  # (entries, objects, type) of the unfrozen objects, most entries first
 SLOW_GC_MS = 10.0
 
 
@@ -40,13 +41,18 @@ def _on_gc(phase: str, info: dict[str, Any]) -> None:
             objs = [o for g in (0, 1, 2) for o in gc.get_objects(generation=g)]
             _gc_unfrozen = len(objs)
             sized = []
+            by_type: dict[str, list[int]] = {}
             for o in objs:  # the biggest containers: a traversal visits each of their entries
                 try:
                     n = len(o)
                 except Exception:
-                    continue
+                    n = 0
+                t = by_type.setdefault(type(o).__name__, [0, 0])
+                t[0] += 1
+                t[1] += n
                 if n >= 1000:
                     sized.append((n, id(o), o))
+            _gc_types[:] = sorted(((v[1], v[0], k) for k, v in by_type.items()), reverse=True)[:6]
             top = sorted(sized, key=lambda x: x[0], reverse=True)[:4]
             _gc_big[:] = [(n, type(o).__name__, _referrer(o)) for n, _i, o in top]
             del sized, top
@@ -58,7 +64,8 @@ def _on_gc(phase: str, info: dict[str, Any]) -> None:
         _gc_ms += ms
         if info.get("generation") == 2 and ms >= SLOW_GC_MS:
             log.info("slow_gc", ms=round(ms, 2), cpu_ms=round((time.thread_time() - _gc_c0) * 1000.0, 2),
-                     walked=_gc_unfrozen, collected=info.get("collected"), biggest=_gc_big[:4])
+                     walked=_gc_unfrozen, collected=info.get("collected"), biggest=_gc_big[:4],
+                     types=_gc_types[:6])
 
 
 def _referrer(o: Any) -> str:
