@@ -189,3 +189,34 @@ def test_what_cpythons_own_full_collection_left_is_frozen_at_once(tender: HeapTe
     assert tender.freezes == freezes + 1 and tender.frozen() > frozen
     assert not any(o is big for g in (0, 1, 2) for o in gc.get_objects(generation=g))  # frozen: walked no more
     del big
+
+
+def test_a_jobs_member_and_device_tables_stay_frozen_as_members_arrive(tmp_path: Path) -> None:
+    """A job's members (tuple keys, untracked records) and the straggler watch's per-job device counts were
+    untracked by each full collection and tracked again, young, by the next member: never frozen, walked
+    whole by every collection (issue 21). Frozen once, they stay out of every generation a collection walks."""
+    import asyncio
+
+    from fleet.stragglers import StragglerWatch
+
+    sc = generate(tmp_path, seed=11, nodes=4, fault="hung_rank", job_nodes=4)
+    msgs = [as_received(m) for m in asyncio.run(sc.messages())]
+    members = [m for m in msgs if m.get("type") == "NCCLJobMember"]
+    assert len(members) > 4
+    tracker, watch = IncidentTracker(), StragglerWatch()
+    for m in members[:-2]:
+        tracker.add(m)
+        watch.add(m)
+    gc.collect()
+    gc.freeze()
+    try:
+        for m in members[-2:]:  # new keys built at run time: an exact dict would be tracked again, young
+            tracker.add(m)
+            watch.add(m)
+        young = {id(o) for g in (0, 1, 2) for o in gc.get_objects(generation=g)}
+        tables = [*(j.facts.ms.members for j in tracker.jobs.values()), *(j.facts.procs for j in tracker.jobs.values()),
+                  *watch.job_devs.values()]
+        assert tables and all(len(t) for t in tables[:1])
+        assert not [t for t in tables if id(t) in young]
+    finally:
+        gc.unfreeze()
