@@ -7,7 +7,10 @@ in a service process (``install(threshold_ms)``, before its loop starts), this w
 the threshold, logs one ``slow_step`` line: its wall and thread-CPU milliseconds, the milliseconds CPython's
 cycle collector ran inside it, and, for a task's step, the task's await chain before and after (the innermost
 frame where the coroutine was suspended when the step began and where it suspended when it ended): the code
-between those two awaits is the step. Diagnostic only, for benches: ~1 us a callback.
+between those two awaits is the step. Every full collection over ``SLOW_GC_MS`` is logged too (``slow_gc``:
+its CPU, the unfrozen objects it walked, their entries per type and the largest containers), and
+``time_calls`` times named functions (``slow_call``). Diagnostic only, for benches: a few microseconds a
+callback (two thread-CPU clock reads and the await chain), so a traced run is not a result.
 """
 
 from __future__ import annotations
@@ -21,15 +24,14 @@ import structlog
 
 log = structlog.get_logger("step_trace")
 
-_gc_ms = 0.0
+SLOW_GC_MS = 10.0
+
+_gc_ms = 0.0  # every collection's milliseconds, summed (a step's share: the sum's growth across it)
 _gc_t0 = 0.0
-
-
-_gc_unfrozen = 0
 _gc_c0 = 0.0
+_gc_unfrozen = 0
 _gc_big: list[tuple[int, str, str]] = []
 _gc_types: list[tuple[int, int, str]] = []  # (entries, objects, type) of the unfrozen objects, most entries first
-SLOW_GC_MS = 10.0
 
 
 def _on_gc(phase: str, info: dict[str, Any]) -> None:
@@ -55,8 +57,7 @@ def _on_gc(phase: str, info: dict[str, Any]) -> None:
             _gc_types[:] = sorted(((v[1], v[0], k) for k, v in by_type.items()), reverse=True)[:6]
             top = sorted(sized, key=lambda x: x[0], reverse=True)[:4]
             _gc_big[:] = [(n, type(o).__name__, _referrer(o)) for n, _i, o in top]
-            del sized, top
-            del objs
+            del objs, sized, top
             _gc_c0 = time.thread_time()
         _gc_t0 = time.perf_counter()
     else:

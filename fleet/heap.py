@@ -75,7 +75,7 @@ class HeapTender:
         self.full = 0  # CPython's own full collections
         self._promoted = 0  # generation-1 collections since the last look (the oldest generation grew)
         self._frozen = 0  # objects this froze (see frozen())
-        self._in_freeze = False  # its own collect-and-freeze is running (the gc callback leaves it to it)
+        self._in_freeze = False  # its own full collection is running (the gc callback leaves the freeze to it)
         self._t0 = 0.0
         self._thawed_at = clock()
         self._freezing = False
@@ -110,9 +110,7 @@ class HeapTender:
                 # CPython's own full collection just walked everything unfrozen and left only survivors, all in
                 # the oldest generation: freezing them now costs nothing more (no second walk) and keeps what
                 # it walked -- a large young container included -- out of every later one
-                self._frozen += len(gc.get_objects(generation=2))
-                gc.freeze()
-                self._promoted = 0
+                self._freeze_survivors()
                 self.freezes += 1
                 return
         if generation in (1, 2):
@@ -135,35 +133,37 @@ class HeapTender:
 
     def freeze(self) -> None:
         t0 = time.perf_counter()
-        self._in_freeze = True
-        try:
-            gc.collect()  # the frozen generation is not walked: this is a pass over the unfrozen objects only
-        finally:
-            self._in_freeze = False
-        # what survived is all in the oldest generation now: counted here, where it costs what the collection
-        # just walked (gc.get_freeze_count() walks the whole frozen list: ~27 ns an object, 16-47 ms per
-        # stats line over a 144k-rank fleet's state, measured with bench/step_trace.py)
-        self._frozen += len(gc.get_objects(generation=2))
-        gc.freeze()
-        self._promoted = 0
+        self._collect()  # the frozen generation is not walked: this is a pass over the unfrozen objects only
+        self._freeze_survivors()
         self.freezes += 1
         self.freeze_ms_max = max(self.freeze_ms_max, (time.perf_counter() - t0) * 1000.0)
 
     def _thaw(self, now: float) -> None:
         gc.unfreeze()
         t0 = time.perf_counter()
-        self._in_freeze = True
-        try:
-            self.thaw_collected = gc.collect()
-        finally:
-            self._in_freeze = False
+        self.thaw_collected = self._collect()
         self.thaw_ms = round((time.perf_counter() - t0) * 1000.0, 1)
-        self._frozen = len(gc.get_objects(generation=2))
-        gc.freeze()
+        self._frozen = 0
+        self._freeze_survivors()
         self._thawed_at = now
-        self._promoted = 0
         self.thaws += 1
         log.info("heap_thawed", collected=self.thaw_collected, ms=self.thaw_ms, frozen=self._frozen)
+
+    def _collect(self) -> int:
+        """A full collection of this tender's own (the gc callback leaves its survivors to the caller)."""
+        self._in_freeze = True
+        try:
+            return gc.collect()
+        finally:
+            self._in_freeze = False
+
+    def _freeze_survivors(self) -> None:
+        """Freeze what a full collection just left (all of it in the oldest generation), counted here, where
+        it costs what that collection walked (gc.get_freeze_count() walks the whole frozen list: ~27 ns an
+        object, 16-47 ms per stats line over a 144k-rank fleet's state, measured with bench/step_trace.py)."""
+        self._frozen += len(gc.get_objects(generation=2))
+        gc.freeze()
+        self._promoted = 0
 
     def frozen(self) -> int:
         """Objects this froze, as counted when it froze them (0 when it never froze: another's freeze is not
