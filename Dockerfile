@@ -33,8 +33,11 @@ ARG REVISION=unknown
 ARG CREATED=unknown
 # The name the manifests use (deploy/kubernetes/): tag what you build as ${IMAGE}:${VERSION}.
 ARG IMAGE=ghcr.io/gpu-node-agent/gpu-node-agent
+# libhyperscan5 where Debian builds it (x86): its Hyperscan, built for every x86 instruction set (the NCCL log
+# prefilter uses it before the fast-scan wheel's, built for baseline x86-64: collectors/nccl/libhs.py)
 RUN apt-get update \
  && apt-get install -y --no-install-recommends python3 ca-certificates libstdc++6 \
+      $(apt-cache show libhyperscan5 >/dev/null 2>&1 && echo libhyperscan5) \
  && rm -rf /var/lib/apt/lists/*
 # The same script `make image` runs in its mmdebstrap root filesystem.
 RUN --mount=type=bind,from=wheels,source=/wheels,target=/wheels \

@@ -180,9 +180,10 @@ async def main():
     t0, c0 = time.perf_counter(), time.process_time()
     await c.check()
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-    from collectors.nccl.prefilter import best_engine
+    from collectors.nccl.prefilter import best_engine, engine as compiled
     engine = best_engine() if c.engine == "auto" else c.engine
-    print(json.dumps({"wall": wall, "cpu": cpu, "matched": c.lines_matched, "engine": engine,
+    info = getattr(compiled(engine), "info", lambda: "")()
+    print(json.dumps({"wall": wall, "cpu": cpu, "matched": c.lines_matched, "engine": engine, "info": info,
                       "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 
 asyncio.run(main())
@@ -200,7 +201,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--mb", type=int, default=400)
     ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--engines", default="auto", help="comma list of auto,hyperscan,re2,re to compare")
+    ap.add_argument("--engines", default="auto",
+                    help="comma list of auto,hyperscan,hyperscan-wheel,re2,re to compare (hyperscan: the system's "
+                         "libhs.so.5 where it loads, else the wheel's)")
     ap.add_argument("--nccl-fraction", type=float, default=1.0,
                     help="share of lines that are NCCL's (the rest the trainer's own output); 0.02 is a training log")
     ap.add_argument("--rare", type=float, default=RARE,
@@ -246,6 +249,8 @@ def main() -> None:
         cpu = statistics.median(r["cpu"] for r in runs)
         rss = max(r["rss_mib"] for r in runs)
         name = runs[0]["engine"]
+        if runs[0].get("info"):
+            print(f"  {name}: {runs[0]['info']}")
         print(f"nccl_logs ({name:>9}):     median {o:.2f} s  ({mb / o:.0f} MB/s): "
               + ", ".join(f"{r['wall']:.2f}" for r in runs)
               + f"  matched {int(runs[0]['matched']):,}; ratio {g / o:.2f}x grep{f' (goal {goal})' if goal else ''}; "
@@ -263,6 +268,7 @@ def main() -> None:
     results.record("nccl_ingest", figures, variant=variant,
                    params={k: v for k, v in vars(args).items() if k != "no_record"},
                    raw={"mb": round(mb, 1), "grep_s": [round(x, 4) for x in greps],
+                        "engines": {runs[0]["engine"]: runs[0].get("info", "") for runs in ours.values()},
                         "ours_s": {e: [round(r["wall"], 4) for r in runs] for e, runs in ours.items()}},
                    write=not args.no_record)
 

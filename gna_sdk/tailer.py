@@ -22,6 +22,7 @@ bytes with no newline for a whole chunk is skipped to the next newline
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import glob
 import gzip
 import hashlib
@@ -77,6 +78,17 @@ DIR_MASK = IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO | IN_MODIFY | IN_
 
 # handler(file, data, base_offset) -> True when everything derived from data was accepted.
 Handler = Callable[["TailedFile", bytes, int], Awaitable[bool]]
+
+
+@dataclass
+class Chunk:
+    """Whole lines read from ``offset``; ``end``: where the next read starts (past a skipped newline-less run)."""
+    offset: int
+    data: bytes
+    end: int
+    full: bool  # the read filled a whole chunk: more is likely there
+    skipped: int = 0  # bytes of a run without a newline skipped
+    cut: int = 0  # lines longer than max_line cut there
 
 
 @dataclass
@@ -434,11 +446,12 @@ class Tailer:
         self._wake.set()
 
     # -- reading ----------------------------------------------------------------------
-    def read_chunk(self, tf: TailedFile) -> tuple[bytes, int] | None:
-        """Complete lines from tf.offset (a truncated view when a line is too long), or None.
+    def read_chunk(self, tf: TailedFile) -> Chunk | None:
+        """Complete lines from tf.offset (a truncated view when a line is too long), or None. In a reading thread,
+        while the loop waits for it (it checks and updates tf: truncation, fingerprint).
 
-        Returns (data, new_offset): data ends at a newline; new_offset may be larger than
-        tf.offset + len(data) when an over-long run of bytes was skipped.
+        The chunk's data ends at a newline; its ``end`` may be past ``offset + len(data)`` when an over-long run
+        of bytes was skipped.
         """
         if tf.fd is None:  # parked: rescan reopens it when it grows
             return None
@@ -458,41 +471,51 @@ class Tailer:
             tf.fp, tf.fp_len = fp, n
         if st.st_size == tf.offset or st.st_size == tf.held_size:
             return None  # nothing new (or only the unfinished tail the consumer already saw)
-        try:
-            data = os.pread(tf.fd, self.chunk_bytes, tf.offset)
-        except OSError:
+        got = self._read_at(tf.fd, tf.offset)
+        if got is None:
             self.stats["read_errors"] += 1
+        return got if got is not self._NOTHING else None
+
+    _NOTHING = Chunk(-1, b"", -1, False)  # _read_at: no complete line yet
+
+    def _read_at(self, fd: int, offset: int) -> Chunk | None:
+        """The whole lines from ``offset`` (None: a read error; _NOTHING: a line cut in half at EOF). Touches no
+        TailedFile (a read-ahead runs while the consumer has the file's last chunk): what it cut or skipped is
+        counted in the Chunk, and counted by the loop when it is used."""
+        try:
+            data = os.pread(fd, self.chunk_bytes, offset)
+        except OSError:
             return None
         if not data:
-            return None
+            return self._NOTHING
+        full = len(data) == self.chunk_bytes
         end = data.rfind(b"\n")
         if end < 0:
-            if len(data) < self.chunk_bytes:
-                return None  # a line cut in half at EOF: wait for the rest
+            if not full:
+                return self._NOTHING
             # no newline in a whole chunk: skip it (counted), keep going
-            self.stats["bytes_skipped"] += len(data)
-            tf.skipped_bytes += len(data)
-            return b"", tf.offset + len(data)
-        data = data[: end + 1]
-        new_offset = tf.offset + len(data)
+            return Chunk(offset, b"", offset + len(data), full, skipped=len(data))
+        if end + 1 < len(data):
+            data = data[: end + 1]
+        chunk = Chunk(offset, data, offset + len(data), full)
         if self.max_line and len(data) > self.max_line and b"\n" in data:
-            data = self._cut_long_lines(tf, data)
-        return data, new_offset
+            chunk.data, chunk.cut = self._cut_long_lines(data)
+        return chunk
 
-    def _cut_long_lines(self, tf: TailedFile, data: bytes) -> bytes:
+    def _cut_long_lines(self, data: bytes) -> tuple[bytes, int]:
         out = []
         start = 0
         cap = self.max_line
+        cut = 0
         while start < len(data):
             nl = data.find(b"\n", start)
             if nl - start > cap:
                 out.append(data[start : start + cap] + b"\n")
-                tf.oversize_lines += 1
-                self.stats["lines_cut"] += 1
+                cut += 1
             else:
                 out.append(data[start : nl + 1])
             start = nl + 1
-        return b"".join(out)
+        return b"".join(out), cut
 
     def _close_finished(self) -> None:
         now = time.monotonic()
@@ -511,34 +534,64 @@ class Tailer:
                 self.stats["files_closed"] += 1
 
     async def pump(self, handler: Handler) -> bool:
-        """Read every file until nothing is left or the consumer refuses; True if any data moved."""
+        """Read every file until nothing is left or the consumer refuses; True if any data moved.
+
+        While the consumer has a full chunk, the next one is read in a reading thread (the kernel's copy from the
+        page cache, without the GIL, overlaps the consumer's work): it is used when the consumer took the whole
+        chunk and the read found whole lines there; else it is dropped and read again the usual way (read_chunk:
+        truncation and the fingerprint checked). A file truncated since is past its end there: nothing read."""
         moved = await self._pump_gz(handler) if self._gz else False
         for tf in list(self.files.values()):
-            while True:
-                got = await asyncio.to_thread(self.read_chunk, tf)
-                if got is None:
-                    break
-                data, new_offset = got
-                tf.unfinished = 0
-                ok = await handler(tf, data, tf.offset) if data else True
-                if not ok:
-                    return moved  # retry later from the same offset
-                held = min(tf.unfinished, len(data))
-                tf.unfinished = 0
-                if held:  # the consumer left the chunk's tail for later: from there once the file grows
-                    tf.held_size = tf.offset + len(data)
-                    new_offset = tf.offset + len(data) - held
-                else:
-                    tf.held_size = -1
-                progressed = new_offset != tf.offset
-                tf.offset = new_offset
-                tf.pending = None
-                tf.last_data = time.monotonic()
-                moved = True
-                self.save()
-                if not progressed:
-                    break  # all of it held: wait for the file to grow
+            ahead: asyncio.Future[Chunk | None] | None = None
+            try:
+                while True:
+                    got = None
+                    if ahead is not None:
+                        got = await ahead
+                        ahead = None
+                        if got is not None and (got is self._NOTHING or got.offset != tf.offset):
+                            got = None
+                    if got is None:
+                        got = await asyncio.to_thread(self.read_chunk, tf)
+                        if got is None:
+                            break
+                    self._count(tf, got)
+                    if got.full and tf.fp_len >= self.fp_bytes and tf.fd is not None:
+                        # submitted now (a task would start only when the handler first waits)
+                        ahead = asyncio.get_running_loop().run_in_executor(None, self._read_at, tf.fd, got.end)
+                    tf.unfinished = 0
+                    ok = await handler(tf, got.data, tf.offset) if got.data else True
+                    if not ok:
+                        return moved  # retry later from the same offset
+                    held = min(tf.unfinished, len(got.data))
+                    tf.unfinished = 0
+                    new_offset = got.end
+                    if held:  # the consumer left the chunk's tail for later: from there once the file grows
+                        tf.held_size = tf.offset + len(got.data)
+                        new_offset = tf.offset + len(got.data) - held
+                    else:
+                        tf.held_size = -1
+                    progressed = new_offset != tf.offset
+                    tf.offset = new_offset
+                    tf.pending = None
+                    tf.last_data = time.monotonic()
+                    moved = True
+                    self.save()
+                    if not progressed:
+                        break  # all of it held: wait for the file to grow
+            finally:
+                if ahead is not None:  # never left reading a descriptor the caller may close
+                    with contextlib.suppress(Exception):
+                        await asyncio.shield(ahead)
         return moved
+
+    def _count(self, tf: TailedFile, got: Chunk) -> None:
+        if got.skipped:
+            self.stats["bytes_skipped"] += got.skipped
+            tf.skipped_bytes += got.skipped
+        if got.cut:
+            self.stats["lines_cut"] += got.cut
+            tf.oversize_lines += got.cut
 
     async def run(self, handler: Handler) -> None:
         self.load()

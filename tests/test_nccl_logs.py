@@ -210,7 +210,7 @@ def test_all_scanner_engines_find_the_same_lines(parts: list[bytes], tail: bytes
     from collectors.nccl import prefilter as nccl_parse
 
     data = b"\n".join(parts) + tail
-    engines = ["re"] + [e for e in ("re2", "hyperscan") if nccl_parse.engine(e) is not None]
+    engines = ["re"] + [e for e in ("re2", "hyperscan", "hyperscan-wheel") if nccl_parse.engine(e) is not None]
     results = {e: candidate_lines(data, 0, engine=e) for e in engines}
     assert all(r == results["re"] for r in results.values()), results
 

@@ -27,7 +27,7 @@ from gna_sdk.hostroot import HostRoot
 from tests.conftest import Sink
 
 HOST = "gpu-7"
-ENGINES = ["re"] + [e for e in ("re2", "hyperscan") if engine(e) is not None]
+ENGINES = ["re"] + [e for e in ("re2", "hyperscan", "hyperscan-wheel") if engine(e) is not None]
 
 
 def _root(tmp_path: Path, files: dict[str, str]) -> Path:
@@ -268,7 +268,11 @@ def test_every_engine_hits_the_candidate_lines(parts: list[bytes]) -> None:
     for name in ENGINES:
         starts = sorted({data.rfind(b"\n", 0, (h >> KIND_BITS) - 1) + 1 for h in hits(data, name)})
         assert starts == [off for off, _raw in candidate_lines(data, 0, engine=name)], name
-    if "hyperscan" in ENGINES:
-        for h in hits(data, "hyperscan"):
+    for name in ("hyperscan", "hyperscan-wheel"):
+        if name not in ENGINES:
+            continue
+        for h in hits(data, name):
             end, kind = h >> KIND_BITS, h & ((1 << KIND_BITS) - 1)
             assert kind == next(NEEDLE_KIND[n] for n in NEEDLE_KIND if data[:end].endswith(n))
+    if "hyperscan" in ENGINES and "hyperscan-wheel" in ENGINES:
+        assert hits(data, "hyperscan") == hits(data, "hyperscan-wheel"), "the system library's and the wheel's"

@@ -382,3 +382,100 @@ async def test_a_link_swapped_after_the_scan_looked_is_refused_on_what_was_opene
     os.mkfifo(d / "fifo.log")
     st = os.stat(d / "fifo.log")
     assert t._open(st.st_dev, st.st_ino, str(d / "fifo.log")) is None  # not a regular file: refused at once
+
+
+class Holding(Recorder):
+    """Takes each chunk but its last ``hold`` lines (a consumer waiting for a record's end), ``calls`` times; runs
+    ``during(n)`` while it has the n-th chunk (the reading thread's read-ahead of the next one is in flight)."""
+
+    def __init__(self, hold: int = 0, refuse_at: int = -1, during: Any = None) -> None:
+        super().__init__()
+        self.hold, self.refuse_at, self.during, self.n = hold, refuse_at, during, 0
+        self.chunks: list[tuple[int, int]] = []
+
+    async def __call__(self, tf: TailedFile, data: bytes, base: int) -> bool:
+        self.n += 1
+        if self.during is not None:
+            self.during(self.n)
+        await asyncio.sleep(0)  # the read-ahead's thread runs meanwhile
+        if self.n == self.refuse_at:
+            return False
+        self.chunks.append((base, len(data)))
+        lines = data.splitlines(keepends=True)
+        if self.hold and len(lines) > self.hold and len(data) > 4096:
+            keep = lines[: -self.hold]
+            tf.unfinished = len(data) - sum(map(len, keep))
+            lines = keep
+        self.lines.extend(x.rstrip(b"\n") for x in lines)
+        return True
+
+
+def _numbered(path: Path, n: int, width: int = 0) -> None:
+    path.write_bytes(b"".join(b"host:1:1 [0] NCCL INFO %s seq=%d\n" % (b"x" * ((i * 7919) % (width + 1)), i)
+                              for i in range(n)))
+
+
+@pytest.mark.parametrize("hold", [0, 3])
+async def test_read_ahead_gives_every_line_once_in_order(tmp_path: Path, hold: int) -> None:
+    """Chunks read ahead while the consumer has the one before are used only where the consumer took all of it;
+    a consumer that holds a tail, or refuses a chunk, gets the same lines, each once, in order."""
+    log = _logdir(tmp_path) / "x.log"
+    _numbered(log, 20000, width=90)
+    for refuse_at in (-1, 5):
+        t = _tailer(tmp_path, chunk_bytes=8192)
+        t.rescan()
+        rec = Holding(hold=hold, refuse_at=refuse_at)
+        while await t.pump(rec) or rec.n == refuse_at:
+            pass
+        with open(log, "ab") as fh:  # a held tail is read again, with what follows, once the file grows
+            fh.write(b"host:1:1 [0] NCCL INFO end seq=20000\n")
+        while await t.pump(rec):
+            pass
+        assert rec.seqs() == list(range(20001)), (hold, refuse_at)
+        with open(log, "r+b") as fh:
+            fh.truncate(log.stat().st_size - len(b"host:1:1 [0] NCCL INFO end seq=20000\n"))
+        offsets = [b for b, _ in rec.chunks]
+        assert offsets == sorted(offsets) and len(set(offsets)) == len(offsets)
+
+
+async def test_a_truncation_while_the_consumer_works_is_seen(tmp_path: Path) -> None:
+    """copytruncate while a chunk is being judged (its next one read ahead, or about to be): the rest of the old
+    content is not taken for the new file's, and the new file is read from its start."""
+    log = _logdir(tmp_path) / "x.log"
+    _numbered(log, 5000)
+
+    def truncate(n: int) -> None:
+        if n == 3:
+            with open(log, "r+b") as fh:
+                fh.truncate(0)
+                fh.write(b"new seq=100000\n")
+
+    t = _tailer(tmp_path, chunk_bytes=4096)
+    t.rescan()
+    rec = Holding(during=truncate)
+    await t.pump(rec)
+    await t.pump(rec)
+    seqs = rec.seqs()
+    assert seqs[-1] == 100000 and t.stats["truncations"] == 1
+    old = seqs[:-1]
+    assert old == list(range(len(old))), "the old content in order, each line once"
+    assert len(old) < 5000
+
+
+async def test_no_read_is_left_running_when_the_consumer_fails(tmp_path: Path) -> None:
+    log = _logdir(tmp_path) / "x.log"
+    _numbered(log, 5000)
+    t = _tailer(tmp_path, chunk_bytes=4096)
+    t.rescan()
+
+    async def boom(tf: TailedFile, data: bytes, base: int) -> bool:
+        raise RuntimeError("consumer bug")
+
+    with pytest.raises(RuntimeError):
+        await t.pump(boom)
+    assert threading.active_count() >= 1
+    tf = next(iter(t.files.values()))
+    assert tf.offset == 0, "nothing accepted"
+    rec = Recorder()
+    await t.pump(rec)
+    assert rec.seqs() == list(range(5000))

@@ -146,7 +146,8 @@ class NCCLLogsConfig(CollectorSettings, kw_only=True, forbid_unknown_fields=True
     warning_window: float = 60.0  # NCCLWarning: first per (process, text) at once, then one summary
     chunk_bytes: int = 1 << 20
     max_line: int = 65536
-    # Byte prefilter engine: auto = Hyperscan (x86_64) > RE2 > Python re; all find the same lines.
+    # Byte prefilter engine: auto = Hyperscan (x86_64; the system's libhs.so.5 where installed, else the wheel's:
+    # libhs.py) > RE2 > Python re; all find the same lines.
     scanner: Literal["auto", "hyperscan", "re2", "re"] = "auto"
     rescan_interval: float = 30.0  # inotify finds new files at once; the rescan is the fallback
     # descriptors held: beyond this, files read to their end are parked (closed, reopened on growth)

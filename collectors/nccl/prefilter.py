@@ -12,8 +12,10 @@ holding one is read line by line); bench/nccl_ingest.py's ``grep -cE`` pattern i
 from __future__ import annotations
 
 import re
+import threading
 from typing import Any
 
+from collectors.nccl import libhs
 from collectors.nccl.crash_evidence import MARKERS
 from collectors.nccl.rule import Rule
 from collectors.nccl.rules import RULES, WARNING_RULE
@@ -36,18 +38,46 @@ def grep_pattern() -> str:
     return "|".join(re.sub(r"([.^$*+?()\[\]{}|\\])", r"\\\1", n.decode()) for n in NEEDLES)
 
 
-def _hyperscan() -> Any:
-    """Hyperscan's SIMD literal matcher (x86_64): grep-class speed. None where it is not installed."""
+class _Wheel:
+    """The python-hyperscan wheel's database, with a scratch space per thread (a scratch serves one scan at a time,
+    and a scan lets go of the GIL)."""
+
+    def __init__(self, db: Any) -> None:
+        self.db = db
+        self.local = threading.local()
+
+    def info(self) -> str:
+        return f"python-hyperscan wheel, {self.db.info().decode(errors='replace')}"
+
+    def hits(self, data: bytes, shift: int) -> list[int]:
+        scratch = getattr(self.local, "scratch", None)
+        if scratch is None:
+            scratch = self.local.scratch = self.db.scratch.clone()
+        out: list[int] = []
+        add = out.append
+        self.db.scan(data, match_event_handler=lambda id_, _frm, to, _fl, _ctx: add(to << shift | id_),
+                     scratch=scratch)
+        out.sort()  # in the order of their ends but for ties: a linear pass
+        return out
+
+
+def _hyperscan(system: bool = True) -> Any:
+    """Hyperscan's SIMD literal matcher (x86_64): the system's library where it loads (libhs.py: built for every
+    instruction set, the CPU's best used), else (or with ``system`` False) the python-hyperscan wheel; None where
+    neither is installed. An
+    expression's id is its needle's kind (ids need not be unique): ``hits`` learns it from the match itself."""
+    exprs = [re.escape(n) for n in NEEDLES]
+    ids = [NEEDLE_KIND[n] for n in NEEDLES]
+    found = libhs.compile_literals(exprs, ids) if system else None
+    if found is not None:
+        return found
     try:
         import hyperscan
     except ImportError:
         return None
-    exprs = [re.escape(n) for n in NEEDLES]
     db = hyperscan.Database()
-    # an expression's id is its needle's kind (ids need not be unique): ``hits`` learns it from the match itself
-    db.compile(expressions=exprs, ids=[NEEDLE_KIND[n] for n in NEEDLES], elements=len(exprs),
-               flags=[0] * len(exprs))
-    return db
+    db.compile(expressions=exprs, ids=ids, elements=len(exprs), flags=[0] * len(exprs))
+    return _Wheel(db)
 
 
 def _re2() -> Any:
@@ -60,13 +90,21 @@ def _re2() -> Any:
 
 
 _ENGINES: dict[str, Any] = {}
+_BUILD = threading.Lock()
+_UNBUILT = object()
 
 
 def engine(name: str) -> Any:
-    """The compiled scanner, built on first use: an idle node with no NCCL logs never loads it."""
-    if name not in _ENGINES:
-        _ENGINES[name] = _hyperscan() if name == "hyperscan" else _re2() if name == "re2" else PREFILTER
-    return _ENGINES[name]
+    """The compiled scanner, built on first use: an idle node with no NCCL logs never loads it. "hyperscan": the
+    system library's or the wheel's, "hyperscan-wheel": the wheel's (tests and bench/nccl_ingest.py compare them)."""
+    got = _ENGINES.get(name, _UNBUILT)
+    if got is _UNBUILT:
+        with _BUILD:  # once, whichever thread scans first
+            if name not in _ENGINES:
+                _ENGINES[name] = (_hyperscan() if name == "hyperscan" else _hyperscan(system=False)
+                                  if name == "hyperscan-wheel" else _re2() if name == "re2" else PREFILTER)
+            got = _ENGINES[name]
+    return got
 
 
 def best_engine() -> str:
@@ -78,11 +116,9 @@ def best_engine() -> str:
 
 def _match_ends(data: bytes, name: str) -> list[int]:
     """Offsets just past each needle match, in order (an engine that is not installed falls back)."""
-    if name == "hyperscan" and (hs := engine("hyperscan")) is not None:
-        ends: list[int] = []
-        hs.scan(data, match_event_handler=lambda _id, _frm, to, _fl, _ctx: ends.append(to))
-        return sorted(ends)
-    scanner = engine("re2") if name in ("hyperscan", "re2") else None
+    if name.startswith("hyperscan") and (hs := engine(name)) is not None:
+        return [code >> KIND_BITS for code in hs.hits(data, KIND_BITS)]
+    scanner = engine("re2") if name in ("hyperscan", "hyperscan-wheel", "re2") else None
     return [m.end() for m in (scanner or PREFILTER).finditer(data)]
 
 
@@ -90,13 +126,9 @@ def hits(data: bytes, name: str) -> list[int]:
     """Every needle match, ascending: ``end << KIND_BITS | kind`` (``end`` just past the match; ``kind`` that of
     its needle, NEEDLE_KIND). Hyperscan reports every match, overlapping ones too; the regular-expression engines
     the leftmost of overlapping ones (a line holding any needle is found by all three alike)."""
-    if name == "hyperscan" and (hs := engine("hyperscan")) is not None:
-        out: list[int] = []
-        add = out.append
-        hs.scan(data, match_event_handler=lambda kind, _frm, to, _fl, _ctx: add(to << KIND_BITS | kind))
-        out.sort()  # already in order of their ends: a linear pass
-        return out
-    scanner = (engine("re2") if name in ("hyperscan", "re2") else None) or PREFILTER
+    if name.startswith("hyperscan") and (hs := engine(name)) is not None:
+        return hs.hits(data, KIND_BITS)  # type: ignore[no-any-return]
+    scanner = (engine("re2") if name in ("hyperscan", "hyperscan-wheel", "re2") else None) or PREFILTER
     kinds = NEEDLE_KIND
     return [m.end() << KIND_BITS | kinds.get(m.group(), 0) for m in scanner.finditer(data)]
 

@@ -1,9 +1,9 @@
 #!/bin/sh
 # `make image`: the Dockerfile's image, built without Docker and without a registry base image.
 # Debian's mmdebstrap makes a minimal bookworm root filesystem (Essential packages, python3,
-# ca-certificates, libstdc++6) from the Debian archive, deploy/image/install.sh installs the wheelhouse into it
-# (the same script the Dockerfile runs), and umoci packs it as a one-layer OCI image with the
-# Dockerfile's config (entrypoint, user, labels). Output, under OUT (default build/image):
+# ca-certificates, libstdc++6, libhyperscan5 on amd64) from the Debian archive, deploy/image/install.sh
+# installs the wheelhouse into it (the same script the Dockerfile runs), and umoci packs it as a one-layer
+# OCI image with the Dockerfile's config (entrypoint, user, labels). Output, under OUT (default build/image):
 #   wheels/   the project's wheel and its dependencies' (this machine's architecture)
 #   rootfs.tar  the root filesystem (the slow test unpacks it, chroots into it and runs `gpu-node-agent check`;
 #               a tarball, not a directory: setuptools walks the source tree following symbolic links, and
@@ -42,7 +42,10 @@ rootfs() {
     mode=root
     [ "$(id -u)" = 0 ] || mode=unshare
     # Documentation, man pages and locales are left out (copyright files kept), as in Debian's slim images.
-    mmdebstrap --mode="$mode" --variant=essential --include=python3,ca-certificates,libstdc++6 \
+    # libhyperscan5 on amd64, as in the Dockerfile (collectors/nccl/libhs.py)
+    hs=""
+    [ "$(dpkg --print-architecture)" = amd64 ] && hs=,libhyperscan5
+    mmdebstrap --mode="$mode" --variant=essential --include="python3,ca-certificates,libstdc++6$hs" \
         --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-include=/usr/share/doc/*/copyright' \
         --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/locale/*' \
         --dpkgopt='path-exclude=/usr/share/info/*' \
