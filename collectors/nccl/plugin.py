@@ -36,6 +36,7 @@ import re
 import shutil
 import stat
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -180,6 +181,21 @@ class NodeFacts:
     @functools.cached_property
     def nvlink(self) -> bool:
         return self._c._nvlink()
+
+
+class Summary:
+    """A process's summary, made on first use (an evaluation that fires nothing never needs it)."""
+
+    __slots__ = ("_made", "_make")
+
+    def __init__(self, make: Callable[[], dict[str, Any]]) -> None:
+        self._make: Callable[[], dict[str, Any]] | None = make
+        self._made: dict[str, Any] = {}
+
+    def __call__(self) -> dict[str, Any]:
+        if self._make is not None:
+            self._made, self._make = self._make(), None
+        return self._made
 
 
 class NCCLLogsCollector:
@@ -525,17 +541,22 @@ class NCCLLogsCollector:
     def _summary(self, st: ProcessState) -> dict[str, Any]:
         """The process summary, with its job as operators name it once a lookup answered."""
         summary = st.summary()
-        job = self.jobs.get(f"pod:{st.pod_uid}") if st.pod_uid else None
-        if job is None and st.slurm_job:
-            job = self.jobs.get(f"slurm:{st.slurm_job}")
-            if job is not None and job.outputs:
-                self._follow_outputs(job)
+        job = self._job(st)
         if job is not None:
             summary["job_name"] = job.name
             summary["job_kind"] = job.kind
             if job.owner:
                 summary["job_owner"] = job.owner
         return summary
+
+    def _job(self, st: ProcessState) -> JobName | None:
+        """The process's job as a lookup answered (None: not yet, or none); a Slurm job's output files followed."""
+        job = self.jobs.get(f"pod:{st.pod_uid}") if st.pod_uid else None
+        if job is None and st.slurm_job:
+            job = self.jobs.get(f"slurm:{st.slurm_job}")
+            if job is not None and job.outputs:
+                self._follow_outputs(job)
+        return job
 
     def _follow_outputs(self, job: JobName) -> None:
         """A Slurm job running here prints where scontrol says (StdOut/StdErr): those files are read too, if
@@ -959,7 +980,8 @@ class NCCLLogsCollector:
         chunk (each read once)."""
         node = NodeFacts(self) if node is None else node
         ok = True
-        base = self._summary(st)
+        self._job(st)  # (its outputs followed once the lookup answers)
+        base = Summary(lambda: self._summary(st))  # made only for a condition that fires
         rdma = node.rdma
         transport = st.transport()
         if transport == "Socket" or (transport is None and st.ib_no_device):
@@ -969,14 +991,14 @@ class NCCLLogsCollector:
                 st, "NCCLNoGDRDMA", "GDRNotUsed",
                 message=f"NCCL in {st.key} moves IB traffic through host memory (no GPUDirect RDMA) although "
                         f"the node supports it.",
-                details={**base, "channels_without_gdrdma": st.non_gdr_channels,
+                details={**base(), "channels_without_gdrdma": st.non_gdr_channels,
                          "gdr_disabled_hcas": sorted(st.gdr_disabled)})
         if st.shm_channels and node.nvlink:
             ok &= await self._firing(
                 st, "NCCLP2PViaHost", "SHMOnNVLinkNode",
                 message=f"NCCL in {st.key} sends GPU-to-GPU traffic through host shared memory on an NVLink node "
                         f"({st.shm_channels} channels): P2P is disabled or blocked.",
-                details={**base, "shm_channels": st.shm_channels})
+                details={**base(), "shm_channels": st.shm_channels})
         selected = [d["name"] for d in st.ib_devices]
         env = st.env_hca or (self.emit.facts.get("nccl_env.ib_hca") or {}).get(str(st.pid), "")
         surprises = hca_prefix_surprises(env, selected)
@@ -989,12 +1011,12 @@ class NCCLLogsCollector:
                            f"'{exact_hca_value(env, selected)}' to select only the HCAs it names)"
                            if surprises else
                            ": a storage NIC excluded by config") + ".",
-                details={**base, "selected": selected, "nccl_ib_hca": env or None, "unintended": surprises,
+                details={**base(), "selected": selected, "nccl_ib_hca": env or None, "unintended": surprises,
                          "storage_nics": storage})
         ok &= await self._topology_checks(st, base, env, rdma)
         return ok
 
-    async def _topology_checks(self, st: ProcessState, base: dict[str, Any], env_hca: str, rdma: list[str]) -> bool:
+    async def _topology_checks(self, st: ProcessState, base: Summary, env_hca: str, rdma: list[str]) -> bool:
         """The rank's GPU and NICs against this node's PCIe tree (docs/topology.md, "NCCL ranks and the tree"):
         NCCLFarNIC when its own channels use a NIC farther than the GPU's nearest one, NCCLGDRLevel when
         NCCL_NET_GDR_LEVEL (its environ as written, else its log's echo) turns GPUDirect RDMA off for that pair
@@ -1032,7 +1054,8 @@ class NCCLLogsCollector:
             ok &= await self.emit.condition(
                 f.type, firing=True, severity=f.severity, entity=st.entity, reason=f.reason,
                 message=f"NCCL in {st.key} (ranks {st.ranks() or '?'}): {f.message}",
-                details={**base, **f.details, "nccl_version": st.version or None}, suggested_action=f.suggested_action)
+                details={**base(), **f.details, "nccl_version": st.version or None},
+                suggested_action=f.suggested_action)
         return ok
 
     def _job_choice(self, st: ProcessState) -> tuple[str, str] | None:
@@ -1045,7 +1068,7 @@ class NCCLLogsCollector:
             return "NCCL_NET", env["NCCL_NET"]
         return None
 
-    async def _socket_fallback(self, st: ProcessState, base: dict[str, Any], rdma: list[str]) -> bool:
+    async def _socket_fallback(self, st: ProcessState, base: Summary, rdma: list[str]) -> bool:
         """Severity by who is at fault. The job's setting or its container (no IB device visible to it)
         is a fix_config warning naming the job; only a node whose ports are up and whose NCCL saw IB
         devices yet still fell back is critical, and even then it wants inspection, not a cordon."""
@@ -1072,7 +1095,7 @@ class NCCLLogsCollector:
         v = verdict("NCCLSocketFallback", reason)
         return await self.emit.condition(
             "NCCLSocketFallback", firing=True, severity=v.severity, entity=st.entity, reason=reason, message=message,
-            details={**base, "net": st.transport(), "socket_ifs": st.socket_ifs or None,
+            details={**base(), "net": st.transport(), "socket_ifs": st.socket_ifs or None,
                      "ib_no_device": st.ib_no_device, "socket_channels": st.socket_channels,
                      "job_setting": dict([choice]) if choice else None, "active_rdma_ports": rdma},
             suggested_action=v.action)
