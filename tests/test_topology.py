@@ -13,6 +13,7 @@ Expected matrices are what nvidia-smi printed on the real hardware each simulate
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -1088,3 +1089,33 @@ def test_collector_keeps_the_plugin_contract() -> None:
 
     assert collector_contract(TopologyCollector) == []
     assert callable(TopologyCollector.report) and callable(TopologyCollector.render_text)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 5), st.sampled_from(["rel", "abs", "dir", "dangle"])),
+                min_size=1, max_size=12))
+def test_the_kernels_realpath_is_pythons(tmp_path_factory: pytest.TempPathFactory,
+                                         links: list[tuple[int, int, str]]) -> None:
+    """pcie_tree.kernel_realpath (O_PATH, then /proc/self/fd) names what os.path.realpath(strict=True) names,
+    and fails where it fails (a loop, a dangling link), for chains of links relative, absolute and through
+    directories."""
+    root = tmp_path_factory.mktemp("rp")
+    (root / "d0" / "d1").mkdir(parents=True)
+    (root / "d0" / "d1" / "f").write_text("x")
+    for i, (src, dst, kind) in enumerate(links):
+        at = root / f"l{src}_{i}"
+        target = {"rel": f"l{dst}_{max(i - 1, 0)}", "abs": str(root / "d0" / "d1" / "f"),
+                  "dir": "d0/../d0/d1", "dangle": "nowhere/at/all"}[kind]
+        with contextlib.suppress(FileExistsError):
+            at.symlink_to(target)
+    for p in [*root.iterdir(), root / "d0" / "d1" / "f"]:
+        for path in (str(p), str(p / "f")):
+            try:
+                want: str | None = os.path.realpath(path, strict=True)
+            except OSError:
+                want = None
+            try:
+                got: str | None = pp.kernel_realpath(path)
+            except OSError:
+                got = None
+            assert got == want, path

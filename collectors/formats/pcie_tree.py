@@ -229,11 +229,15 @@ class Topology:
 
 # -- reading sysfs under a host root ----------------------------------------------------------------
 
-def read_attr(directory: str, name: str, limit: int = ATTR_LIMIT) -> str | None:
+def read_attr(directory: str | int, name: str, limit: int = ATTR_LIMIT) -> str | None:
     """A small attribute file as text, or None when absent, a symlink, not a regular file (a FIFO would
-    block a plain open) or unreadable. Never more than ``limit`` bytes."""
+    block a plain open) or unreadable. Never more than ``limit`` bytes. ``directory``: a path, or a descriptor
+    of the directory (the name opened relative to it)."""
     try:
-        fd = os.open(os.path.join(directory, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        if isinstance(directory, int):
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=directory)
+        else:
+            fd = os.open(os.path.join(directory, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return None
     try:
@@ -244,6 +248,22 @@ def read_attr(directory: str, name: str, limit: int = ATTR_LIMIT) -> str | None:
         return None
     finally:
         os.close(fd)
+
+
+def kernel_realpath(path: str) -> str:
+    """os.path.realpath(path, strict=True), resolved by the kernel: the path opened O_PATH and read back from
+    /proc/self/fd (one open and one readlink, where Python's realpath lstats every component: ~70 links a
+    topology pass). OSError as realpath's (ENOENT, ELOOP); Python's where /proc is not mounted."""
+    fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    try:
+        real = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return os.path.realpath(path, strict=True)
+    finally:
+        os.close(fd)
+    if not real.startswith("/") or real.endswith(" (deleted)"):
+        return os.path.realpath(path, strict=True)  # not a path the kernel could name now
+    return real
 
 
 def bounded_listdir(path: str, limit: int) -> tuple[list[str], bool]:
@@ -270,7 +290,7 @@ class _Reader:
     def resolve(self, link: str, entry: str) -> str | None:
         """Where ``link`` leads, if that is inside the host root's /sys/devices."""
         try:
-            real = os.path.realpath(link, strict=True)
+            real = kernel_realpath(link)
         except OSError as exc:  # ELOOP for a loop, ENOENT for a dangling link
             self.skip(entry, f"unresolvable link ({exc.strerror or type(exc).__name__})")
             return None
@@ -306,8 +326,19 @@ class _Reader:
         return chain[-1]
 
     def read_node(self, bdf: str, host_bridge: str, chain: tuple[str, ...], directory: str) -> PciNode:
+        try:  # the attributes opened relative to it: the path is walked once, not once an attribute
+            dir_fd: int | None = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            dir_fd = None
+        try:
+            return self._node(bdf, host_bridge, chain, dir_fd)
+        finally:
+            if dir_fd is not None:
+                os.close(dir_fd)
+
+    def _node(self, bdf: str, host_bridge: str, chain: tuple[str, ...], dir_fd: int | None) -> PciNode:
         def value(name: str, parse: Callable[[str | None], Any], limit: int = ATTR_LIMIT) -> Any:
-            raw = read_attr(directory, name, limit)
+            raw = read_attr(dir_fd, name, limit) if dir_fd is not None else None
             if raw is None:
                 return None
             parsed = parse(raw) if len(raw) <= limit else None
