@@ -74,6 +74,9 @@ MEASURES: dict[str, tuple[str, ...]] = {
                         "fleet/follow.py", "fleet/leases.py", "agent/nats_link.py", "agent/natsclient.py"),
     "stragglers": ("fleet/stragglers.py", "sim/stragglers.py", "collectors/nvml.py"),
     "straggler_watch": ("fleet/stragglers.py", "sim/stragglers.py"),
+    # every collector the daemon starts (loaded by name through pyproject.toml's entry points), on sim/host.py's node
+    "collector_passes": ("collectors/**/*.py", "agent/emitter.py", "agent/facts.py", "agent/registry.py",
+                         "gna_sdk/**/*.py", "sim/host.py", "pyproject.toml"),
     # the whole daemon runs (collectors and remediations are loaded by name), installed from pyproject.toml
     "node_footprint": ("agent/**/*.py", "collectors/**/*.py", "remediations/**/*.py", "gna_sdk/**/*.py",
                        "gna_types/**/*.py", "sim/host.py", "pyproject.toml"),
