@@ -360,6 +360,7 @@ def _judge(group: list[Device], sig: Signal, weights: dict[str, float], sample: 
     vdev: list[Device] = []
     vval: list[float] = []
     vw: list[float] = []
+    base: list[int] = []  # the indices of the devices that make the baseline (of the sampled nodes)
     per: dict[str, float] = defaultdict(float)
     for i, d in enumerate(group):
         if i % _CHECK_EVERY == _CHECK_EVERY - 1:
@@ -367,6 +368,8 @@ def _judge(group: list[Device], sig: Signal, weights: dict[str, float], sample: 
         v = d.values.get(sig.key)
         if v is not None:
             w = weights[d.node]
+            if sample is None or d.node in sample:
+                base.append(len(vdev))
             vdev.append(d)
             vval.append(v)
             vw.append(w)
@@ -374,13 +377,14 @@ def _judge(group: list[Device], sig: Signal, weights: dict[str, float], sample: 
     if sum(per.values()) - max(per.values(), default=0.0) < MIN_PEERS:
         return []
     yield None
-    base = list(range(len(vdev))) if sample is None else [i for i, d in enumerate(vdev) if d.node in sample]
-    yield None
     order = sorted(base, key=vval.__getitem__)
     yield None
     med = _wmedian_of(order, vval, vw)
     yield None
-    dist = [abs(v - med) for v in vval]
+    dist = [0.0] * len(vval)  # the deviations the MAD reads: the baseline's only (a group of GPUs is 100k)
+    for i in base:
+        dist[i] = abs(vval[i] - med)
+    yield None
     order = sorted(base, key=dist.__getitem__)
     yield None
     mad = _wmedian_of(order, dist, vw)
@@ -404,9 +408,18 @@ def _judge(group: list[Device], sig: Signal, weights: dict[str, float], sample: 
     return relative
 
 
-def _slowdowns(group: list[Device]) -> list[Hit]:
-    held = [d for d in group if d.held is not None]
-    if not held or _condition({d.node for d in held}, len({d.node for d in group})):
+def _slowdowns(group: list[Device]) -> _Work:
+    """The GPUs of ``group`` whose clocks are held down while most of their peers' run free (a generator:
+    yields at checkpoints, returns the hits; a class of GPUs is 100k devices)."""
+    held: list[Device] = []
+    nodes: set[str] = set()
+    for i, d in enumerate(group):
+        if i % _CHECK_EVERY == _CHECK_EVERY - 1:
+            yield None
+        nodes.add(d.node)
+        if d.held is not None:
+            held.append(d)
+    if not held or _condition({d.node for d in held}, len(nodes)):
         return []
     return [(d, "clock_slowdown_held_s", d.held[0], 0.0,
              f"clocks held down by {d.held[1]} for {d.held[0]:.0f} s (its peers run free)", False)
@@ -424,7 +437,7 @@ def _judge_group(group: list[Device]) -> _Work:
         for h in (yield from _judge(group, sig, weights, sample)):
             out[(h[0].node, h[0].entity)].append(h)
     if group[0].kind == "gpu":
-        for h in _slowdowns(group):
+        for h in (yield from _slowdowns(group)):
             out[(h[0].node, h[0].entity)].append(h)
     yield None
     return dict(out)
@@ -819,9 +832,13 @@ class StragglerWatch:
                 self.class_hits[c] = new
             touched.update(k for k in {*old, *new} if old.get(k) != new.get(k))
         out: list[dict[str, Any]] = []
-        for i, dev_id in enumerate(list(touched)):  # 3. the devices whose verdict may have changed
+        settled = 0
+        while touched:  # 3. the devices whose verdict may have changed
+            # popped, not copied: each key freed as it is settled (100k keys freed at once held the loop 64 ms)
+            dev_id = touched.pop()
             self._settle(dev_id, self._record(dev_id), now, out)
-            if i % _CHECK_EVERY == _CHECK_EVERY - 1:
+            settled += 1
+            if settled % _CHECK_EVERY == 0:
                 yield None
         yield from self._evaluate_comms(comms, now, out)
         out.sort(key=lambda r: (r["node"], r["entity"]))
