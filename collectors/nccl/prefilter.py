@@ -64,8 +64,8 @@ class _Wheel:
 def _hyperscan(system: bool = True) -> Any:
     """Hyperscan's SIMD literal matcher (x86_64): the system's library where it loads (libhs.py: built for every
     instruction set, the CPU's best used), else (or with ``system`` False) the python-hyperscan wheel; None where
-    neither is installed. An
-    expression's id is its needle's kind (ids need not be unique): ``hits`` learns it from the match itself."""
+    neither is installed. An expression's id is its needle's kind (ids need not be unique): ``hits`` learns it
+    from the match itself."""
     exprs = [re.escape(n) for n in NEEDLES]
     ids = [NEEDLE_KIND[n] for n in NEEDLES]
     found = libhs.compile_literals(exprs, ids) if system else None
