@@ -7,6 +7,7 @@ nats-server, and one image name across the Dockerfile, `make image` and the mani
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import os
 import re
@@ -652,11 +653,20 @@ async def _drain_run(kube: FakeKube, tmp_path: Path, node: str, mode: Mode) -> d
     kube.add_node(node, unschedulable=True)
     kube.add_pod("team-a", f"llama-{node}-{mode}", f"uid-{node}-{mode}", node_name=node,
                  resources={"limits": {"nvidia.com/gpu": "8"}})
+    ending = None
     if mode == "wait":
-        kube.end_pod("team-a", f"llama-{node}-{mode}", after=0.1)
+        async def job_ends() -> None:  # once the drain has listed the node's pods (a cold import of the client
+            # can take longer than a fixed delay: the pod would be gone before the drain looked, "already_done")
+            while not any(q.startswith("/api/v1/pods") and f"spec.nodeName%3D{node}" in q for _, q in kube.queries):
+                await asyncio.sleep(0.005)
+            kube.end_pod("team-a", f"llama-{node}-{mode}", after=0.1)
+
+        ending = asyncio.create_task(job_ends())
     cfg = DrainConfig(kubeconfig=str(kube.kubeconfig(tmp_path / f"kc-{node}-{mode}")), mode=mode,
                       timeout=0.0 if mode == "evict" else 2.0, poll_interval=0.02, deadline=5.0, request_timeout=2.0)
     result = await KubernetesDrainRemediation(cfg, HostRoot("/")).execute(_drain_msg(node), {})
+    if ending is not None:
+        await ending
     assert result.outcome == "executed", result
     made = [o for o in kube.custom.values() if o["spec"]["nodeName"] == node]
     return copy.deepcopy(made[0]) if made else None
