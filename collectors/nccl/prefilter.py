@@ -114,14 +114,6 @@ def best_engine() -> str:
     return "re"
 
 
-def _match_ends(data: bytes, name: str) -> list[int]:
-    """Offsets just past each needle match, in order (an engine that is not installed falls back)."""
-    if name.startswith("hyperscan") and (hs := engine(name)) is not None:
-        return [code >> KIND_BITS for code in hs.hits(data, KIND_BITS)]
-    scanner = engine("re2") if name in ("hyperscan", "hyperscan-wheel", "re2") else None
-    return [m.end() for m in (scanner or PREFILTER).finditer(data)]
-
-
 def hits(data: bytes, name: str) -> list[int]:
     """Every needle match, ascending: ``end << KIND_BITS | kind`` (``end`` just past the match; ``kind`` that of
     its needle, NEEDLE_KIND). Hyperscan reports every match, overlapping ones too; the regular-expression engines
@@ -139,7 +131,8 @@ def candidate_lines(data: bytes, base: int, *, max_line: int = 65536,
     A line longer than ``max_line`` is cut there (its start is what the rules read)."""
     out: list[tuple[int, bytes]] = []
     last_start = -1
-    for end_of_match in _match_ends(data, best_engine() if engine == "auto" else engine):
+    for code in hits(data, best_engine() if engine == "auto" else engine):
+        end_of_match = code >> KIND_BITS
         start = data.rfind(b"\n", 0, end_of_match - 1) + 1  # the match's last byte may be the newline
         if start == last_start:
             continue

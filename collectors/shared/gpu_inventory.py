@@ -10,11 +10,13 @@ import os
 import re
 from dataclasses import dataclass
 
+from collectors.formats.pcie_tree import read_attr
 from gna_sdk import HostPaths
 
 GPU_CLASSES = ("0x0300", "0x0302")
 _DEV_NODE = re.compile(r"^nvidia(\d+)$")
 _MINOR = re.compile(r"^Device Minor:\s*(\d+)\s*$", re.MULTILINE)
+READ_LIMIT = 4096  # /proc/driver/nvidia/gpus/<bus id>/information is a few hundred bytes
 
 
 @dataclass(frozen=True)
@@ -24,22 +26,14 @@ class Inventory:
     control: dict[str, bool]
 
 
-def _read(path: str) -> str | None:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        return os.read(fd, 4096).decode("ascii", "replace").strip()
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
+def _read(directory: str, name: str) -> str | None:
+    text = read_attr(directory, name, READ_LIMIT)
+    return text.strip() if text is not None else None
 
 
 def scan(host: HostPaths) -> Inventory:
-    """Every pass reads the vendor of each PCI function (about 70 on an HGX node), the class of NVIDIA's: plain
-    descriptors and string paths (pathlib objects and buffered files cost more than the reads)."""
+    """Every pass reads the vendor of each PCI function (about 70 on an HGX node), the class of NVIDIA's, with
+    pcie_tree's attribute reader and string paths (pathlib objects and buffered files cost more than the reads)."""
     pci: dict[str, int | None] = {}
     base = str(host.path("/sys/bus/pci/devices"))
     try:
@@ -47,10 +41,10 @@ def scan(host: HostPaths) -> Inventory:
     except OSError:
         names = []
     for name in names:
-        if _read(f"{base}/{name}/vendor") != "0x10de" or not (_read(f"{base}/{name}/class") or "").startswith(
+        if _read(f"{base}/{name}", "vendor") != "0x10de" or not (_read(f"{base}/{name}", "class") or "").startswith(
                 GPU_CLASSES):
             continue
-        info = _read(str(host.path(f"/proc/driver/nvidia/gpus/{name}/information"))) or ""
+        info = _read(str(host.path(f"/proc/driver/nvidia/gpus/{name}")), "information") or ""
         m = _MINOR.search(info)
         pci[name] = int(m.group(1)) if m else None
     minors: set[int] = set()
