@@ -19,7 +19,6 @@ Medians of ``--runs`` runs.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import statistics
 import subprocess
@@ -69,11 +68,6 @@ async def _measure(root: Path, passes: int, warmup: int) -> tuple[dict[str, dict
         cpu = (time.process_time() - cpu0) / passes * 1000
         timed[name] = {"cpu_ms": cpu, "wall_ms": (time.perf_counter() - wall0) / passes * 1000,
                        "interval_s": float(settings.interval), "ms_per_min": cpu * 60 / settings.interval}
-        closer = getattr(collector, "close", None)
-        if closer is not None:
-            got = closer()
-            if asyncio.iscoroutine(got):
-                await got
     return timed, untimed
 
 
