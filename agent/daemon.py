@@ -31,7 +31,6 @@ from agent.nats_link import NatsLink
 from agent.nats_server import NatsServerProcess
 from agent.natsclient import redact
 from agent.nodestate import NodeStatePublisher
-from agent.nvsentinel_sink import start_nvsentinel
 from agent.registry import collector_classes
 from agent.reload import reload_config
 from agent.remediation.incidents import IncidentView
@@ -274,10 +273,13 @@ class Agent:
             self._tasks.append(loop.create_task(self.remediation.watch_incidents(self.link),
                                                 name="remediation:incidents"))
         assert self.bus is not None
-        if (started := start_nvsentinel(self.cfg.exports.nvsentinel, self.node, self.bus,
-                                        list(self.tracker.active.values()), loop)) is not None:
-            self.nvsentinel, task = started
-            self._tasks.append(task)
+        if self.cfg.exports.nvsentinel.enabled:  # its encoder is imported only for a node that exports
+            from agent.nvsentinel_sink import start_nvsentinel
+
+            if (started := start_nvsentinel(self.cfg.exports.nvsentinel, self.node, self.bus,
+                                            list(self.tracker.active.values()), loop)) is not None:
+                self.nvsentinel, task = started
+                self._tasks.append(task)
         if self.cfg.metrics.listen:
             self.metrics_server = MetricsServer(self.metrics, self.cfg.metrics.listen, self.health,
                                                 self.refresh_metrics)

@@ -36,7 +36,7 @@ from gna_types.subjects import encode_token
 MAX_NODES = 100_000
 MAX_SUMMARY = 500
 ASK_INTERVAL = 30.0  # s between two requests to one node (the node itself accepts one a minute by default)
-LEVELS = ("quick", "standard", "full")  # each runs the checks of the one before and more (docs/validate.md)
+LEVELS = vtypes.LEVELS
 
 
 @dataclass(frozen=True)

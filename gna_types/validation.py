@@ -26,6 +26,8 @@ MAX_NOTES: Final = 32
 Verdict = Literal["passed", "failed", "busy", "unavailable"]
 Status = Literal["passed", "failed", "skipped", "error"]
 Level = Literal["quick", "standard", "full"]
+LEVELS: Final = ("quick", "standard", "full")  # each runs the checks of the one before and more (docs/validate.md)
+CHECKS: Final = ("passive", "nccl_allreduce", "nvbandwidth", "dcgm_diag", "ib_write_bw")  # agent/validate/checks.py
 Reason = Annotated[str, Meta(max_length=2000, description="why a check has its status, in words")]
 Arg = Annotated[str, Meta(max_length=4096)]
 FigureName = Annotated[str, Meta(max_length=128, description="a measured quantity: busbw, h2d:GPU0, mlx5_0:1")]

@@ -20,7 +20,7 @@ from agent.remediation.engine import Engine
 from agent.remediation.loader import load_plugins
 from agent.remediation.policy import RemediationsConfig, RepairConfig
 from agent.remediation.repair import Validation
-from agent.validate import run_validation
+from agent.validate.checks import run_validation
 from gna_sdk.hostroot import HostRoot
 from sim.host import SimHost
 from tests.fake_kube import FakeKube

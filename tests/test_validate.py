@@ -16,8 +16,8 @@ import pytest
 
 from agent import config as configmod
 from agent.cli import main
-from agent.validate import NODE_VALIDATION, run_validation
-from agent.validate.checks import CHECKS, run_tool
+from agent.validate import NODE_VALIDATION
+from agent.validate.checks import CHECKS, run_tool, run_validation
 from gna_sdk.hostroot import HostRoot
 from gna_types.validation import ValidationReport, decode
 from sim.host import H200_SXM, SimHost

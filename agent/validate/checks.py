@@ -40,10 +40,8 @@ from agent.validate import dcgm_diag, nccl_tests, nvbandwidth, perftest
 from agent.validate.thresholds import Limits, Topology, limits_for, read_topology
 from gna_sdk import gpu_processes, plural
 from gna_sdk.hostroot import HostRoot
-from gna_types.validation import CheckResult, Status, ValidationReport
+from gna_types.validation import CHECKS, LEVELS, CheckResult, Status, ValidationReport
 
-LEVELS = ("quick", "standard", "full")
-CHECKS = ("passive", "nccl_allreduce", "nvbandwidth", "dcgm_diag", "ib_write_bw")
 LEVEL_CHECKS = {"quick": ("passive", "nccl_allreduce"), "standard": CHECKS, "full": CHECKS}
 TOOLS = {"nccl_allreduce": "all_reduce_perf", "nvbandwidth": "nvbandwidth", "dcgm_diag": "dcgmi",
          "ib_write_bw": "ib_write_bw"}

@@ -16,9 +16,8 @@ import msgspec
 
 from agent import config as configmod
 from agent.cliargs import EX_CONFIG, EX_NOINPUT, EX_UNAVAILABLE, Parser, load_config
-from agent.validate.checks import CHECKS, LEVELS, run_validation
 from gna_sdk.hostroot import HostRoot
-from gna_types.validation import ValidationReport
+from gna_types.validation import CHECKS, LEVELS, ValidationReport
 
 EX_FAILED = 1
 EX_TEMPFAIL = 75  # sysexits(3): a temporary failure, try again later
@@ -55,6 +54,8 @@ def add_command(sub: argparse._SubParsersAction[Parser]) -> None:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    from agent.validate.checks import run_validation  # not for the daemon's parser: `run` never calls it
+
     cfg = load_config(args)
     root = Path(cfg.agent.host_root)
     if not root.is_dir():

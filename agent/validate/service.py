@@ -29,7 +29,6 @@ import structlog
 
 from agent import config as configmod
 from agent.message import Message
-from agent.validate.checks import run_validation
 from gna_sdk import Emitter, Severity
 from gna_sdk.hostroot import HostRoot
 from gna_types.subjects import validate_subject
@@ -73,6 +72,8 @@ class ValidationService:
         self._last_request: float | None = None
 
     async def run(self, level: str, *, trigger: str, publish_busy: bool = True) -> ValidationReport:
+        from agent.validate.checks import run_validation  # the tool runners, imported by the first run
+
         a = self.agent
         async with self._lock:
             report = await run_validation(a.cfg, a.host, level, node=a.node, collectors=a.config.collectors)

@@ -27,7 +27,6 @@ import json
 import math
 import os
 import pickle
-import pickletools
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -230,6 +229,8 @@ def _clip(text: str, n: int = 80) -> str:
 
 
 def _prescan(data: bytes) -> None:
+    import pickletools  # its opcode tables (0.2 MiB) only on a node that has a dump to read
+
     memo = 0
     depth = 0
     try:
