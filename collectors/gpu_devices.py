@@ -18,7 +18,7 @@ from typing import ClassVar
 import structlog
 from msgspec import structs
 
-from collectors.shared.gpu_inventory import scan
+from collectors.shared.gpu_inventory import PciGpus, scan
 from collectors.shared.nvml_lib import load_nvml
 from gna_sdk import CollectorSettings, Emitter, HostPaths
 from gna_sdk.inotify import DIR_CHANGES, IN_ONLYDIR, InotifyEvent
@@ -92,6 +92,7 @@ class GPUDevicesCollector:
         self.udev_status = "off"
         # a GPU that fell off the bus while the agent was down is still expected
         self.seen = BootScopedSet(emit.state_dir / "seen_pci.json" if emit.state_dir else None, boot_id(host))
+        self.pci_gpus = PciGpus()  # which bus entries are GPUs, read once per entry
 
     # -- fast paths -------------------------------------------------------------------
     def _wake(self) -> None:
@@ -144,7 +145,7 @@ class GPUDevicesCollector:
         return ids
 
     async def collect(self) -> None:
-        inv, nvml_ids = await asyncio.to_thread(lambda: (scan(self.host), self._nvml_bus_ids()))
+        inv, nvml_ids = await asyncio.to_thread(lambda: (scan(self.host, self.pci_gpus), self._nvml_bus_ids()))
         self.seen.add_all(set(inv.pci))
         gone = sorted(self.seen.items - set(inv.pci))
         on_pci = len(inv.pci)

@@ -13,7 +13,7 @@ from typing import Any, ClassVar, Literal
 
 from msgspec import structs
 
-from collectors.shared.gpu_inventory import scan
+from collectors.shared.gpu_inventory import PciGpus, scan
 from gna_sdk import CollectorSettings, Emitter, HostPaths, plural
 from gna_sdk.udev import Uevent
 from gna_sdk.watch import Watches
@@ -65,6 +65,7 @@ class KernelModulesCollector:
         self.config = config
         self.host = host
         self.emit = emit
+        self.pci_gpus = PciGpus()  # which bus entries are GPUs, read once per entry
 
     def _on_uevent(self, ev: Uevent) -> None:
         if ev.get("DEVPATH", "").rsplit("/", 1)[-1].startswith(("nvidia", "mlx", "ib_")) and self.wakeup:
@@ -94,7 +95,7 @@ class KernelModulesCollector:
             self.emit.not_seen("/proc/modules", f"{why}: module states come from /sys/module alone")
         states = {m: module_state(self.host, m, proc) for m in ("nvidia", "nvidia_uvm", "nvidia_peermem")}
         loaded = {m: s in ("live", "builtin") for m, s in states.items()}
-        gpus = len((await asyncio.to_thread(scan, self.host)).pci)
+        gpus = len((await asyncio.to_thread(scan, self.host, self.pci_gpus)).pci)
         try:
             hcas = sorted(p.name for p in self.host.path("/sys/class/infiniband").iterdir())
         except OSError:

@@ -2,17 +2,21 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from agent.emitter import CollectorEmitter, ConditionTracker
 from agent.facts import FactStore
 from agent.nats_server import NatsServerProcess
 from collectors import gpu_devices as gd
+from collectors.shared import gpu_inventory
 from collectors.shared import nvml_lib as nvml_lib
 from gna_sdk.hostroot import HostRoot
 from gna_sdk.udev import UdevMonitor
@@ -182,3 +186,70 @@ async def test_without_udev_it_says_so_once_and_still_fires(tmp_path: Path, nats
             assert time.monotonic() - t0 < 5
     out = capsys.readouterr().out
     assert out.count("gpu_devices_udev_unavailable") == 1
+
+
+# -- which bus entries are GPUs, remembered per entry (collectors/shared/gpu_inventory.py PciGpus) -----------
+_FUNCS = ("0000:18:00.0", "0000:2a:00.0", "0000:3a:00.0", "0000:5d:00.0")
+_KINDS = {"gpu": ("0x10de", "0x030200"), "vga": ("0x10de", "0x030000"), "nvswitch": ("0x10de", "0x068000"),
+          "nic": ("0x15b3", "0x020700"), "unreadable": (None, "0x030200")}
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.sampled_from(["add", "remove", "replace"]), st.sampled_from(_FUNCS),
+                          st.sampled_from(sorted(_KINDS))), max_size=14))
+def test_remembered_gpu_functions_agree_with_a_fresh_read_after_every_change(tmp_path_factory: pytest.TempPathFactory,
+                                                                              ops: list[tuple[str, str, str]]) -> None:
+    """The remembered answer equals reading every function's vendor and class afresh, after any sequence of
+    functions added, removed and replaced by another device at the same bus id (as the kernel does: a new
+    sysfs entry, so a new inode; created before the old one goes, so the file system cannot reuse its
+    number), including a vendor that cannot be read (a directory where the file should be)."""
+    root = tmp_path_factory.mktemp("bus")
+    bus, devs = root / "bus", root / "devices"
+    bus.mkdir()
+    devs.mkdir()
+    made = 0
+
+    def new_function(kind: str) -> Path:
+        nonlocal made
+        made += 1
+        d = devs / f"f{made}"
+        d.mkdir()
+        vendor, klass = _KINDS[kind]
+        if vendor is None:
+            (d / "vendor").mkdir()
+        else:
+            (d / "vendor").write_text(vendor + "\n")
+        (d / "class").write_text(klass + "\n")
+        return d
+
+    remembered = gpu_inventory.PciGpus()
+    for op, bdf, kind in ops:
+        link = bus / bdf
+        if op == "remove":
+            if link.is_symlink():
+                link.unlink()
+        elif op == "add" and not link.is_symlink():
+            link.symlink_to(new_function(kind))
+        else:
+            tmp = bus / f".{bdf}"
+            tmp.symlink_to(new_function(kind))
+            tmp.rename(link)
+        assert remembered.gpus(str(bus)) == gpu_inventory.PciGpus().gpus(str(bus))
+    want = sorted(b for b in _FUNCS if (bus / b).is_symlink() and (bus / b / "class").read_text().startswith("0x03")
+                  and (bus / b / "vendor").is_file() and (bus / b / "vendor").read_text() == "0x10de\n")
+    assert remembered.gpus(str(bus)) == want
+
+
+def test_remembered_gpu_functions_read_each_entry_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    host = SimHost.hgx_node(tmp_path / "host")
+    base = str(HostRoot(host.root).path("/sys/bus/pci/devices"))
+    reads: list[str] = []
+    real = gpu_inventory.read_attr
+    monkeypatch.setattr(gpu_inventory, "read_attr", lambda d, n, limit=4096: reads.append(n) or real(d, n, limit))
+    remembered = gpu_inventory.PciGpus()
+    first = remembered.gpus(base)
+    assert len(first) == 8 and reads.count("vendor") == len(os.listdir(base))
+    reads.clear()
+    assert remembered.gpus(base) == first and reads == []  # nothing read again while the bus is unchanged
+    os.unlink(f"{base}/{first[3]}")  # a GPU gone from the bus: the listing says so, nothing is read
+    assert remembered.gpus(base) == first[:3] + first[4:] and reads == []

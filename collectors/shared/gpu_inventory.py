@@ -31,19 +31,50 @@ def _read(directory: str, name: str) -> str | None:
     return text.strip() if text is not None else None
 
 
-def scan(host: HostPaths) -> Inventory:
-    """Every pass reads the vendor of each PCI function (about 70 on an HGX node), the class of NVIDIA's, with
-    pcie_tree's attribute reader and string paths (pathlib objects and buffered files cost more than the reads)."""
+class PciGpus:
+    """Which PCI functions are NVIDIA GPUs, remembered per directory entry (name and inode) of
+    ``/sys/bus/pci/devices``: a function's ``vendor`` and ``class`` are set when the kernel enumerates it
+    (``pci_setup_device``, drivers/pci/probe.c) and never change while it exists; a function removed and
+    found again (a rescan, a GPU back on the bus) is a new sysfs link with a new inode, read afresh. The
+    listing itself is read every pass (the ``d_ino`` comes with it), so a pass reads attributes only of
+    functions it has not seen; an unreadable attribute is not remembered. Entries not listed any more
+    are forgotten (bounded by the bus)."""
+
+    def __init__(self) -> None:
+        self._known: dict[str, tuple[int, bool]] = {}  # name -> (d_ino, is an NVIDIA display/3D controller)
+
+    def gpus(self, base: str) -> list[str]:
+        try:
+            with os.scandir(base) as it:
+                entries = sorted((e.name, e.inode()) for e in it)
+        except OSError:
+            entries = []
+        known: dict[str, tuple[int, bool]] = {}
+        out = []
+        for name, ino in entries:
+            seen = self._known.get(name)
+            if seen is not None and seen[0] == ino:
+                known[name] = seen
+            else:
+                vendor = _read(f"{base}/{name}", "vendor")
+                klass = _read(f"{base}/{name}", "class") if vendor == "0x10de" else ""
+                if vendor is None or klass is None:
+                    continue  # unreadable now: not a GPU this pass, read again next pass
+                known[name] = (ino, klass.startswith(GPU_CLASSES))
+            if known[name][1]:
+                out.append(name)
+        self._known = known
+        return out
+
+
+def scan(host: HostPaths, pci_gpus: PciGpus | None = None) -> Inventory:
+    """The GPUs on the PCI bus (``pci_gpus`` remembers which functions are GPUs between passes: a caller that
+    scans repeatedly keeps one; without it every function's vendor is read), each one's minor from
+    /proc/driver/nvidia, the /dev nodes. Attributes are read with pcie_tree's reader and string paths
+    (pathlib objects and buffered files cost more than the reads)."""
     pci: dict[str, int | None] = {}
     base = str(host.path("/sys/bus/pci/devices"))
-    try:
-        names = sorted(os.listdir(base))
-    except OSError:
-        names = []
-    for name in names:
-        if _read(f"{base}/{name}", "vendor") != "0x10de" or not (_read(f"{base}/{name}", "class") or "").startswith(
-                GPU_CLASSES):
-            continue
+    for name in (pci_gpus or PciGpus()).gpus(base):
         info = _read(str(host.path(f"/proc/driver/nvidia/gpus/{name}")), "information") or ""
         m = _MINOR.search(info)
         pci[name] = int(m.group(1)) if m else None
