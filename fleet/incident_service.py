@@ -13,9 +13,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import os
 import socket
 import time
+from collections.abc import Iterable
 from typing import Any
 
 import structlog
@@ -60,7 +62,7 @@ CATCH_UP_MAX_S = 120.0  # s: judging starts then even if a follower has not caug
 # s two streams' leaders' clocks may disagree (servers kept by NTP agree within milliseconds): the findings
 # follower is current for the evidence filed once it handed on what was stored this long after it
 STREAM_SKEW_S = 0.25
-LAG_HOLD_MAX_S = 5.0  # s verdicts wait for a hardware findings' follower that shows no life (``_findings_current``)
+LAG_HOLD_MAX_S = 5.0  # s verdicts wait for a hardware findings' follower that shows no life (``_findings_cover``)
 # s verdicts wait for one that is recovering (reading, resubscribing, retrying): measured on 2 busy cores, an
 # R3 events consumer whose server was SIGKILLed handed on again 6 s after the hold began (CI, stop 34)
 LAG_HOLD_LIMIT_S = 15.0
@@ -95,7 +97,10 @@ class IncidentService:
         self.published = 0
         self.nc: Any = None
         self._kv: Any = None
-        self._dirty: set[str] = set()
+        # jobs to judge -> the count of filed messages when one last touched the job (``_filed``): what the
+        # hardware findings read must cover before it is judged (``_findings_cover``)
+        self._dirty: dict[str, int] = {}
+        self._filed = 0  # messages that touched a job, since start
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[Any]] = []
         self._following = False
@@ -117,9 +122,10 @@ class IncidentService:
         self.replay_retries = 0
         self.publish_same = 0  # records the KV already held (another replica, or ours before a restart)
         self.superseded = 0  # records replaced by a newer one of the same job before they were written
-        self.findings_waits = 0  # judge rounds held until the hardware findings were read (``_findings_current``)
+        self.findings_waits = 0  # judge rounds held until the hardware findings were read (``_findings_cover``)
         self._findings_behind_since: float | None = None
         self._findings_mark: int | None = None  # the events stream sequence the verdicts wait for
+        self._findings_mark_filed = 0  # ``_filed`` when that mark was asked for: the evidence it covers
         self._findings_life: tuple[int, ...] = ()  # the follower's counters when it last showed life
         self._findings_alive_at = 0.0
         self.accepted = 0
@@ -291,8 +297,7 @@ class IncidentService:
         mine = {j for j in self._deferred if owner(j, self.tracker.partitions) == partition}
         self._deferred -= mine
         if partition in self.tracker.owned:  # the partition's history is in: judged from here on
-            self._dirty |= mine
-            self._wake.set()
+            self._touch(mine)
 
     async def stop(self) -> None:
         self.heap.remove()
@@ -344,8 +349,13 @@ class IncidentService:
             return
         self.accepted += 1
         if touched:
-            self._dirty |= touched
-            self._wake.set()
+            self._touch(touched)
+
+    def _touch(self, jobs: Iterable[str]) -> None:
+        self._filed += 1
+        for job in jobs:
+            self._dirty[job] = self._filed
+        self._wake.set()
 
     def accept_membership(self, subject: str, data: bytes) -> None:
         """Every job's membership, for the straggler watch (partition 0's holder): which GPUs and NICs each
@@ -424,33 +434,43 @@ class IncidentService:
         events, jobs, signals = stream_configs(self.nats_cfg)
         return jobs if subject.startswith(JOBS_PREFIX) else signals if subject.startswith(SIGNALS_PREFIX) else events
 
-    async def _findings_current(self) -> bool:
-        """Whether the nodes' hardware findings stored until now have been read: a job's evidence comes on
-        the jobs stream, the findings that explain it on the events stream, and two consumers can drift
-        apart (one of them on a server that just died, not yet replaced). Judging a symptom without the
-        finding stored before it names the wrong culprit (a link, where the finding names the port): the
-        verdicts wait until the events follower has handed on everything the stream held when the hold
-        began (``Follower.target``: asked once, then waited for; a fresh mark each round is never met by a
-        follower a little behind under steady traffic, as on CI's 2 cores). A follower that shows no life
-        (nothing handed on, no resubscription, no retry, not waiting for a new consumer) is waited for
-        LAG_HOLD_MAX_S, one recovering from a server's loss up to LAG_HOLD_LIMIT_S; then the jobs are
-        judged anyway (logged) and judged again as the findings arrive."""
+    async def _findings_cover(self) -> float:
+        """How much of the filed evidence the hardware findings read so far cover: every job last touched by
+        the ``_filed``-th message or earlier (``_dirty``) may be judged; ``math.inf``: all of it; -1: none yet.
+
+        A job's evidence comes on the jobs stream, the findings that explain it on the events stream, and two
+        consumers can drift apart (one of them on a server that just died, not yet replaced). Judging a
+        symptom without the finding stored before it names the wrong culprit (a link, where the finding
+        names the port). Both streams are stored in order, so the findings cover the evidence once the events
+        follower has handed on a message stored after the newest evidence filed (plus the clocks' skew: no
+        round trip, and during a flood no wait for the stream's end). Else a mark: the events stream's last
+        sequence, asked once and then waited for (a fresh mark each round is never met by a follower a little
+        behind under steady traffic, as on CI's 2 cores). A mark covers only the evidence filed before it was
+        asked for: a hold can begin on an idle round, seconds before a job's symptoms and the finding stored
+        just before them arrive; those jobs wait for the next mark, the ones it covers are judged. A follower
+        that shows no life (nothing handed on, no resubscription, no retry, not waiting for a new consumer)
+        is waited for LAG_HOLD_MAX_S, one recovering from a server's loss up to LAG_HOLD_LIMIT_S, counted from
+        the oldest job held; then the jobs are judged anyway (logged) and judged again as the findings arrive."""
         f = next((f for f in self.followers if f.until is None and f.stream == self.nats_cfg.stream), None)
         if f is None or not f.ready.is_set():
-            return True  # not following yet: _ready_to_judge waits for the history
-        # Both streams are stored in order: once the findings follower handed on a message its stream stored
-        # after the newest evidence filed (STREAM_SKEW_S later), every finding stored before that evidence has
-        # been read. No round trip, and during a flood no wait for the stream's end (where the mark below is).
+            return math.inf  # not following yet: _ready_to_judge waits for the history
         filed = max((x.last_stored for x in self.followers if x.stream == self.nats_cfg.jobs_stream), default=0.0)
         if filed and f.last_stored >= filed + STREAM_SKEW_S:
             self._findings_behind_since = self._findings_mark = None
-            return True
+            return math.inf
         now = time.monotonic()
-        if self._findings_mark is None:  # what the stream held when the hold began: a fixed target
+        if self._findings_mark is None:  # what the stream holds now: a fixed target
+            self._findings_mark_filed = self._filed  # evidence filed before the question was stored before it
             self._findings_mark = await f.target()
-        if (self._findings_mark is not None and await f.reached(self._findings_mark)) or await f.drained():
+        if await f.drained():
             self._findings_behind_since = self._findings_mark = None
-            return True
+            return math.inf
+        if self._findings_mark is not None and await f.reached(self._findings_mark):
+            cover = self._findings_mark_filed
+            self._findings_mark = None  # what was filed since needs a later mark
+            if all(n <= cover for n in self._dirty.values()):
+                self._findings_behind_since = None
+            return cover
         self.findings_waits += 1
         life = (f.last, f.resubscribes, f.failures, f.unanswered)
         if self._findings_behind_since is None:
@@ -459,11 +479,11 @@ class IncidentService:
             self._findings_life, self._findings_alive_at = life, now
         held, quiet = now - self._findings_behind_since, now - max(self._findings_alive_at, self._findings_behind_since)
         if held < LAG_HOLD_MAX_S or (quiet < LAG_HOLD_MAX_S and held < LAG_HOLD_LIMIT_S):
-            return False
+            return -1
         log.warning("judging_without_current_findings", behind_s=round(held, 1), quiet_s=round(quiet, 1),
                     follower=f.name, last=f.last, mark=self._findings_mark)
         self._findings_behind_since = self._findings_mark = None  # once per hold at most
-        return True
+        return math.inf
 
     async def _judge_loop(self) -> None:
         last_sweep = time.monotonic()
@@ -477,11 +497,18 @@ class IncidentService:
             if not self._ready_to_judge():
                 continue  # what arrives meanwhile stays dirty
             await asyncio.sleep(self.debounce)  # a burst of 1,000 timeouts is judged once, not 1,000 times
-            if not await self._findings_current():
+            cover = await self._findings_cover()
+            if cover < 0:
                 self._wake.set()  # judged as soon as the findings are in: what is dirty stays dirty
                 await asyncio.sleep(0.05)
                 continue
-            dirty, self._dirty = self._dirty | self.tracker.due(), set()
+            touched, self._dirty = self._dirty, {}
+            for job, n in touched.items():
+                if n > cover:  # filed after the findings' mark was asked for: the next mark's
+                    self._dirty[job] = n
+            dirty = {j for j in touched if j not in self._dirty} | (self.tracker.due() - self._dirty.keys())
+            if self._dirty:
+                self._wake.set()
             if self._replaying:  # a gained partition's jobs wait for its history
                 held = {j for j in dirty if owner(j, self.tracker.partitions) in self._replaying}
                 self._deferred |= held
