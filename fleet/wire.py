@@ -290,6 +290,8 @@ def decode_state(node: str, data: bytes) -> dict[str, Any]:
     for c in conds:
         if not isinstance(c, dict) or not all(isinstance(c.get(k, ""), str) for k in _CONDITION_TEXT):
             raise Rejected("schema", "a condition must be an object of strings")
+        if not c.get("type"):  # the views file it by its type's family (state.NodeView.worst)
+            raise Rejected("schema", "a condition must name its type")
     if not isinstance(doc.get("conditions_complete", True), bool):
         raise Rejected("schema", "conditions_complete must be a boolean")
     return doc

@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from agent.emitter import ConditionTracker
@@ -83,6 +83,7 @@ def test_any_bytes_are_accepted_well_formed_or_refused(data: bytes, subject: str
                        | st.lists(st.none() | st.text(max_size=5) | st.dictionaries(
                            st.sampled_from(["type", "entity", "severity"]), st.integers() | st.text(max_size=5)),
                            max_size=3)))
+@example(doc={"conditions": [{}]})  # a condition without a type: once crashed the overview (KeyError)
 def test_any_state_document_is_usable_or_refused(doc: dict[str, Any]) -> None:
     fs = FleetState()
     feed = FleetFeed(fs, [])
