@@ -462,15 +462,15 @@ class IncidentService:
         if self._findings_mark is None:  # what the stream holds now: a fixed target
             self._findings_mark_filed = self._filed  # evidence filed before the question was stored before it
             self._findings_mark = await f.target()
-        if await f.drained():
-            self._findings_behind_since = self._findings_mark = None
-            return math.inf
         if self._findings_mark is not None and await f.reached(self._findings_mark):
             cover = self._findings_mark_filed
             self._findings_mark = None  # what was filed since needs a later mark
             if all(n <= cover for n in self._dirty.values()):
                 self._findings_behind_since = None
             return cover
+        if await f.drained():
+            self._findings_behind_since = self._findings_mark = None
+            return math.inf
         self.findings_waits += 1
         life = (f.last, f.resubscribes, f.failures, f.unanswered)
         if self._findings_behind_since is None:
