@@ -16,7 +16,8 @@
 3. The dependency floor, per venv (``--floor-runs`` fresh interpreters, median): VmRSS after importing only the
    node's declared runtime dependencies, in the daemon's order (asyncio, which imports ssl; nats-py with its
    JetStream API; structlog; msgspec; prometheus_client; pyudev; nvidia-ml-py, which a GPU node loads; the
-   system Hyperscan the NCCL scanner maps where it exists). No line of this project runs in that process:
+   system Hyperscan the NCCL scanner maps where it exists), keeping out what ``agent run`` keeps out (rich,
+   greenlet, aiohttp: agent/cli.py). No line of this project runs in that process:
    what the daemon holds above it is the agent's own code and state. A goal below the floor cannot be met
    by the agent's code, only by dropping a dependency.
 
@@ -73,6 +74,10 @@ runpy.run_module("agent", run_name="__main__", alter_sys=True)
 # Run inside a venv: VmRSS (KiB) after each step of importing the declared runtime dependencies only.
 FLOOR_PROBE = r"""
 import ctypes, json, re, sys
+# what `agent run` keeps out (agent/cli.py): rich and greenlet, which structlog imports when installed, and
+# aiohttp, which nats-py imports for WebSocket URLs; absent from the node install, present in the full one
+for name in ("rich", "greenlet", "aiohttp"):
+    sys.modules.setdefault(name, None)
 def rss():
     return int(re.search(r"VmRSS:\s+(\d+)", open("/proc/self/status").read()).group(1))
 steps = [("interpreter", rss())]
