@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections.abc import Callable
 
 import nats
 import pytest
@@ -131,6 +132,32 @@ async def test_each_replica_receives_only_its_own_jobs(nats_server: NatsServerPr
         await nc.close()
 
 
+class _Findings:
+    """The events stream's follower as the incident service reads it: ``last`` handed on, ``end(n)`` the
+    stream's last sequence at the n-th question (``target``)."""
+
+    until = None
+    stream = "GNA_EVENTS"
+    name = "incidents:GNA_EVENTS"
+    last_stored = 0.0
+    resubscribes = failures = unanswered = 0
+    recovering = False
+
+    def __init__(self, last: int, end: Callable[[int], int]) -> None:
+        self.last, self.end, self.marks = last, end, 0
+        self.ready = asyncio.Event()
+
+    async def target(self) -> int:
+        self.marks += 1
+        return self.end(self.marks)
+
+    async def reached(self, mark: int) -> bool:
+        return self.last >= mark
+
+    async def drained(self) -> bool:
+        return False
+
+
 async def _judging(svc: IncidentService) -> bool:
     """Whether a judge round may judge every job touched so far (``_findings_cover`` covers them all)."""
     cover = await svc._findings_cover()
@@ -144,28 +171,7 @@ async def test_verdicts_wait_for_the_hardware_findings_stored_before_them() -> N
     for at most LAG_HOLD_MAX_S while it shows no life, LAG_HOLD_LIMIT_S while it recovers."""
     svc = IncidentService(["nats://127.0.0.1:1"])
 
-    class Findings:
-        until = None
-        stream = "GNA_EVENTS"
-        name = "incidents:GNA_EVENTS"
-        last = 7
-        last_stored = 0.0
-        resubscribes = failures = unanswered = 0
-        recovering = False
-        ready = asyncio.Event()
-        marks = 0
-
-        async def target(self) -> int:
-            self.marks += 1
-            return 9 + self.marks  # the stream grows while the follower reads: a moving mark
-
-        async def reached(self, mark: int) -> bool:
-            return self.last >= mark
-
-        async def drained(self) -> bool:
-            return False
-
-    f = Findings()
+    f = _Findings(7, lambda n: 9 + n)  # the stream grows while the follower reads: a moving mark
     svc.followers = [f]  # type: ignore[list-item]
     assert await _judging(svc)  # not following yet: the start's catch-up gate applies
     f.ready.set()
@@ -203,27 +209,7 @@ async def test_a_mark_asked_before_a_jobs_evidence_does_not_cover_it() -> None:
     one covers are judged at once."""
     svc = IncidentService(["nats://127.0.0.1:1"])
 
-    class Findings:
-        until = None
-        stream = "GNA_EVENTS"
-        name = "incidents:GNA_EVENTS"
-        last = 89
-        last_stored = 0.0
-        resubscribes = failures = unanswered = 0
-        recovering = False
-        ready = asyncio.Event()
-        ends = [330, 1000]
-
-        async def target(self) -> int:
-            return self.ends.pop(0)
-
-        async def reached(self, mark: int) -> bool:
-            return self.last >= mark
-
-        async def drained(self) -> bool:
-            return False
-
-    f = Findings()
+    f = _Findings(89, lambda n: (330, 1000)[n - 1])
     f.ready.set()
     svc.followers = [f]  # type: ignore[list-item]
     svc._touch({"old-job"})  # filed before the hold began: the first mark covers it
