@@ -52,8 +52,18 @@ TICK_S = 0.05  # the service's stall probe wakes this often and ticks the heap (
 
 def load(args: argparse.Namespace) -> list[dict[str, Any]]:
     if args.cache:
+        from incidents_scale import code_fingerprint
+
+        # the cache keeps one generation of scenarios per simulator/agent code (the key's last part): only
+        # this checkout's, else a fleet of every generation left there (the same jobs twice or more)
+        fp = code_fingerprint()
         msgs: list[dict[str, Any]] = []
-        for fn in sorted(glob.glob(os.path.join(args.cache, args.pattern))):
+        files = [fn for fn in sorted(glob.glob(os.path.join(args.cache, args.pattern)))
+                 if fn.endswith(f"-{fp}.jsonl.gz")]
+        if not files:
+            raise SystemExit(f"no scenario of this checkout's simulator (key {fp}) under {args.cache}/{args.pattern}: "
+                             "run bench/incidents_scale.py with this --cache first")
+        for fn in files:
             with gzip.open(fn, "rt") as f:
                 msgs += [json.loads(line) for line in f]
         if not msgs:
@@ -99,7 +109,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
             a = time.perf_counter()
             svc.heap.tick(quiet=not svc._dirty)
             steps.append(time.perf_counter() - a)
-            dirty, svc._dirty = svc._dirty, set()
+            dirty, svc._dirty = svc._dirty, {}  # as the judge loop takes them (every finding read: all covered)
             for job in sorted(dirty):  # the judge loop: one job a step
                 a = time.perf_counter()
                 svc.tracker.judge_one(job, time.time())
