@@ -33,8 +33,9 @@ def _read(directory: str, name: str) -> str | None:
 
 class PciGpus:
     """Which PCI functions are NVIDIA GPUs, remembered per directory entry (name and inode) of
-    ``/sys/bus/pci/devices``: a function's ``vendor`` and ``class`` are set when the kernel enumerates it
-    (``pci_setup_device``, drivers/pci/probe.c) and never change while it exists; a function removed and
+    ``/sys/bus/pci/devices``: a function's ``vendor`` and ``class`` files print fields of its ``struct pci_dev``
+    (drivers/pci/pci-sysfs.c ``pci_config_attr``, not a read of config space), filled when the kernel
+    enumerated it, so they do not change while it exists; a function removed and
     found again (a rescan, a GPU back on the bus) is a new sysfs link with a new inode, read afresh. The
     listing itself is read every pass (the ``d_ino`` comes with it), so a pass reads attributes only of
     functions it has not seen; an unreadable attribute is not remembered. Entries not listed any more
