@@ -224,6 +224,44 @@ async def test_a_mark_asked_before_a_jobs_evidence_does_not_cover_it() -> None:
     assert await svc._findings_cover() >= svc._dirty["job-107"] and svc._findings_behind_since is None
 
 
+async def test_the_judge_loop_judges_what_a_mark_covers_and_holds_the_rest() -> None:
+    """The same ordering through the judge loop itself: the job filed before the first mark is judged once the
+    follower reaches it; the job filed after waits, dirty, for the second mark, then is judged."""
+    svc = IncidentService(["nats://127.0.0.1:1"], debounce=0.01)
+    svc._judging = True  # the history is in
+    f = _Findings(89, lambda n: (330, 1000)[n - 1])
+    f.ready.set()
+    svc.followers = [f]  # type: ignore[list-item]
+    judged: list[str] = []
+
+    def judge_one(job: str, now: float) -> None:
+        judged.append(job)
+
+    svc.tracker.judge_one = judge_one  # type: ignore[method-assign]
+
+    async def until(cond: Callable[[], bool], what: str) -> None:
+        deadline = time.monotonic() + 5
+        while not cond():
+            assert time.monotonic() < deadline, what
+            await asyncio.sleep(0.01)
+
+    loop = asyncio.ensure_future(svc._judge_loop())
+    try:
+        svc._touch({"old-job"})
+        await until(lambda: svc._findings_mark == 330, "the first mark asked for")
+        svc._touch({"job-107"})  # filed after the first mark was asked for
+        f.last = 686
+        await until(lambda: "old-job" in judged, "the covered job judged")
+        await until(lambda: svc._findings_mark == 1000, "a second mark asked for the held job")
+        assert "job-107" not in judged and "job-107" in svc._dirty
+        f.last = 1000
+        await until(lambda: "job-107" in judged, "the held job judged once its mark is reached")
+        assert judged.count("old-job") == 1 and not svc._dirty
+    finally:
+        loop.cancel()
+        await asyncio.gather(loop, return_exceptions=True)
+
+
 async def test_findings_read_past_the_evidence_filed_are_current_without_asking_the_server() -> None:
     """Both streams are stored in order: once the findings' follower handed on a message its stream stored
     after the newest evidence the jobs' followers filed (plus the clocks' skew), every finding stored before
