@@ -12,12 +12,13 @@ lines, read from its stderr, show what it digested and how long its event loop w
 come from sim/scenarios.py: simulated host trees read by the agents' own one-shot checks, published on
 the node's own subjects (gna_types/subjects.py) by one publisher per node, as the fleet's agents would.
 
-Generating a scenario writes ~600 files a node (~2.7 MB) and reads them back with the agent's checks: on
-a 2-core VM, 0.06-0.5 s a node to write on its disk (it varies with the disk), 0.035 on tmpfs, and
-0.05 s a node to read either way (1,024 nodes: 1.5-2 min; 4,096: ~6 min on tmpfs, longer on a disk,
-and an 11 GB tree while it exists: TMPDIR=/dev/shm or --gen-dir /dev/shm puts it in memory). So each
+Generating a scenario writes a tree of small files a node (~4 MiB on tmpfs) and reads it back with the
+agent's checks: on a 2-core VM, 0.06-0.5 s a node to write on its disk (it varies with the disk), 0.05 on
+tmpfs, and 0.08 s a node to read either way (1,024 nodes: 2-3 min; 4,096: ~9 min on tmpfs, longer on a
+disk). The trees are written, read and removed 64 nodes at a time (sim/scenarios.py ``lazy``; a 4,096-node
+fleet's trees at once took ~21 GB): TMPDIR=/dev/shm or --gen-dir /dev/shm keeps them in memory. So each
 scenario (one per size and fault kind) is generated once, its
-messages kept (gzip JSON lines) and its host tree removed, and every trial replays the same messages
+messages kept (gzip JSON lines), and every trial replays the same messages
 into a fresh nats-server and a fresh correlator (a correlator files a message id once: the same
 messages into the same correlator would be no trial). --gen-workers N generates N at a time (before
 any measured phase); --cache DIR keeps the messages across runs (keyed by the scenario and a hash of
@@ -155,13 +156,15 @@ def code_fingerprint() -> str:
 
 
 def build_scenario(spec: dict[str, Any]) -> dict[str, Any]:
-    """One scenario generated, its messages written to spec["out"] (gzip JSON lines), its host tree removed.
-    Runs in a worker process (or in this one, before any event loop)."""
+    """One scenario generated, its messages written to spec["out"] (gzip JSON lines). The host trees are
+    written, read and removed 64 nodes at a time (sim/scenarios.py ``lazy``: a 4,096-node fleet's trees
+    all at once took ~21 GB), so "checks read" includes writing them. Runs in a worker process (or in this
+    one, before any event loop)."""
     configure("error", "json")  # the checks' notes about what a simulated host lacks (NVML...) are not news
     with tempfile.TemporaryDirectory(prefix="gna-scale-", dir=spec.get("gen_dir")) as tmp:
         t0 = time.monotonic()
         sc = generate(Path(tmp) / "fleet", seed=spec["seed"], nodes=spec["nodes"], fault=spec["kind"],
-                      job_nodes=spec["nodes"], second_job=False)
+                      job_nodes=spec["nodes"], second_job=False, lazy=True)
         t1 = time.monotonic()
         msgs = asyncio.run(sc.messages())
         t2 = time.monotonic()

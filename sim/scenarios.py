@@ -30,6 +30,7 @@ Xid 79 on an idle node no job runs on. A second job with no fault may share the 
 from __future__ import annotations
 
 import random
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -73,9 +74,39 @@ class Job:
     comm_id: str  # the world communicator's commId as NCCL prints it (0x%llx: no leading zeros)
     nodes: list[str]
     size: int  # ranks: GPUS per node
+    _index: dict[str, int] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self._index = {n: i for i, n in enumerate(self.nodes)}
 
     def rank_of(self, node: str, gpu: int) -> int:
-        return self.nodes.index(node) * GPUS + gpu
+        return self._index[node] * GPUS + gpu
+
+
+class _Later:
+    """A node's host tree not written yet: what generate() does to the node, in order, replayed onto a
+    fresh SimHost.gpu_node by build(). A node's tree is ~4 MiB of small files (4,096 nodes: ~17 GB), and
+    the agents' checks read each node's tree alone, so a large fleet is written, read and removed a batch
+    of nodes at a time (Scenario.messages)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._ops: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
+
+    def write(self, host_path: str, text: str) -> None:
+        self._ops.append(("write", (host_path, text), {}))
+
+    def set_port(self, hca: str, port: int = 1, **kw: Any) -> None:
+        self._ops.append(("set_port", (hca, port), kw))
+
+    def kmsg(self, message: str, **kw: Any) -> None:
+        self._ops.append(("kmsg", (message,), kw))
+
+    def build(self) -> SimHost:
+        h = SimHost.gpu_node(self.root, gpus=GPUS, hcas=GPUS, storage_nic=True)
+        for name, args, kw in self._ops:
+            getattr(h, name)(*args, **kw)
+        return h
 
 
 @dataclass
@@ -86,12 +117,27 @@ class Scenario:
     jobs: list[Job]
     expected: dict[str, dict[str, str] | None]  # job -> the culprit an expert names (None: no incident)
     noise: list[str] = field(default_factory=list)
+    later: dict[str, _Later] = field(default_factory=dict)  # generate(lazy=True): trees not written yet
 
-    async def messages(self) -> list[dict[str, Any]]:
-        """What every node of the fleet would publish: its one-shot checks' conditions and events."""
+    async def messages(self, batch: int = 64) -> list[dict[str, Any]]:
+        """What every node of the fleet would publish: its one-shot checks' conditions and events. A lazy
+        scenario's trees are written ``batch`` nodes at a time, read, and removed."""
         from agent.check import check_roots
 
-        return [m for r in await check_roots(list(self.roots.values())) for m in r["conditions"] + r["events"]]
+        if not self.later:
+            return [m for r in await check_roots(list(self.roots.values())) for m in r["conditions"] + r["events"]]
+        out: list[dict[str, Any]] = []
+        names = list(self.later)
+        for i in range(0, len(names), batch):
+            part = [self.later[n] for n in names[i:i + batch]]
+            try:
+                for h in part:
+                    h.build()
+                out += [m for r in await check_roots([h.root for h in part]) for m in r["conditions"] + r["events"]]
+            finally:
+                for h in part:
+                    shutil.rmtree(h.root, ignore_errors=True)
+        return out
 
     def score(self, incidents: list[dict[str, Any]]) -> dict[str, int]:
         """tp: the expected culprit named; fp: a culprit named that is not the expected one (a victim
@@ -107,14 +153,16 @@ def _ip(node_index: int) -> str:
 
 
 def generate(workdir: Path, seed: int, *, nodes: int = 8, fault: str | None = None, job_nodes: int | None = None,
-             second_job: bool | None = None, noise: bool = True) -> Scenario:
+             second_job: bool | None = None, noise: bool = True, lazy: bool = False) -> Scenario:
+    """A fleet of ``nodes`` under ``workdir`` (one tree per node, named for it). ``lazy``: the trees are
+    written only while Scenario.messages reads them, a batch at a time (a fleet too large for the disk)."""
     rng = random.Random(seed)
     fault = fault or rng.choice(FAULTS)
     names = [f"gpu-{seed % 1000:03d}-{i:03d}" for i in range(nodes)]
     roots: dict[str, Path] = {}
-    hosts: dict[str, SimHost] = {}
+    hosts: dict[str, _Later] = {}
     for name in names:
-        h = SimHost.gpu_node(workdir / name, gpus=GPUS, hcas=GPUS, storage_nic=True)
+        h = _Later(workdir / name)
         h.write("/etc/hostname", f"{name}\n")
         h.write("/proc/sys/kernel/hostname", f"{name}\n")
         roots[name], hosts[name] = h.root, h
@@ -203,6 +251,10 @@ def generate(workdir: Path, seed: int, *, nodes: int = 8, fault: str | None = No
                            glog=glog, torch=torch,
                            heard_from=faulty.rank_of(*rng.choice(sorted(timed_out)))
                            if (n, x) in heard and job is faulty and timed_out else None)
+    if lazy:
+        return Scenario(seed, fault, roots, jobs, expected, noise_done, later=hosts)
+    for h in hosts.values():
+        h.build()
     return Scenario(seed, fault, roots, jobs, expected, noise_done)
 
 
@@ -213,9 +265,9 @@ def watchdog_timeout(rank: int, seq: int, ran_ms: int) -> str:
             "timing out.")
 
 
-def write_rank(h: SimHost, rng: random.Random, job: Job, node: str, gpu: int, version: str, ip_of: dict[str, str],
-                *, socket: bool, timeout: bool, completion_peer: str | None, glog: bool,
-                behind: bool = False, torch: str = "2.6", heard_from: int | None = None) -> None:
+def write_rank(h: SimHost | _Later, rng: random.Random, job: Job, node: str, gpu: int, version: str,
+               ip_of: dict[str, str], *, socket: bool, timeout: bool, completion_peer: str | None, glog: bool,
+               behind: bool = False, torch: str = "2.6", heard_from: int | None = None) -> None:
     pid = 40000 + gpu
     tid = pid + 17
     rank = job.rank_of(node, gpu)
