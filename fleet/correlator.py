@@ -375,7 +375,8 @@ VERDICT_RULES: tuple[VerdictRule, ...] = tuple(sorted((
     VerdictRule("crashed_rank", 3, True, ("TorchRankFailed", "NCCLBackendError"),
                 "torchrun's failure report and PyTorch's NCCL error from the rank's own node (relayed: the reading "
                 "node's word)", "a rank whose process ended on its own while the job ran (a signal, the OOM "
-                "killer, its own error); the ranks that failed after it are victims", lambda f, _h: _crashed(f),
+                "killer, its own error); the ranks that failed after it are victims (a rank whose own lines say a peer "
+                "failed under it: its exit code alone is the peer's doing)", lambda f, _h: _crashed(f),
                 symptoms=("NCCLBackendError", "TorchRankFailed")),
     VerdictRule("ras", 4, True, ("NCCLRASReport",), "NCCL RAS on the reporting nodes, bound to the processes' "
                 "own nodes", "the process RAS says died, stopped answering, sent no data or failed",
@@ -506,7 +507,7 @@ def _crashed(f: JobFacts) -> _Verdict | None:
     if not f.failures:
         return None
     on: dict[str, list[tuple[Member, dict[str, Any], str, str]]] = defaultdict(list)
-    for key, (b, why, reporter) in f.failures.items():
+    for key, (b, why, reporter) in f.own_failures():
         mem = ms.member_of(*key)
         if mem is not None:
             on[mem.node].append((mem, b, why, reporter))

@@ -26,7 +26,7 @@ from __future__ import annotations
 import re
 import sys
 from collections import Counter, deque
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
 from typing import Any
 
 import msgspec
@@ -57,6 +57,7 @@ RAS_PER_NODE = 2  # RAS reports kept per reporting node: the newest say what RAS
 PEERS_MAX = 256  # distinct peer addresses of IB completion errors kept per job
 ASYNC_PER_NODE = 16  # ports NCCL saw fail, per node
 FAILURES_MAX = 256  # processes kept whose failure was their own (a crashed rank is one of them)
+VICTIMS_MAX = 4096  # processes kept whose own lines say a peer failed under them
 OPS_PER_SEQ = 8  # distinct collectives (OpType) kept per process group and sequence number
 KEYS_PER_OP = 4096  # processes kept per such collective (the minority is what is read)
 MEMBERS_PER_NODE = 64  # processes a node may claim in one job (an HGX node runs 8 ranks)
@@ -423,6 +424,12 @@ class JobFacts:
         # the peers' closed sockets: the other end's address -> the nodes whose ranks saw it go
         self.failures: dict[tuple[str, str], tuple[dict[str, Any], str, str]] = {}
         self.closed_by: dict[str, set[str]] = {}
+        # processes whose own lines say a peer failed under them (an NCCL remote error, a socket the peer closed,
+        # a report of a peer's failure), and those whose failure report gives no cause of its own (an exit code,
+        # no signal, no error): such a failure of a victim is the peer's doing, whichever was read first
+        self.victims: set[tuple[str, str]] = set()
+        self.victims_overflow = False
+        self.bare_exits: set[tuple[str, str]] = set()
         # desync (issue 26): process group -> SeqNum -> the collective (OpType) each timed-out process says it
         # was in at that number -> (process, brief); the LOW_VALUES lowest numbers per group
         self.ops: dict[str, dict[int, dict[str, list[tuple[tuple[str, str], dict[str, Any]]]]]] = {}
@@ -514,17 +521,39 @@ class JobFacts:
         elif isinstance(d, RankFailure | BackendError):
             reason = str(m.get("reason"))
             if reason in ("PeerFailure", "RemoteError"):  # a victim of another's failure
+                self._victim(key)
                 if isinstance(d, BackendError) and d.peer:
                     self._closed(d.peer, reporter)
                 return
             if key in self.failures or len(self.failures) < FAILURES_MAX:
+                if key not in self.failures and isinstance(d, RankFailure) and reason == "ExitedWithError" \
+                        and d.signal is None and not d.error:
+                    self.bare_exits.add(key)  # torchrun's exit code alone (a DistBackendError exits 1 as well)
                 self.failures.setdefault(key, (b or brief(m, node), reason, reporter))
         elif isinstance(d, SocketError):
             if d.peer:
+                self._victim(key)
                 self._closed(d.peer, reporter)
         elif isinstance(d, CollectiveTimeout | WatchdogProgress | FlightRecord):
             self._watchdog(key, d, m, b)
         return
+
+    def _victim(self, key: tuple[str, str]) -> None:
+        if key not in self.victims:
+            if len(self.victims) >= VICTIMS_MAX:
+                self.victims_overflow = True  # then no exit code alone is taken as a failure of its own
+                return
+            self.victims.add(key)
+
+    def own_failures(self) -> Iterator[tuple[tuple[str, str], tuple[dict[str, Any], str, str]]]:
+        """The failures that were the process's own: not an exit code alone of a process whose own lines say a
+        peer failed under it (PyTorch raises the NCCL remote error and the worker exits 1: torchrun reports
+        that exit with no cause, the rank's NCCL error or socket names the peer). Past VICTIMS_MAX victims no
+        exit code alone counts (when that many of the job's ranks saw a peer fail, such an exit most likely is one)."""
+        for key, f in self.failures.items():
+            if key in self.bare_exits and (key in self.victims or self.victims_overflow):
+                continue
+            yield key, f
 
     def _closed(self, peer: str, reporter: str) -> None:
         """A rank's socket to ``peer`` (an address as NCCL printed it) closed under it."""

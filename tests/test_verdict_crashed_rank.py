@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from tests.verdict_evidence import incident, member, not_by, rule_says, said, timeout, verdict
 
 SIZE = 16  # n0, n1: eight ranks each
@@ -44,6 +46,37 @@ def test_the_rank_killed_on_its_own_is_named_and_the_others_are_victims() -> Non
     inc = incident(msgs)
     assert inc is not None and inc.victims == ["n0"] and inc.corroboration == "own node"
     assert not inc.actionable  # the job's own report: shown, never a cordon
+
+
+def _exit1(r: int, **kw: Any) -> dict[str, Any]:
+    """torchrun's report of a worker that exited 1 with no cause printed (``ExitedWithError``): what a worker
+    whose collective raised an NCCL remote error (DistBackendError) leaves when its traceback is not read."""
+    m = said(f"n{r // 8}", r, SIZE, "TorchRankFailed", "warning", rank=r, local_rank=r % 8, exitcode=1,
+             failed_at="2026-12-05_07:44:27", **kw)
+    m["reason"] = "ExitedWithError"
+    return m
+
+
+@pytest.mark.parametrize("victim_first", [False, True])
+def test_an_exit_code_alone_after_a_peer_failed_is_a_victim_s(victim_first: bool) -> None:
+    """tests/layouts' crash under srun: rank 11 OOM-killed on n1; rank 3 on n0 got the NCCL remote error, and
+    torchrun reports it exited 1 -- on its own by the report alone, which made own failures on two nodes and
+    named nobody (the closed sockets then named n1 as a node). The remote error makes the exit the peer's
+    doing, whichever of the two is read first."""
+    pair = [_remote(3), _exit1(3)] if victim_first else [_exit1(3), _remote(3)]
+    msgs = [*_job(), _failed(11, "OOMKilled", explanation="OOM kill (kernel: Killed process 40003 (python))"),
+            *pair]
+    assert rule_says(verdict(msgs), "crashed_rank") == {"node": "n1", "entity": "rank:11", "kind": "rank",
+                                                         "rank": "11"}
+
+
+def test_an_exit_with_a_cause_of_its_own_stays_its_own() -> None:
+    """Near misses: rank 3's exit with no cause but no peer's failure in its own lines, or with an error of its
+    own printed though it also saw a remote error, is a failure of its own: two nodes, nobody named."""
+    oom = _failed(11, "OOMKilled", explanation="OOM kill (kernel: Killed process 40003 (python))")
+    not_by(verdict([*_job(), oom, _exit1(3), _remote(5)]), "crashed_rank")
+    not_by(verdict([*_job(), oom, _remote(3), _exit1(3, error="RuntimeError: CUDA error: an illegal memory access "
+                                                         "was encountered")]), "crashed_rank")
 
 
 def test_a_cuda_error_of_its_own_names_the_rank() -> None:
