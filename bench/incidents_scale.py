@@ -14,8 +14,8 @@ the node's own subjects (gna_types/subjects.py) by one publisher per node, as th
 
 Generating a scenario writes a tree of small files a node (~4 MiB on tmpfs) and reads it back with the
 agent's checks: on a 2-core VM, 0.06-0.5 s a node to write on its disk (it varies with the disk), 0.05 on
-tmpfs, and 0.08 s a node to read either way (1,024 nodes: 2-3 min; 4,096: ~9 min on tmpfs, longer on a
-disk). The trees are written, read and removed 64 nodes at a time (sim/scenarios.py ``lazy``; a 4,096-node
+tmpfs, and 0.08 s a node to read either way (4,096 nodes: 9.5-11 min on tmpfs with two workers at once,
+longer on a disk). The trees are written, read and removed 64 nodes at a time (sim/scenarios.py ``lazy``; a 4,096-node
 fleet's trees at once took ~21 GB): TMPDIR=/dev/shm or --gen-dir /dev/shm keeps them in memory. So each
 scenario (one per size and fault kind) is generated once, its
 messages kept (gzip JSON lines), and every trial replays the same messages
