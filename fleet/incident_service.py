@@ -69,6 +69,7 @@ LAG_HOLD_LIMIT_S = 15.0
 STATS_INTERVAL_S = 30.0  # s between `correlator_stats` lines
 STALL_PROBE_S = 0.05  # s between the loop-stall probe's wake-ups
 WRITE_TIMEOUT_S = 10.0  # s one incident write may take before it is retried
+KNOWN_MAX = 65536  # jobs whose incident key is known to exist (past it forgotten: their next write reads first)
 
 
 class IncidentService:
@@ -97,6 +98,8 @@ class IncidentService:
         self.published = 0
         self.nc: Any = None
         self._kv: Any = None
+        self._known: set[str] = set()  # jobs whose incident key this process wrote or found (KNOWN_MAX at most)
+        self.kv_reads = 0
         # jobs to judge -> the count of filed messages when one last touched the job (``_filed``): what the
         # hardware findings read must cover before it is judged (``_findings_cover``)
         self._dirty: dict[str, int] = {}
@@ -618,7 +621,10 @@ class IncidentService:
     async def _write(self, record: dict[str, Any]) -> None:
         """One record into the KV, then on its subject; idempotent: a KV already holding this version
         (written by another replica, or by this one before it restarted) is left as it is, and every
-        write is a compare-and-set on the revision read, so two writers never both add a version."""
+        write is a compare-and-set on the revision read, so two writers never both add a version. A job
+        this process has not written yet is first created without reading (its first verdict, the one a
+        flood delays most: one request to the server instead of two); a key that exists already is read
+        and compared as any other."""
         from nats.js.errors import KeyDeletedError, KeyNotFoundError, KeyWrongLastSequenceError
 
         data = json.dumps(record, separators=(",", ":")).encode()
@@ -627,13 +633,23 @@ class IncidentService:
             js = self.nc.jetstream()
             self._kv = await open_kv(js, INCIDENTS_BUCKET, create_with=KeyValueConfig(
                 bucket=INCIDENTS_BUCKET, history=5, replicas=self.nats_cfg.stream_replicas))
+        first = record["job"] not in self._known
         for _attempt in range(8):
+            if first:
+                first = False
+                try:
+                    await self._kv.create(token, data)
+                    break
+                except KeyWrongLastSequenceError:
+                    pass  # the key exists (another replica, or this one before a restart): read and compare
+            self.kv_reads += 1
             try:
                 entry = await self._kv.get(token)
             except (KeyNotFoundError, KeyDeletedError):
                 entry = None
             if entry is not None and entry.value and same_version(entry.value, record):
                 self.publish_same += 1
+                self._know(record["job"])
                 return
             try:
                 if entry is None:
@@ -645,11 +661,17 @@ class IncidentService:
                 continue  # another replica wrote meanwhile: read it again
         else:
             raise RuntimeError(f"{INCIDENTS_BUCKET}: the key of job {record['job'][:100]!r} kept changing")
+        self._know(record["job"])
         await self.nc.publish(f"{INCIDENTS_PREFIX}.{token}", data)  # after the KV: whoever hears it finds it there
         self.published += 1
         self.published_by_status[record["status"]] = self.published_by_status.get(record["status"], 0) + 1
         log.info("incident", job=record["job"], status=record["status"], culprit=record.get("culprit"),
                  victims=len(record.get("victims", [])), confidence=record.get("confidence"))
+
+    def _know(self, job: str) -> None:
+        if len(self._known) >= KNOWN_MAX:
+            self._known.clear()
+        self._known.add(job)
 
     def stats(self) -> dict[str, Any]:
         """What the periodic ``correlator_stats`` line says (and bench/incidents_scale.py reads)."""

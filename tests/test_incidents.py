@@ -145,6 +145,9 @@ async def test_live_incident_within_seconds_and_rebuilt_after_a_restart(tmp_path
         with contextlib.suppress(TimeoutError):  # later versions (more evidence), until the job is quiet
             while True:
                 rec = await asyncio.wait_for(got.get(), 2.0)
+        # the job's first version created without a read (one request, not two, during a flood); each later
+        # one read and compared before its compare-and-set
+        assert svc.kv_reads == svc.published + svc.publish_same - 1, (svc.kv_reads, svc.published)
     finally:
         await svc.stop()
     kv = await js.key_value(INCIDENTS_BUCKET)
@@ -162,6 +165,7 @@ async def test_live_incident_within_seconds_and_rebuilt_after_a_restart(tmp_path
         again = svc2.tracker.jobs[rec["job"]].published
         assert again is not None and again["culprit"] == rec["culprit"] and again["victims"] == rec["victims"]
         assert svc2.publish_same == 1 and svc2.published == 0 and not svc2._outbox
+        assert svc2.kv_reads == 1  # its create found the key: read, the same version, left as it is
         await asyncio.sleep(0.5)
         assert got.empty(), "the same verdict published again"
         assert (await kv.get(rec["job"])).revision == revision
