@@ -55,9 +55,11 @@ class CrashingLoop:
 
     def __init__(self) -> None:
         self.starts = 0
+        self.started_at: list[float] = []
 
     async def run(self) -> None:
         self.starts += 1
+        self.started_at.append(time.monotonic())
         await asyncio.sleep(0.01)
         raise OSError("netlink went away")
 
@@ -99,11 +101,16 @@ async def test_long_running_collector_restarts_with_backoff() -> None:
     c = CrashingLoop()
     r = _runner(c, sink, metrics, restart_backoff_min=0.05, restart_backoff_max=0.4)
     task = asyncio.create_task(r.run())
-    await asyncio.sleep(1.0)
+    deadline = time.monotonic() + 10
+    while c.starts < 5 and time.monotonic() < deadline:  # ~0.8 s; longer on a loaded machine, never shorter
+        await asyncio.sleep(0.01)
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
-    # starts at 0, .06, .17, .38, .79 s (backoff .05 doubling to .4): not a hot loop
-    assert 4 <= c.starts <= 6
+    assert c.starts >= 5
+    # not a hot loop: each restart waits out its backoff (.05 doubling to .4) after the run that failed
+    # (which took .01 s): the gaps between starts are at least .06, .11, .21, .41 s, however slow the machine
+    gaps = [b - a for a, b in zip(c.started_at, c.started_at[1:], strict=False)]
+    assert all(g >= want - 0.005 for g, want in zip(gaps, (0.06, 0.11, 0.21, 0.41), strict=False)), gaps
     assert metrics.collector_restarts.labels("crashing_loop")._value.get() >= 3
     assert any(m.type == "CollectorFailing" and m.status == "firing" for m in sink.messages)
 
