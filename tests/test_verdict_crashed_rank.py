@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from fleet import job_facts
 from tests.verdict_evidence import incident, member, not_by, rule_says, said, timeout, verdict
 
 SIZE = 16  # n0, n1: eight ranks each
@@ -68,6 +69,15 @@ def test_an_exit_code_alone_after_a_peer_failed_is_a_victim_s(victim_first: bool
             *pair]
     assert rule_says(verdict(msgs), "crashed_rank") == {"node": "n1", "entity": "rank:11", "kind": "rank",
                                                          "rank": "11"}
+
+
+def test_past_the_victims_bound_no_exit_code_alone_counts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The victims kept per job are bounded (fleet/job_facts.py VICTIMS_MAX): once more ranks than that saw a
+    peer fail, a bare exit is taken as one of theirs even when its own remote error was not kept."""
+    monkeypatch.setattr(job_facts, "VICTIMS_MAX", 2)
+    oom = _failed(11, "OOMKilled", explanation="OOM kill (kernel: Killed process 40003 (python))")
+    msgs = [*_job(), oom, _remote(1), _remote(2), _remote(3), _exit1(3)]  # rank 3's remote error: past the bound
+    assert rule_says(verdict(msgs), "crashed_rank")["entity"] == "rank:11"
 
 
 def test_an_exit_with_a_cause_of_its_own_stays_its_own() -> None:
