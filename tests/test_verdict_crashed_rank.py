@@ -31,6 +31,11 @@ def _failed(r: int, reason: str, *, by: str | None = None, **kw: Any) -> dict[st
     return m
 
 
+def _oom_killed_11() -> dict[str, Any]:
+    """Rank 11 on n1 killed by the OOM killer (its node's kernel log has the kill): the crash of its own."""
+    return _failed(11, "OOMKilled", explanation="OOM kill (kernel: Killed process 40003 (python))")
+
+
 def _remote(r: int) -> dict[str, Any]:
     """PyTorch's DistBackendError on a peer: ncclRemoteError (``NCCLBackendError``, a victim)."""
     m = said(f"n{r // 8}", r, SIZE, "NCCLBackendError", "info", nccl_error="ncclRemoteError", remote=True,
@@ -40,8 +45,8 @@ def _remote(r: int) -> dict[str, Any]:
 
 
 def test_the_rank_killed_on_its_own_is_named_and_the_others_are_victims() -> None:
-    msgs = [*_job(), _failed(11, "OOMKilled", explanation="OOM kill (kernel: Killed process 40003 (python))"),
-            *(_failed(r, "PeerFailure") for r in range(8)), *(_remote(r) for r in (0, 5, 12))]
+    msgs = [*_job(), _oom_killed_11(), *(_failed(r, "PeerFailure") for r in range(8)),
+            *(_remote(r) for r in (0, 5, 12))]
     assert rule_says(verdict(msgs), "crashed_rank") == {"node": "n1", "entity": "rank:11", "kind": "rank",
                                                          "rank": "11"}
     inc = incident(msgs)
@@ -65,8 +70,7 @@ def test_an_exit_code_alone_after_a_peer_failed_is_a_victim_s(victim_first: bool
     named nobody (the closed sockets then named n1 as a node). The remote error makes the exit the peer's
     doing, whichever of the two is read first."""
     pair = [_remote(3), _exit1(3)] if victim_first else [_exit1(3), _remote(3)]
-    msgs = [*_job(), _failed(11, "OOMKilled", explanation="OOM kill (kernel: Killed process 40003 (python))"),
-            *pair]
+    msgs = [*_job(), _oom_killed_11(), *pair]
     assert rule_says(verdict(msgs), "crashed_rank") == {"node": "n1", "entity": "rank:11", "kind": "rank",
                                                          "rank": "11"}
 
@@ -75,15 +79,15 @@ def test_past_the_victims_bound_no_exit_code_alone_counts(monkeypatch: pytest.Mo
     """The victims kept per job are bounded (fleet/job_facts.py VICTIMS_MAX): once more ranks than that saw a
     peer fail, a bare exit is taken as one of theirs even when its own remote error was not kept."""
     monkeypatch.setattr(job_facts, "VICTIMS_MAX", 2)
-    oom = _failed(11, "OOMKilled", explanation="OOM kill (kernel: Killed process 40003 (python))")
-    msgs = [*_job(), oom, _remote(1), _remote(2), _remote(3), _exit1(3)]  # rank 3's remote error: past the bound
+    # rank 3's remote error is the third: past the bound, not kept
+    msgs = [*_job(), _oom_killed_11(), _remote(1), _remote(2), _remote(3), _exit1(3)]
     assert rule_says(verdict(msgs), "crashed_rank")["entity"] == "rank:11"
 
 
 def test_an_exit_with_a_cause_of_its_own_stays_its_own() -> None:
     """Near misses: rank 3's exit with no cause but no peer's failure in its own lines, or with an error of its
     own printed though it also saw a remote error, is a failure of its own: two nodes, nobody named."""
-    oom = _failed(11, "OOMKilled", explanation="OOM kill (kernel: Killed process 40003 (python))")
+    oom = _oom_killed_11()
     not_by(verdict([*_job(), oom, _exit1(3), _remote(5)]), "crashed_rank")
     not_by(verdict([*_job(), oom, _remote(3), _exit1(3, error="RuntimeError: CUDA error: an illegal memory access "
                                                          "was encountered")]), "crashed_rank")
