@@ -72,6 +72,8 @@ async def _ingest(root: Path, *, repeats: bool = True, chunk: int = 1 << 20, max
 def _state(st_: ProcessState) -> dict[str, Any]:
     d = dataclasses.asdict(st_)
     d.pop("last_seen")
+    d.pop("judged")  # when its conditions were last evaluated: bookkeeping, not a conclusion
+    d.pop("tallied")
     return d
 
 
@@ -276,3 +278,71 @@ def test_every_engine_hits_the_candidate_lines(parts: list[bytes]) -> None:
             assert kind == next(NEEDLE_KIND[n] for n in NEEDLE_KIND if data[:end].endswith(n))
     if "hyperscan" in ENGINES and "hyperscan-wheel" in ENGINES:
         assert hits(data, "hyperscan") == hits(data, "hyperscan-wheel"), "the system library's and the wheel's"
+
+
+async def _live(root: Path, *, sink: Sink, facts: FactStore, chunk: int = 4096) -> NCCLLogsCollector:
+    """A collector reading ``root``'s logs from their start, chunk by chunk, as ``pump`` reads them live."""
+    em = CollectorEmitter("n", "nccl_logs", sink, ConditionTracker(None), facts=facts)
+    c = NCCLLogsCollector(NCCLLogsConfig(globs=["/var/log/nccl/*.log"], chunk_bytes=chunk, expect_ib="yes",
+                                         nvlink="yes", flight_recorder=False), HostRoot(str(root)), em)
+    c.tailer.state_file = None
+    c.tailer.rescan()
+    for tf in c.tailer.files.values():
+        tf.offset = 0
+    return c
+
+
+def _append(root: Path, name: str, lines: list[str]) -> None:
+    with open(root / "var/log/nccl" / name, "a") as fh:
+        fh.write("\n".join(lines) + "\n")
+
+
+async def test_counted_repeats_are_not_judged_again_until_the_node_changes(tmp_path: Path) -> None:
+    """A chunk that only counted repeats of lines already applied judges nobody again (the evaluation would
+    repeat the last one) -- until a fact it reads changes: GPUDirect RDMA found on the node after the job's
+    non-GDR channels were counted fires NCCLNoGDRDMA at the next chunk, though that chunk only counts."""
+    facts = FactStore()
+    facts.set("kernel.modules", {"gpudirect_available": False})
+    sink = Sink()
+    lines = [f"{HOST}:11:12 [0] NCCL INFO Using network IB"]
+    lines += [_channel(11, "IB/0", ch=i % 32, send=i % 2 == 0) for i in range(600)]  # no /GDRDMA
+    root = _root(tmp_path, {f"{HOST}.11.log": "\n".join(lines) + "\n"})
+    c = await _live(root, sink=sink, facts=facts)
+    evaluated = 0
+    real = c._evaluate
+
+    async def counting(*a: Any, **kw: Any) -> bool:
+        nonlocal evaluated
+        evaluated += 1
+        return await real(*a, **kw)
+
+    c._evaluate = counting  # type: ignore[method-assign]
+    await c.tailer.pump(c._handle)
+    assert c.lines_matched == len(lines) and (root / f"var/log/nccl/{HOST}.11.log").stat().st_size > 10 * 4096
+    assert evaluated <= 2, evaluated  # the chunks that decoded a line, not the ~10 that only counted
+    assert not sink.of("NCCLNoGDRDMA")  # the node has no GPUDirect RDMA: nothing to blame
+    facts.set("kernel.modules", {"gpudirect_available": True})
+    _append(root, f"{HOST}.11.log", [_channel(11, "IB/0", ch=i % 32) for i in range(40)])
+    await c.tailer.pump(c._handle)
+    fired = sink.of("NCCLNoGDRDMA")
+    assert fired and fired[0].status == "firing" and fired[0].details["channels_without_gdrdma"] > 600
+
+
+async def test_a_chunk_refused_is_judged_when_read_again(tmp_path: Path) -> None:
+    """The bus refuses the condition a chunk's first non-GDR channel brings: the chunk is read again, its lines
+    now counted repeats of a known key -- and the condition still fires (a refused evaluation is no judgement)."""
+    facts = FactStore()
+    facts.set("kernel.modules", {"gpudirect_available": True})
+    sink = Sink()
+    lines = [f"{HOST}:11:12 [0] NCCL INFO Using network IB"]
+    lines += [_channel(11, "IB/0/GDRDMA", ch=i % 32) for i in range(100)]
+    root = _root(tmp_path, {f"{HOST}.11.log": "\n".join(lines) + "\n"})
+    c = await _live(root, sink=sink, facts=facts)
+    await c.tailer.pump(c._handle)
+    _append(root, f"{HOST}.11.log", [_channel(11, "IB/0", ch=i % 32) for i in range(40)])
+    sink.accept = False
+    await c.tailer.pump(c._handle)  # refused: the chunk stays to be read again
+    assert not sink.of("NCCLNoGDRDMA")
+    sink.accept = True
+    await c.tailer.pump(c._handle)
+    assert [m.status for m in sink.of("NCCLNoGDRDMA")] == ["firing"]

@@ -456,6 +456,10 @@ class NCCLLogsCollector:
                         again, _joined = decode(off, line_at(off))
                         if again is not None:
                             judge(off, again)
+        # the processes whose state a line of this chunk may have changed: a decoded line, or counted ones that wrote
+        # new state (ProcessState.tally: a Rule.last_wins rule's other fields); the other repeats only grew counts past
+        # zero and re-added what their first line added, which no condition reads otherwise (_unchanged)
+        changed = set(touched)
         if split is not None:
             # the counted repeats: their state at once (ProcessState.tally: a rule's counts; a Rule.last_wins rule's
             # state only when its last line in the chunk is a counted one); a process's place among the touched is
@@ -476,9 +480,12 @@ class NCCLLogsCollector:
                         (st.key, rule.name), (-1,))[0]:
                     last[st.key, rule.name] = (offs[-1], st, rule, fields, len(offs))
             for _at, st, rule, fields, n in last.values():
-                st.tally(rule, fields, n)
+                if st.tally(rule, fields, n):
+                    changed.add(st.key)
             if len(touched) > 1:
                 touched = dict(sorted(touched.items(), key=lambda kv: first_at[kv[0]]))
+        for name in changed:  # judged again before anything counts as judged (a chunk refused is read again: counted)
+            touched[name].judged = None
         crashes = self._crashes(tf, data, base, fmt, candidates)
         if not events and not touched and not crashes:
             return True
@@ -507,9 +514,24 @@ class NCCLLogsCollector:
             k += 1
         node = NodeFacts(self)  # the node's facts, read once for the chunk's processes
         for st in touched.values():
+            if st.key not in changed and self._unchanged(st, node, now):
+                continue
             if not await self._evaluate(st, node):
                 return False
+            st.judged = (now, self._world(node))
         return True
+
+    def _world(self, node: NodeFacts) -> tuple[Any, ...]:
+        """What an evaluation reads besides the process's state: the node's ports, GPUDirect and NVLink, and the
+        facts other collectors left (a new generation whenever any was set: every pass of theirs)."""
+        return (tuple(node.rdma), node.gdr, node.nvlink, self.emit.facts.generation)
+
+    def _unchanged(self, st: ProcessState, node: NodeFacts, now: float) -> bool:
+        """Whether judging ``st`` again could only repeat its last evaluation: it went through, with the node
+        as it is now, less than ``interval`` ago (the PCIe tree is read again after that, and anything that
+        depends on time is looked at again), and this chunk only counted repeats of lines already applied to it.
+        Conditions fire on transitions only: an evaluation over the same facts publishes nothing."""
+        return st.judged is not None and now - st.judged[0] < self.config.interval and st.judged[1] == self._world(node)
 
     def _relayable(self, tf: TailedFile) -> bool:
         """Whether other hosts' lines in this file are relayed: a job-wide file written on this node -- one holding

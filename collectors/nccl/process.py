@@ -73,6 +73,12 @@ class ProcessState:
     # (TORCH_NCCL_ASYNC_ERROR_HANDLING tears the process down: SIGABRT), a victim's end
     collective_failed: bool = False
     ended_told: bool = False  # a TorchRankFailed about it was published (the kernel's OOM kill need not be)
+    # its conditions' last evaluation that went through: (monotonic time, what the node looked like then) --
+    # a chunk that only counted repeats of lines already applied need not judge it again (plugin._evaluate)
+    judged: tuple[float, tuple[Any, ...]] | None = None
+    # each Rule.last_wins rule's fields its counted lines last wrote (a repeated key's fields are one dict: identity
+    # says the state is already theirs); a decoded line of the rule forgets them
+    tallied: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def key(self) -> str:
@@ -105,14 +111,22 @@ class ProcessState:
         """The line's change to this process's state, as its rule declares it (a hang symptom marks its
         collective failed); True: news worth a message (a communicator joined)."""
         self.collective_failed |= m.rule.hang
+        if m.rule.last_wins:
+            self.tallied.pop(m.rule.name, None)
         return m.rule.update(self, m.fields) if m.rule.update is not None else False
 
-    def tally(self, rule: Rule, fields: dict[str, Any], n: int) -> None:
+    def tally(self, rule: Rule, fields: dict[str, Any], n: int) -> bool:
         """``n`` lines of a rule that only tallies its repeats (Rule.tally), all of them decoding to ``fields``
-        for what the tally reads: the state ``apply`` would leave after each of them."""
+        for what the tally reads: the state ``apply`` would leave after each of them. False: only counts grew (the
+        repeats of a line already applied re-add what it added) or a Rule.last_wins rule wrote the fields it
+        last wrote -- nothing a condition reads beyond counts already past zero changed."""
         self.collective_failed |= rule.hang
         if rule.tally is not None:
             rule.tally(self, fields, n)
+        if not rule.last_wins or self.tallied.get(rule.name) is fields:
+            return False
+        self.tallied[rule.name] = fields
+        return True
 
     def summary(self) -> dict[str, Any]:
         first = next(iter(self.comms.values()), {})
