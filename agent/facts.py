@@ -14,12 +14,9 @@ from typing import Any
 class FactStore:
     def __init__(self) -> None:
         self._data: dict[str, tuple[float, Any]] = {}
-        # bumped by every set: a reader that judged with the facts of one generation knows none was set since
-        self.generation = 0
 
     def set(self, key: str, value: Any) -> None:
         self._data[key] = (time.time(), value)
-        self.generation += 1
 
     def get(self, key: str, default: Any = None, *, max_age: float | None = None) -> Any:
         item = self._data.get(key)

@@ -110,8 +110,6 @@ class HostPaths(Protocol):
 
 
 class Facts(Protocol):
-    generation: int  # bumped by every set (a reader that judged with one generation knows none was set since)
-
     def set(self, key: str, value: Any) -> None: ...
 
     def get(self, key: str, default: Any = None, *, max_age: float | None = None) -> Any: ...

@@ -328,6 +328,45 @@ async def test_counted_repeats_are_not_judged_again_until_the_node_changes(tmp_p
     assert fired and fired[0].status == "firing" and fired[0].details["channels_without_gdrdma"] > 600
 
 
+async def test_a_process_environment_found_later_is_judged_at_a_counting_chunk(tmp_path: Path) -> None:
+    """NCCL_IB_HCA read from a process's environment (nccl_env's fact) after its lines were counted: the next
+    chunk only counts repeats, and the prefix match it reveals (mlx5_1 selects mlx5_10 too) is still judged."""
+    facts = FactStore()
+    sink = Sink()
+    lines = [f"{HOST}:11:12 [0] NCCL INFO Using network IB",
+             f"{HOST}:11:12 [0] NCCL INFO NET/IB : Using [0]mlx5_1:1/IB [1]mlx5_10:1/IB ; OOB ib0:10.0.0.1<0>"]
+    lines += [_channel(11, f"IB/{i % 2}/GDRDMA", ch=i % 32) for i in range(400)]
+    root = _root(tmp_path, {f"{HOST}.11.log": "\n".join(lines) + "\n"})
+    c = await _live(root, sink=sink, facts=facts)
+    await c.tailer.pump(c._handle)
+    assert not sink.of("NCCLHCASelection")
+    facts.set("nccl_env.ib_hca", {"11": "mlx5_1"})
+    _append(root, f"{HOST}.11.log", [_channel(11, "IB/0/GDRDMA", ch=i % 32) for i in range(40)])
+    await c.tailer.pump(c._handle)
+    fired = sink.of("NCCLHCASelection")
+    assert fired and fired[0].reason == "PrefixMatch" and fired[0].details["unintended"] == ["mlx5_10"]
+
+
+def test_every_fact_the_collector_reads_is_judged_or_said_not_to_be() -> None:
+    """A process is judged again when a fact its conditions read changed (plugin._world): every facts key the
+    collector reads is NodeFacts' (its values are in the stamp), one of JUDGED_FACTS, or one no condition reads."""
+    import ast
+
+    node_facts = {"infiniband.ports", "kernel.modules", "nvml.devices"}  # NodeFacts: rdma, gdr, nvlink
+    not_judged = {"kernel.oom_kills"}  # a crash's attribution (events), no condition
+    read: set[str] = set()
+    for path in Path(plugin_mod.__file__).parent.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        stamp = {id(n) for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and f.name == "_world"
+                 for n in ast.walk(f)}  # the stamp itself reads JUDGED_FACTS by name
+        for node in ast.walk(tree):
+            if (id(node) not in stamp and isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
+                    and isinstance(node.func.value, ast.Attribute) and node.func.value.attr == "facts"):
+                assert node.args and isinstance(node.args[0], ast.Constant), f"{path}: a facts key not a literal"
+                read.add(node.args[0].value)
+    assert read - node_facts - not_judged == set(plugin_mod.JUDGED_FACTS)
+
+
 async def test_a_chunk_refused_is_judged_when_read_again(tmp_path: Path) -> None:
     """The bus refuses the condition a chunk's first non-GDR channel brings: the chunk is read again, its lines
     now counted repeats of a known key -- and the condition still fires (a refused evaluation is no judgement)."""

@@ -163,6 +163,12 @@ class NCCLLogsConfig(CollectorSettings, kw_only=True, forbid_unknown_fields=True
     flight_recorder_wait: Annotated[float, msgspec.Meta(ge=0, le=3600)] = 60.0
 
 
+# The facts the conditions read besides NodeFacts' (each process's NCCL_* environment, nccl_env.py): a process
+# is judged again when one of them changed (_unchanged). tests/test_nccl_repeats.py holds every facts read here to
+# this list, NodeFacts' or the few no condition reads.
+JUDGED_FACTS = ("nccl_env.ib_hca", "nccl_env.gdr_level", "nccl_env.net_choice")
+
+
 class NodeFacts:
     """The node's facts the conditions read (ACTIVE RDMA ports, GPUDirect, NVLink), each read at most once for
     all the processes one chunk touched."""
@@ -513,25 +519,26 @@ class NCCLLogsCollector:
                 return False
             k += 1
         node = NodeFacts(self)  # the node's facts, read once for the chunk's processes
+        world = self._world(node)  # (as they were before any evaluation waited: a later change is judged next chunk)
         for st in touched.values():
-            if st.key not in changed and self._unchanged(st, node, now):
+            if st.key not in changed and self._unchanged(st, world, now):
                 continue
             if not await self._evaluate(st, node):
                 return False
-            st.judged = (now, self._world(node))
+            st.judged = (now, world)
         return True
 
     def _world(self, node: NodeFacts) -> tuple[Any, ...]:
-        """What an evaluation reads besides the process's state: the node's ports, GPUDirect and NVLink, and the
-        facts other collectors left (a new generation whenever any was set: every pass of theirs)."""
-        return (tuple(node.rdma), node.gdr, node.nvlink, self.emit.facts.generation)
+        """What an evaluation reads besides the process's state: the node's ports, GPUDirect and NVLink (the facts
+        NodeFacts reads, or sysfs) and the other facts the conditions read (JUDGED_FACTS), compared by value."""
+        return (tuple(node.rdma), node.gdr, node.nvlink, *(self.emit.facts.get(k) for k in JUDGED_FACTS))
 
-    def _unchanged(self, st: ProcessState, node: NodeFacts, now: float) -> bool:
-        """Whether judging ``st`` again could only repeat its last evaluation: it went through, with the node
-        as it is now, less than ``interval`` ago (the PCIe tree is read again after that, and anything that
+    def _unchanged(self, st: ProcessState, world: tuple[Any, ...], now: float) -> bool:
+        """Whether judging ``st`` again could only repeat its last evaluation: it went through, with the node as it
+        is now (``world``), less than ``interval`` ago (the PCIe tree is read again after that, and anything that
         depends on time is looked at again), and this chunk only counted repeats of lines already applied to it.
         Conditions fire on transitions only: an evaluation over the same facts publishes nothing."""
-        return st.judged is not None and now - st.judged[0] < self.config.interval and st.judged[1] == self._world(node)
+        return st.judged is not None and now - st.judged[0] < self.config.interval and st.judged[1] == world
 
     def _relayable(self, tf: TailedFile) -> bool:
         """Whether other hosts' lines in this file are relayed: a job-wide file written on this node -- one holding
