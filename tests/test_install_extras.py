@@ -21,6 +21,11 @@ from sim.host import SimHost
 OPTIONAL = {"aiohttp": "fleet", "rich": "fleet", "lightkube": "kubernetes", "re2": "fast-scan",
             "hyperscan": "fast-scan"}
 
+# What a node with no NCCL log, no hang and a valid config never needs (imported on first use; ~1.8 MiB of RSS,
+# docs/benchmarks.md): zoneinfo (its import loads sysconfig's build data), difflib (a config typo's suggestion),
+# the RAS client and the Flight Recorder reader (a hang's evidence).
+IDLE_UNLOADED = {"zoneinfo", "difflib", "collectors.nccl.ras_protocol", "collectors.nccl.flight_recorder"}
+
 PRELUDE = f"""
 import sys
 for name in {sorted(OPTIONAL)!r}:
@@ -31,6 +36,9 @@ loaded = sorted(m for m in sys.modules if sys.modules[m] is not None and m.split
 print("OPTIONAL-LOADED", loaded, file=sys.stderr)
 central = sorted(m for m in sys.modules if m.split(".")[0] in ("fleet", "sim"))
 print("CENTRAL-LOADED", central, file=sys.stderr)
+idle = sorted(m for m in sys.modules if m.split(".")[0] in {sorted(IDLE_UNLOADED)!r} or m in {sorted(IDLE_UNLOADED)!r}
+              or m.startswith("_sysconfigdata"))
+print("IDLE-LOADED", idle, file=sys.stderr)
 raise SystemExit(rc)
 """
 
@@ -63,6 +71,7 @@ def test_daemon_runs_without_any_extra(tmp_path: Path, nats_server: NatsServerPr
     assert r.returncode == 0, r.stderr[-3000:]
     assert '"agent_started"' in r.stderr or "agent_started" in r.stderr
     assert "OPTIONAL-LOADED []" in r.stderr and "CENTRAL-LOADED []" in r.stderr
+    assert "IDLE-LOADED []" in r.stderr, r.stderr[-2000:]
 
 
 @pytest.mark.parametrize(("command", "extra"), [

@@ -16,3 +16,5 @@ U64_DIGITS: Final = 20  # uint64/size_t, "%lu": 18446744073709551615
 DEFAULT_FIELD_MAX: Final = 256  # a field a rule yields without declaring its bound
 # a PyTorch sequence number past this is uninitialised memory (seen in public logs), not progress
 SEQ_MAX: Final = 1 << 53
+# a PyTorch Flight Recorder dump read whole (flight_recorder.py; hang_evidence.py opens it with this bound)
+FR_DUMP_MAX_BYTES: Final = 64 << 20

@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, cast
 
+from collectors.nccl.bounds import FR_DUMP_MAX_BYTES
 from gna_sdk.hostroot import UnsafePath, UntrustedFile, open_untrusted
 
 __all__ = [
@@ -55,7 +56,7 @@ __all__ = [
     "summarize",
 ]
 
-DEFAULT_MAX_BYTES: Final = 64 << 20
+DEFAULT_MAX_BYTES: Final = FR_DUMP_MAX_BYTES
 # torch's default ring is 2000 entries (2.11+); users raise it (100000 is seen in the wild). The
 # newest entries are the ones a hang diagnosis needs, so the oldest are dropped past the cap.
 DEFAULT_MAX_ENTRIES: Final = 4096

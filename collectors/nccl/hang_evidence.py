@@ -25,15 +25,20 @@ import os
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from collectors.nccl.flight_recorder import DEFAULT_MAX_BYTES, FRDumpError, dump_files, load_opened, summarize
-from collectors.nccl.ras_protocol import RasError, RasReport, query_ras, ras_address
+from collectors.nccl.bounds import FR_DUMP_MAX_BYTES
 from gna_sdk import Emitter, HostPaths, plural
 from gna_sdk.hostroot import UnsafePath, UntrustedFile, open_untrusted, split_beneath
 from gna_types.policy import verdict
+
+if TYPE_CHECKING:
+    from collectors.nccl.ras_protocol import RasReport
+
+# The RAS client and the Flight Recorder reader (~0.5 MiB of code between them) are imported when a hang first
+# asks for them: a node whose jobs never hang never holds them.
 
 log = structlog.get_logger(__name__)
 
@@ -155,6 +160,8 @@ class RasAsker:
             log.info("nccl_ras_unavailable", reason=reason, detail=detail[:300])
 
     async def _ask(self, job: str | None, pid: int, entity: str, where: dict[str, Any]) -> None:
+        from collectors.nccl.ras_protocol import RasError, query_ras, ras_address
+
         env = await asyncio.to_thread(read_environ, self.host, pid)
         if env is None:
             return self._error("no_environ", f"/proc/{pid}/environ is not readable")
@@ -237,7 +244,7 @@ class FlightRecords:
     emit: Emitter
     wait: float = 60.0  # the daemon looks this long: torch dumps after the timeout (15 s and more)
     poll: float = 2.0
-    max_bytes: int = DEFAULT_MAX_BYTES
+    max_bytes: int = FR_DUMP_MAX_BYTES
     seen: set[tuple[int, int, int, int]] = field(default_factory=set)
     refused: set[tuple[str, str, str]] = field(default_factory=set)
     errors: dict[str, int] = field(default_factory=dict)
@@ -247,6 +254,8 @@ class FlightRecords:
     def candidates(self, pid: int, rank: int | None) -> list[Candidate]:
         """Paths to try, in order. Only lexical work here (no file is looked at: opening is the check);
         a path whose ``..`` leaves its root is dropped."""
+        from collectors.nccl.flight_recorder import dump_files
+
         env = read_environ(self.host, pid) if pid else None
         cwd: str | None = None
         if pid:
@@ -290,6 +299,8 @@ class FlightRecords:
 
     async def collect(self, pid: int, rank: int | None, entity: str, where: dict[str, Any]) -> bool:
         """Read this rank's dump if one is there; True when a record was published."""
+        from collectors.nccl.flight_recorder import FRDumpError, load_opened, summarize
+
         cands = await asyncio.to_thread(self.candidates, pid, rank)
         uids = await asyncio.to_thread(process_uids, self.host, pid) if pid else None
         if pid and uids is None and any(c.within != "/" for c in cands):

@@ -61,7 +61,6 @@ import struct
 from datetime import UTC, datetime, timedelta, timezone, tzinfo
 from pathlib import Path
 from typing import Final
-from zoneinfo import ZoneInfo
 
 from gna_sdk.rootpath import resolve_in_root
 
@@ -231,6 +230,11 @@ def node_zone(root_path: str | os.PathLike[str]) -> tzinfo | None:
             return None
         rel = path.relative_to(root).as_posix()
         key = rel.split("zoneinfo/", 1)[1] if "zoneinfo/" in rel else "localtime"
+        # imported here, when a line is first read: zoneinfo's import asks sysconfig for its search path
+        # (Lib/zoneinfo/_tzpath.py reset_tzpath, CPython 3.11), which loads the interpreter's whole build
+        # configuration (_sysconfigdata_*, ~1 MiB resident) -- that an idle node need not hold
+        from zoneinfo import ZoneInfo
+
         return ZoneInfo.from_file(io.BytesIO(data), key=key)
     except (OSError, ValueError, UnicodeError, RuntimeError, struct.error, IndexError, KeyError):
         return None  # zoneinfo's own parser: ValueError for a bad magic, struct.error for a cut file

@@ -38,7 +38,7 @@ import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal, cast
 
 import msgspec
 import structlog
@@ -168,6 +168,8 @@ class NCCLLogsConfig(CollectorSettings, kw_only=True, forbid_unknown_fields=True
 # this list, NodeFacts' or the few no condition reads.
 JUDGED_FACTS = ("nccl_env.ib_hca", "nccl_env.gdr_level", "nccl_env.net_choice")
 
+_UNREAD = object()  # the node's zone not read yet (NCCLLogsCollector.zone)
+
 
 class NodeFacts:
     """The node's facts the conditions read (ACTIVE RDMA ports, GPUDirect, NVLink), each read at most once for
@@ -237,7 +239,7 @@ class NCCLLogsCollector:
         # agent's node name), cut at the first dot as NCCL cuts it
         self.node_host = short_host(host.read_text("/proc/sys/kernel/hostname", limit=512)
                                     or host.read_text("/etc/hostname", limit=512) or str(getattr(emit, "node", "")))
-        self.zone = node_zone(host.root)  # the node's /etc/localtime: the zone of the stamps its processes print
+        self._zone: dt.tzinfo | object | None = _UNREAD  # (zone: read when a line first needs it)
         self.writers = Writers(host, self.node_host, own_hosts=config.own_hosts, refresh=config.interval)
         self.file_local: set[str] = set()  # tailed file keys holding lines of this node's processes
         self.file_foreign: set[str] = set()  # ... and lines of other nodes' processes
@@ -263,6 +265,14 @@ class NCCLLogsCollector:
         self.crash_readers: dict[str, CrashReader] = {}  # tailed file key -> its torchrun report / NCCL error reader
 
     # -- node facts ---------------------------------------------------------------------
+    @property
+    def zone(self) -> dt.tzinfo | None:
+        """The node's /etc/localtime: the zone of the stamps its processes print (log_time.node_zone), read when
+        a line first needs it (an idle node never loads zoneinfo)."""
+        if self._zone is _UNREAD:
+            self._zone = node_zone(self.host.root)
+        return cast("dt.tzinfo | None", self._zone)
+
     def _active_rdma_ports(self) -> list[str]:
         ports = self.emit.facts.get("infiniband.ports")
         if ports is not None:
