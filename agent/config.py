@@ -6,6 +6,7 @@ Collector sections are validated by each collector's own ``config_type``.
 
 from __future__ import annotations
 
+import difflib
 import re
 import socket
 import tomllib
@@ -253,15 +254,8 @@ def _unknown_keys(data: dict[str, Any], struct_type: type[Any], path: list[str],
                     _unknown_keys(item, inner, [*path, key], out)
 
 
-def _closest(name: str, valid: list[str]) -> list[str]:
-    """The valid name closest to a typo, if any is close (difflib: imported only when a config is wrong)."""
-    import difflib
-
-    return difflib.get_close_matches(name, valid, n=1, cutoff=0.5)
-
-
 def _suggest(key: str, valid: list[str]) -> str:
-    close = _closest(key, valid)
+    close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
     return f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(sorted(valid))}"
 
 
@@ -359,7 +353,7 @@ def _check_actions(agent: AgentConfig, installed: set[str], file: str, text: str
 
     def unknown(what: str, name: str, key: str, line: int | None, *, cordon: bool) -> ConfigError:
         valid = [*choices, "cordon"] if cordon else choices
-        close = _closest(name, valid)
+        close = difflib.get_close_matches(name, valid, n=1, cutoff=0.5)
         listed = ", ".join(choices) or "none"
         hint = (f"; did you mean {close[0]!r}?" if close else
                 f"; installed remediation plugins: {listed}" + (' (or "cordon")' if cordon else ""))

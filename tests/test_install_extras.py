@@ -21,10 +21,9 @@ from sim.host import SimHost
 OPTIONAL = {"aiohttp": "fleet", "rich": "fleet", "lightkube": "kubernetes", "re2": "fast-scan",
             "hyperscan": "fast-scan"}
 
-# What a node with no NCCL log, no hang and a valid config never needs (imported on first use; ~1.8 MiB of RSS,
-# docs/benchmarks.md): zoneinfo (its import loads sysconfig's build data), difflib (a config typo's suggestion),
-# the RAS client and the Flight Recorder reader (a hang's evidence).
-IDLE_UNLOADED = {"zoneinfo", "difflib", "collectors.nccl.ras_protocol", "collectors.nccl.flight_recorder"}
+# What a node with no NCCL log and no hang never needs (imported on first use; ~1.7 MiB of RSS, docs/benchmarks.md):
+# zoneinfo (its import loads sysconfig's build data), the RAS client and the Flight Recorder reader (a hang's).
+IDLE_UNLOADED = {"zoneinfo", "collectors.nccl.ras_protocol", "collectors.nccl.flight_recorder"}
 
 PRELUDE = f"""
 import sys
