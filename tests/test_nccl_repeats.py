@@ -4,6 +4,7 @@ the one decoding every line gives."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import random
 from pathlib import Path
@@ -385,3 +386,51 @@ async def test_a_chunk_refused_is_judged_when_read_again(tmp_path: Path) -> None
     sink.accept = True
     await c.tailer.pump(c._handle)
     assert [m.status for m in sink.of("NCCLNoGDRDMA")] == ["firing"]
+
+
+_VOCAB = [
+    f"{HOST}:11:12 [0] NCCL INFO Using network IB",
+    f"{HOST}:11:12 [0] NCCL INFO Using network Socket",
+    f"{HOST}:11:12 [0] NCCL INFO NET/IB : Using [0]mlx5_1:1/IB [1]mlx5_10:1/IB ; OOB ib0:10.0.0.1<0>",
+    f"{HOST}:11:12 [0] NCCL INFO NET/IB : Using [0]mlx5_1:1/IB ; OOB ib0:10.0.0.1<0>",
+    *[_channel(11, tail, ch=ch) for tail in ("IB/0/GDRDMA", "IB/0", "IB/1/GDRDMA", "Socket/0") for ch in (0, 7)],
+]
+_FACTS: list[tuple[str, Any]] = [
+    ("kernel.modules", {"gpudirect_available": True}), ("kernel.modules", {"gpudirect_available": False}),
+    ("nccl_env.ib_hca", {"11": "mlx5_1"}), ("nccl_env.ib_hca", {}),
+    ("infiniband.ports", {"ib:mlx5_1/1": {"active": True}}), ("infiniband.ports", {}),
+]
+
+
+_ROUND = st.tuples(st.lists(st.sampled_from(_VOCAB), max_size=6), st.sampled_from(_VOCAB), st.integers(0, 150),
+                   st.lists(st.sampled_from(_FACTS), max_size=2))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rounds=st.lists(_ROUND, min_size=1, max_size=5))
+def test_skipping_judgements_says_what_judging_every_chunk_says(
+        rounds: list[tuple[list[str], str, int, list[Any]]]) -> None:
+    """Rounds of lines (a few, then one line repeated: chunks that only count), the node's facts changed before
+    each, read in small chunks: the collector that skips the judgement of processes a chunk only counted for
+    (plugin._unchanged) publishes exactly the messages of one that judges every touched process after every
+    chunk."""
+    import tempfile
+
+    async def run(skip: bool, tmp: Path) -> list[dict[str, Any]]:
+        facts, sink = FactStore(), Sink()
+        facts.set("kernel.modules", {"gpudirect_available": True})
+        root = _root(tmp, {f"{HOST}.11.log": ""})
+        c = await _live(root, sink=sink, facts=facts, chunk=2048)
+        if not skip:
+            c._unchanged = lambda *_a: False  # type: ignore[method-assign]
+        for lines, repeated, n, changes in rounds:
+            for key, value in changes:
+                facts.set(key, value)
+            if lines or n:
+                _append(root, f"{HOST}.11.log", lines + [repeated] * n)
+            await c.tailer.pump(c._handle)
+        return [{k: v for k, v in msgspec.structs.asdict(m).items() if k not in ("id", "time")}
+                for m in sink.messages]
+
+    with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
+        assert asyncio.run(run(True, Path(a))) == asyncio.run(run(False, Path(b)))
