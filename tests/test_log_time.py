@@ -268,6 +268,36 @@ def test_bounded_work_on_64_kib_lines() -> None:
     assert HEAD <= 1024, "only a line's head is looked at"
 
 
+async def test_the_collector_reads_the_node_s_zone_when_a_line_needs_it(tmp_path: Path) -> None:
+    """The NCCL collector reads /etc/localtime under the host root only when a line first needs it (an idle
+    node never loads zoneinfo: tests/test_install_extras.py), and a PyTorch stamp without a zone is then read
+    in the node's: 12:34:56 in Berlin in December is 11:34:56 UTC."""
+    from agent.emitter import CollectorEmitter, ConditionTracker
+    from agent.facts import FactStore
+    from collectors.nccl.plugin import NCCLLogsCollector, NCCLLogsConfig
+    from gna_sdk.hostroot import HostRoot
+    from tests.conftest import Sink
+
+    root = tmp_path / "host"
+    (root / "etc").mkdir(parents=True)
+    (root / "etc/hostname").write_text("gpu-7\n")
+    (root / "etc/localtime").write_bytes(_tzif("Europe/Berlin"))
+    (root / "var/log/nccl").mkdir(parents=True)
+    (root / "var/log/nccl/gpu-7.11.log").write_text(
+        "gpu-7:11:12 [0] NCCL INFO comm 0x5 rank 0 nranks 2 cudaDev 0 busId 18000 commId 0x77 - Init COMPLETE\n"
+        "[rank0]:[E1205 12:34:56.100000 11 ProcessGroupNCCL.cpp:632] [PG ID 0 PG GUID 0(default_pg) Rank 0] "
+        "Watchdog caught collective operation timeout: WorkNCCL(SeqNum=12, OpType=ALLREDUCE, NumelIn=4, "
+        "NumelOut=4, Timeout(ms)=600000) ran for 600043 milliseconds before timing out.\n")
+    sink = Sink()
+    c = NCCLLogsCollector(NCCLLogsConfig(globs=["/var/log/nccl/*.log"], flight_recorder=False), HostRoot(str(root)),
+                          CollectorEmitter("n", "nccl_logs", sink, ConditionTracker(None), facts=FactStore()))
+    assert c._zone is not None and not isinstance(c._zone, dt.tzinfo)  # not read at start
+    await c.check()
+    assert str(c.zone) == "localtime"
+    timeouts = sink.of("NCCLCollectiveTimeout")
+    assert timeouts and re.fullmatch(r"\d{4}-12-05T11:34:56\.1(0*)Z", timeouts[0].details["logged_at"]), timeouts
+
+
 # -- the fleet's views order by the stated time -------------------------------------------------------
 
 def test_diagnose_orders_evidence_by_the_stated_time_and_says_which() -> None:
