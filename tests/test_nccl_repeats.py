@@ -41,15 +41,19 @@ def _root(tmp_path: Path, files: dict[str, str]) -> Path:
     return root
 
 
+def _collector(root: Path, sink: Sink, facts: FactStore | None = None, **settings: Any) -> NCCLLogsCollector:
+    """The collector over ``root``'s NCCL logs on an IB node with NVLink (``settings``: the rest of its config)."""
+    em = CollectorEmitter("n", "nccl_logs", sink, ConditionTracker(None), facts=facts or FactStore())
+    return NCCLLogsCollector(NCCLLogsConfig(globs=["/var/log/nccl/*.log"], expect_ib="yes", nvlink="yes",
+                                            flight_recorder=False, **settings), HostRoot(str(root)), em)
+
+
 async def _ingest(root: Path, *, repeats: bool = True, chunk: int = 1 << 20, max_line: int = 65536,
                   scanner: str = "auto") -> tuple[NCCLLogsCollector, Sink, int]:
     """The collector over ``root``'s logs; ``repeats=False``: every candidate line decoded (no line counted).
     Also returns how many lines were decoded (parse_line calls)."""
     sink = Sink()
-    em = CollectorEmitter("n", "nccl_logs", sink, ConditionTracker(None), facts=FactStore())
-    c = NCCLLogsCollector(NCCLLogsConfig(globs=["/var/log/nccl/*.log"], chunk_bytes=chunk, max_line=max_line,
-                                         scanner=scanner, gdr_available="yes", expect_ib="yes", nvlink="yes",
-                                         flight_recorder=False), HostRoot(str(root)), em)
+    c = _collector(root, sink, chunk_bytes=chunk, max_line=max_line, scanner=scanner, gdr_available="yes")
     if not repeats:
         def everything(data: bytes, base: int, _hits: list[int], max_line: int, *_a: Any) -> Split:
             return Split(candidate_lines(data, base, max_line=max_line, engine=scanner))
@@ -281,11 +285,9 @@ def test_every_engine_hits_the_candidate_lines(parts: list[bytes]) -> None:
         assert hits(data, "hyperscan") == hits(data, "hyperscan-wheel"), "the system library's and the wheel's"
 
 
-async def _live(root: Path, *, sink: Sink, facts: FactStore, chunk: int = 4096) -> NCCLLogsCollector:
+def _live(root: Path, *, sink: Sink, facts: FactStore, chunk: int = 4096) -> NCCLLogsCollector:
     """A collector reading ``root``'s logs from their start, chunk by chunk, as ``pump`` reads them live."""
-    em = CollectorEmitter("n", "nccl_logs", sink, ConditionTracker(None), facts=facts)
-    c = NCCLLogsCollector(NCCLLogsConfig(globs=["/var/log/nccl/*.log"], chunk_bytes=chunk, expect_ib="yes",
-                                         nvlink="yes", flight_recorder=False), HostRoot(str(root)), em)
+    c = _collector(root, sink, facts, chunk_bytes=chunk)
     c.tailer.state_file = None
     c.tailer.rescan()
     for tf in c.tailer.files.values():
@@ -308,7 +310,7 @@ async def test_counted_repeats_are_not_judged_again_until_the_node_changes(tmp_p
     lines = [f"{HOST}:11:12 [0] NCCL INFO Using network IB"]
     lines += [_channel(11, "IB/0", ch=i % 32, send=i % 2 == 0) for i in range(600)]  # no /GDRDMA
     root = _root(tmp_path, {f"{HOST}.11.log": "\n".join(lines) + "\n"})
-    c = await _live(root, sink=sink, facts=facts)
+    c = _live(root, sink=sink, facts=facts)
     evaluated = 0
     real = c._evaluate
 
@@ -338,7 +340,7 @@ async def test_a_process_environment_found_later_is_judged_at_a_counting_chunk(t
              f"{HOST}:11:12 [0] NCCL INFO NET/IB : Using [0]mlx5_1:1/IB [1]mlx5_10:1/IB ; OOB ib0:10.0.0.1<0>"]
     lines += [_channel(11, f"IB/{i % 2}/GDRDMA", ch=i % 32) for i in range(400)]
     root = _root(tmp_path, {f"{HOST}.11.log": "\n".join(lines) + "\n"})
-    c = await _live(root, sink=sink, facts=facts)
+    c = _live(root, sink=sink, facts=facts)
     await c.tailer.pump(c._handle)
     assert not sink.of("NCCLHCASelection")
     facts.set("nccl_env.ib_hca", {"11": "mlx5_1"})
@@ -377,7 +379,7 @@ async def test_a_chunk_refused_is_judged_when_read_again(tmp_path: Path) -> None
     lines = [f"{HOST}:11:12 [0] NCCL INFO Using network IB"]
     lines += [_channel(11, "IB/0/GDRDMA", ch=i % 32) for i in range(100)]
     root = _root(tmp_path, {f"{HOST}.11.log": "\n".join(lines) + "\n"})
-    c = await _live(root, sink=sink, facts=facts)
+    c = _live(root, sink=sink, facts=facts)
     await c.tailer.pump(c._handle)
     _append(root, f"{HOST}.11.log", [_channel(11, "IB/0", ch=i % 32) for i in range(40)])
     sink.accept = False
@@ -420,7 +422,7 @@ def test_skipping_judgements_says_what_judging_every_chunk_says(
         facts, sink = FactStore(), Sink()
         facts.set("kernel.modules", {"gpudirect_available": True})
         root = _root(tmp, {f"{HOST}.11.log": ""})
-        c = await _live(root, sink=sink, facts=facts, chunk=2048)
+        c = _live(root, sink=sink, facts=facts, chunk=2048)
         if not skip:
             c._unchanged = lambda *_a: False  # type: ignore[method-assign]
         for lines, repeated, n, changes in rounds:
