@@ -285,15 +285,21 @@ class Browsing:
         from playwright.async_api import Error as PlaywrightError
 
         for loc in await page.locator("tbody tr, tbody td, #timeline rect.span, .ts").all():
-            if await loc.is_visible():
+            # The page re-renders while it is probed (the timeline's SVG is replaced on a resize or a live
+            # update): the element a locator resolved to may be detached before the pointer reaches it, which
+            # Playwright reports as "Element is not visible" (seen in CI). `loc` is a position (nth), so it
+            # re-resolves to the redrawn element: hover again. One that stays visible and cannot be hovered
+            # three times running is a real failure.
+            for attempt in range(3):
+                if not await loc.is_visible():
+                    break
                 try:
                     await loc.hover(force=True, timeout=2000)
+                    break
                 except PlaywrightError:
-                    # the page re-renders while it is probed: an element visible a moment ago may be gone
-                    # ("Element is not visible", seen once in a full CI-like run); one still visible and not
-                    # hoverable is a real failure
-                    if await loc.is_visible():
+                    if attempt == 2:
                         raise
+                    await page.wait_for_timeout(100)
         await page.evaluate(FIRE_JS)
         await page.wait_for_timeout(150)  # a fetch or an image load would have landed by now
 
