@@ -37,7 +37,7 @@ log = structlog.get_logger(__name__)
 CHECK_S = 1.0  # s between the checks of a follower's consumer
 FAIL_S = 60.0  # s without a working consumer before the process gives up (exit 75, restarted)
 SLICE_S = 0.005  # s of message handling before the follower lets the event loop serve the others
-IDLE_HEARTBEAT_S = 1.0  # the server's heartbeat on an idle consumer (nats-py resets after two missed)
+IDLE_HEARTBEAT_S = 0.5  # the server's heartbeat on an idle consumer (nats-py resets after two missed)
 
 
 async def sequence_at(js: Any, stream: str, subject: str, since: float) -> int:

@@ -175,7 +175,7 @@ class IncidentService:
             kv = await open_bucket(js, ttl=self.lease_ttl, replicas=self.nats_cfg.stream_replicas)
             self.leases = Leases(kv, partitions=self.tracker.partitions, partition=self.tracker.partition,
                                  holder=f"{socket.gethostname()}:{os.getpid()}:{self.tracker.partition}",
-                                 ttl=self.lease_ttl, on_gain=self._gain, on_loss=self._loss)
+                                 ttl=self.lease_ttl, on_gain=self._gain, on_loss=self._loss, nc=self.nc)
             with contextlib.suppress(Exception):  # NATS trouble: the lease loop retries
                 await self.leases.tick()  # before the history replays: its jobs are kept as they arrive
             self._tasks.append(loop.create_task(self.leases.run(), name="incidents:leases"))
@@ -683,7 +683,9 @@ class IncidentService:
                 "judging": self._judging, "owned": sorted(self.tracker.owned),
                 "followers": {f.name: f.stats() for f in self.followers},
                 "leases": ({"held": sorted(self.leases.held), "takeovers": self.leases.takeovers,
-                            "reclaimed": self.leases.reclaimed, "errors": self.leases.errors}
+                            "reclaimed": self.leases.reclaimed, "errors": self.leases.errors,
+                            "beat_takeovers": self.leases.beat_takeovers,
+                            "beats_rejected": self.leases.beats_rejected}
                            if self.leases is not None else None),
                 "loop_stall_max_ms": round(self.loop_stall_max_ms, 1),
                 "loop_stall_cpu_max_ms": round(self.loop_stall_cpu_max_ms, 1),

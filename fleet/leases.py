@@ -16,6 +16,22 @@ expires ``ttl`` after its last write, at most ``ttl / 3`` before it died, so a p
 ``ttl`` + two ticks of a death: 3 to 5 s at the default 3 s. A partition never seen alive (replicas
 starting one after another) is taken only after ``STARTUP_GRACE_S``, so a slow start is not a loss.
 
+Beacons (issue 21: a replica and a nats-server killed together moved the partition 5.1 s after the kill,
+its next incident 7.1 s): the alive key says a replica is gone only when it expires, a TTL after its last
+write. Each replica also beats on core NATS (``BEACON_PREFIX``.<partition>, every ``ttl / 6`` s, no
+JetStream: it crosses the cluster's routes while the streams elect) and hears every replica's beats,
+its own included. A replica whose beats stopped while this one kept hearing its own for
+``BEACON_MISSED`` beats (the path through NATS works: a survivor cut off itself hears nothing, and
+decides nothing) is dead: its partition's lease entry, when it names a dead holder, is deleted by a
+compare-and-set on the entry's revision and created anew by the survivor, without waiting for it to
+expire (2 beats of 0.5 s: about 1.5 s after the death instead of 3-5). Of two survivors racing, the
+compare-and-sets let one win. A replica wrongly taken for dead (its beats held up) loses the lease on its
+next renewal and claims it back when the stand-in sees its alive key again; nothing it published is lost
+(records are compare-and-set too, fleet/incident_service.py). Beats are bounded at the boundary: one over
+``BEACON_MAX_BYTES``, not JSON, or naming another partition than its subject's is counted
+(``beacons_rejected``) and ignored; only the correlator's role may publish or read them
+(fleet/nats_permissions.py).
+
 Every write is a compare-and-set on the entry's revision: a replica that lost a lease (another
 replica took it while this one was cut off) finds out on its next renewal and stops judging. An
 election is not a loss: a renewal that fails without an answer keeps the lease until a TTL after
@@ -27,6 +43,7 @@ too (``reclaimed``) -- dropping it would forget the partition's jobs and replay 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import Awaitable, Callable
@@ -42,6 +59,13 @@ LEASES_BUCKET = subjects.LEASES_BUCKET
 DEFAULT_TTL = 3.0  # `gpu-node-agent correlator --lease-ttl` and `nats setup --lease-ttl`: one default
 ABSENT_TICKS = 2  # ticks in a row a seen-alive replica's key must be missing before its partition moves
 STARTUP_GRACE_S = 20.0  # s a partition never seen alive is left to its own replica to claim
+# core NATS, BEACON_PREFIX.<partition>: the replicas' beats (only the correlator's role: fleet/nats_permissions.py).
+# Central-only (no node publishes or reads it), so it lives with the leases, not in gna_types/subjects.py.
+BEACON_PREFIX = "gna.correlator.beat"
+BEATS_PER_TTL = 6  # a beat every ttl / 6 s (0.5 s at the default TTL)
+BEACON_MISSED = 3  # beats of a replica missed while ours arrived before it counts as dead
+BEACON_MAX_BYTES = 512
+HOLDER_MAX = 200  # characters of a holder name (host:pid:partition)
 
 
 def bucket_config(*, ttl: float = DEFAULT_TTL, replicas: int = 1) -> Any:
@@ -67,6 +91,10 @@ def alive_key(partition: int) -> str:
     return f"alive-{partition}"
 
 
+def beacon_subject(partition: int) -> str:
+    return f"{BEACON_PREFIX}.{partition}"
+
+
 class Leases:
     """Acquire, renew, take over and release partition leases.
 
@@ -76,8 +104,9 @@ class Leases:
 
     def __init__(self, kv: Any, *, partitions: int, partition: int, holder: str, ttl: float,
                  on_gain: Callable[[int], Awaitable[None]], on_loss: Callable[[int], Awaitable[None]],
-                 takeover: bool = True) -> None:
+                 takeover: bool = True, nc: Any = None, beat_s: float | None = None) -> None:
         self.kv = kv
+        self.nc = nc  # the core connection the beats go over (None: no beats, the alive keys alone)
         self.partitions, self.partition = partitions, partition
         self.holder = holder
         self.ttl = ttl
@@ -92,6 +121,15 @@ class Leases:
         self._absent: dict[int, int] = {}  # partition -> ticks in a row its alive key was missing
         self._started = time.monotonic()
         self.grace = max(STARTUP_GRACE_S, ttl)
+        self.beat_s = beat_s or ttl / BEATS_PER_TTL
+        self.beats_rejected = 0
+        self.beat_takeovers = 0  # of ``takeovers``: taken when the holder's beats stopped, before its entry expired
+        self._heard: dict[int, tuple[float, str]] = {}  # partition -> (monotonic, holder) of its replica's last beat
+        self._self_heard = -1e9  # when we last heard our own beat come back (monotonic)
+        self._self_since = 0.0  # since when we have heard our own beats without a break
+        self._dead_checked: dict[int, float] = {}  # partition -> when its lease entry was last looked at
+        self._beat_seq = 0
+        self._lock = asyncio.Lock()  # one tick or one takeover at a time (both create and hand over leases)
 
     def _value(self, p: int) -> bytes:
         return json.dumps({"holder": self.holder, "partition": p, "time": time.time()}).encode()
@@ -158,6 +196,10 @@ class Leases:
 
     async def tick(self) -> None:
         """One round: renew what we hold, claim our own, take over expired ones, hand back stand-ins."""
+        async with self._lock:
+            await self._tick()
+
+    async def _tick(self) -> None:
         await self.kv.put(alive_key(self.partition), self._value(self.partition))
         for p in sorted(self.held):
             own_back = p != self.partition and await self._get(alive_key(p)) is not None
@@ -197,18 +239,117 @@ class Leases:
             except Exception as exc:  # expired meanwhile: nothing to hand back
                 log.info("lease_release_failed", partition=p, error=repr(exc))
 
-    async def run(self) -> None:
-        """Tick every ttl/3 until cancelled; a NATS error is logged and retried on the next tick."""
+    # -- beats ---------------------------------------------------------------------------------------------
+
+    def _on_beat(self, subject: str, data: bytes) -> None:
+        """One beat heard, bounded and checked (a bad one is counted and ignored)."""
+        try:
+            if len(data) > BEACON_MAX_BYTES:
+                raise ValueError("oversized")
+            doc = json.loads(data)
+            p, holder = doc.get("partition"), doc.get("holder")
+            if (type(p) is not int or not 0 <= p < self.partitions or subject != beacon_subject(p)
+                    or not isinstance(holder, str) or not 0 < len(holder) <= HOLDER_MAX):
+                raise ValueError("malformed")
+        except (ValueError, TypeError, AttributeError):
+            self.beats_rejected += 1
+            return
+        now = time.monotonic()
+        if p == self.partition and holder == self.holder:
+            if now - self._self_heard > 2 * self.beat_s:
+                self._self_since = now  # a new unbroken run of our own beats
+            self._self_heard = now
+        elif p != self.partition:
+            self._heard[p] = (now, holder)
+
+    def silent(self) -> dict[int, str]:
+        """Partition -> holder of each replica whose beats stopped while ours kept coming back: heard from
+        nothing for ``BEACON_MISSED`` beats of an unbroken run of our own (a run breaks when two of ours go
+        missing: then we were cut off, and their silence meanwhile says nothing about them)."""
+        now = time.monotonic()
+        if now - self._self_heard > 2 * self.beat_s:
+            return {}
+        window = BEACON_MISSED * self.beat_s
+        return {p: h for p, (t, h) in self._heard.items() if self._self_heard - max(t, self._self_since) > window}
+
+    async def _take_from_dead(self) -> None:
+        """A dead replica's partition (and what it stood in for), taken without waiting for the entry's expiry.
+        Each silent partition's entry is looked at once a tick at most (a partition that stays without its
+        replica, held by a stand-in, costs one read a tick, not one a beat)."""
+        from nats.js.errors import KeyWrongLastSequenceError
+
+        silent = self.silent()
+        dead = set(silent.values())
+        now = time.monotonic()
+        for p in sorted(silent):
+            if p in self.held or now - self._dead_checked.get(p, -1e9) < self.ttl / 3:
+                continue
+            self._dead_checked[p] = now
+            entry = await self._get(lease_key(p))
+            if entry is not None:
+                if _holder(entry.value) not in dead:
+                    continue  # held by someone alive (a stand-in), or by a holder we never heard: its TTL decides
+                try:
+                    await self.kv.delete(lease_key(p), last=entry.revision)
+                except KeyWrongLastSequenceError:
+                    continue  # renewed or taken meanwhile
+                except Exception as exc:
+                    if "wrong last sequence" not in str(exc).lower():
+                        raise
+                    continue
+            if await self._try_create(p):
+                self.takeovers += 1
+                self.beat_takeovers += 1
+                log.warning("lease_taken_over", partition=p, holder=self.holder, why="its replica's beats stopped")
+                await self.on_gain(p)
+
+    async def _beat_loop(self) -> None:
+        """Beat every ``beat_s``; after each, take what dead replicas held."""
+        subject = beacon_subject(self.partition)
         while True:
             try:
-                await self.tick()
+                self._beat_seq += 1
+                await self.nc.publish(subject, json.dumps({"holder": self.holder, "partition": self.partition,
+                                                           "seq": self._beat_seq}).encode())
+                if self.takeover and self.silent():
+                    async with self._lock:
+                        await self._take_from_dead()
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:
+            except Exception as exc:  # reconnecting, the bucket electing: the next beat tries again
                 self.errors += 1
-                self._absent.clear()  # "in a row" counts only ticks whose own write went through
-                log.warning("lease_tick_failed", error=repr(exc))
-            await asyncio.sleep(self.ttl / 3)
+                log.info("lease_beat_failed", error=repr(exc)[:200])
+            await asyncio.sleep(self.beat_s)
+
+    async def run(self) -> None:
+        """Tick every ttl/3 until cancelled; a NATS error is logged and retried on the next tick. With a core
+        connection, beat and listen too."""
+        beats: asyncio.Task[None] | None = None
+        sub: Any = None
+        try:
+            if self.nc is not None:
+                async def on_beat(m: Any) -> None:
+                    self._on_beat(m.subject, m.data)
+
+                sub = await self.nc.subscribe(f"{BEACON_PREFIX}.*", cb=on_beat)
+                beats = asyncio.create_task(self._beat_loop(), name="incidents:lease-beats")
+            while True:
+                try:
+                    await self.tick()
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    self.errors += 1
+                    self._absent.clear()  # "in a row" counts only ticks whose own write went through
+                    log.warning("lease_tick_failed", error=repr(exc))
+                await asyncio.sleep(self.ttl / 3)
+        finally:
+            if beats is not None:
+                beats.cancel()
+                await asyncio.gather(beats, return_exceptions=True)
+            if sub is not None:
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
 
     async def release_all(self) -> None:
         """At a clean stop: hand every lease back and say we are gone, so another replica takes over at once."""

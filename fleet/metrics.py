@@ -193,6 +193,8 @@ class CorrelatorMetrics(ServiceMetrics):
                        leases.takeovers if leases is not None else 0)
         yield _counter("gna_correlator_lease_errors", "Lease renewals or claims that failed",
                        leases.errors if leases is not None else 0)
+        yield _counter("gna_correlator_lease_beats_rejected", "Replica beats refused (oversized, malformed, "
+                       "another partition's subject)", leases.beats_rejected if leases is not None else 0)
         yield _gauge("gna_correlator_loop_stall_max_seconds", "The longest the event loop was held, since start",
                      svc.loop_stall_max_ms / 1000.0)
         yield _gauge("gna_correlator_gc_pause_max_seconds", "The longest cyclic garbage collection, since start",

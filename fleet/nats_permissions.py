@@ -23,6 +23,7 @@ from pathlib import Path
 
 import msgspec
 
+from fleet.leases import BEACON_PREFIX
 from gna_types.subjects import (
     ACTIONS_PREFIX,
     BUDGET_BUCKET,
@@ -279,8 +280,10 @@ def correlator_permissions(layout: Layout) -> Permissions:
         f"{JS_API}.STREAM.INFO.{_kv_stream(n.leases_bucket)}",
         f"{JS_API}.STREAM.MSG.GET.{_kv_stream(n.leases_bucket)}",
         f"{JS_API}.DIRECT.GET.{_kv_stream(n.leases_bucket)}.>",
+        f"{BEACON_PREFIX}.*",  # the replicas' beats (core NATS), heard by every replica
     ]
-    return Permissions(publish=publish, subscribe=[inbox("correlator")], publish_deny=_durables_deny(layout))
+    return Permissions(publish=publish, subscribe=[inbox("correlator"), f"{BEACON_PREFIX}.*"],
+                       publish_deny=_durables_deny(layout))
 
 
 def reader_permissions(layout: Layout) -> Permissions:

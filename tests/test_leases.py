@@ -1,26 +1,33 @@
 """fleet/leases.py against a real nats-server: what an election does to a lease is not a loss; another
-replica's claim is; a dead replica's partition moves after two ticks without its alive key."""
+replica's claim is; a dead replica's partition moves after two ticks without its alive key, or sooner, once
+its beats stop while the survivor hears its own."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import nats
+import pytest
 
 from agent.nats_server import NatsServerProcess
-from fleet.leases import Leases, alive_key, lease_key, open_bucket
+from fleet.leases import BEACON_MAX_BYTES, Leases, alive_key, beacon_subject, lease_key, open_bucket
 
 
-async def _leases(kv: object, partition: int, events: list[tuple[str, int]], **kw: object) -> Leases:
-    async def gain(p: int) -> None:
-        events.append(("gain", p))
+def _record(events: list[tuple[str, int]], what: str) -> Callable[[int], Awaitable[None]]:
+    async def on(p: int) -> None:
+        events.append((what, p))
+    return on
 
-    async def loss(p: int) -> None:
-        events.append(("loss", p))
 
-    return Leases(kv, partitions=2, partition=partition, holder=f"h{partition}", ttl=60.0, on_gain=gain,
-                  on_loss=loss, **kw)  # type: ignore[arg-type]
+async def _leases(kv: object, partition: int, events: list[tuple[str, int]], partitions: int = 2,
+                  **kw: object) -> Leases:
+    return Leases(kv, partitions=partitions, partition=partition, holder=f"h{partition}", ttl=60.0,
+                  on_gain=_record(events, "gain"), on_loss=_record(events, "loss"), **kw)  # type: ignore[arg-type]
 
 
 async def test_an_elections_lost_answer_or_expiry_keeps_the_lease_another_claim_loses_it(
@@ -77,3 +84,94 @@ async def test_a_partition_seen_alive_moves_after_two_ticks_without_its_alive_ke
         assert 1 in b.held
     finally:
         await nc.close()
+
+
+async def _until(cond: Any, timeout: float) -> bool:
+    t0 = time.monotonic()
+    while not cond():
+        if time.monotonic() - t0 > timeout:
+            return False
+        await asyncio.sleep(0.01)
+    return True
+
+
+async def test_a_replica_whose_beats_stop_loses_its_partition_before_its_entry_expires(
+        tmp_path: Path, nats_server: NatsServerProcess) -> None:
+    """Beats on core NATS: B dies (no goodbye); its lease entry would live 60 s, A takes it within a few beats.
+    A replica that hears nothing of itself (no_echo: as if cut off) decides nothing, however long B is silent."""
+    conns = [await nats.connect(nats_server.url) for _ in range(2)]
+    deaf = await nats.connect(nats_server.url, no_echo=True)
+    tasks: dict[str, asyncio.Task[None]] = {}
+    try:
+        kv = await open_bucket(conns[0].jetstream(), ttl=60.0)
+        ev0: list[tuple[str, int]] = []
+        ev1: list[tuple[str, int]] = []
+        evd: list[tuple[str, int]] = []
+        a = await _leases(kv, 0, ev0, 3, nc=conns[0], beat_s=0.05)
+        b = await _leases(kv, 1, ev1, 3, nc=conns[1], beat_s=0.05)
+        c = await _leases(kv, 2, evd, 3, nc=deaf, beat_s=0.05)  # a third replica that cannot hear itself
+        for name, x in (("a", a), ("b", b), ("c", c)):
+            tasks[name] = asyncio.create_task(x.run())
+        assert await _until(lambda: 1 in b.held and 0 in a.held and 1 in a._heard and 1 in c._heard, 5)
+        tasks.pop("b").cancel()  # B dies: its tasks stop, nothing handed back, its entry stays for 60 s
+        t0 = time.monotonic()
+        assert await _until(lambda: 1 in a.held, 5), a.silent()
+        took = time.monotonic() - t0
+        assert a.beat_takeovers == 1 and ev0[-1] == ("gain", 1)
+        assert took < 2.0, f"{took:.2f} s: the beats, not the entry's 60 s TTL, should have moved it"
+        await asyncio.sleep(0.5)
+        assert 1 in c._heard and c.silent() == {} and c.held.keys() == {2} and evd == [("gain", 2)], \
+            "a replica that does not hear its own beats takes nothing"
+        # hostile beats: oversized, not JSON, another partition's subject, a bad holder: counted, never heard
+        big = json.dumps({"holder": "h1", "partition": 1, "pad": "x" * BEACON_MAX_BYTES}).encode()
+        bad = [(beacon_subject(1), big), (beacon_subject(1), b"\xff{"),
+               (beacon_subject(0), json.dumps({"holder": "h1", "partition": 1}).encode()),
+               (beacon_subject(1), json.dumps({"holder": "", "partition": 1}).encode()),
+               (beacon_subject(7), json.dumps({"holder": "h7", "partition": 7}).encode()),
+               (beacon_subject(1), json.dumps({"holder": "h1", "partition": True}).encode())]
+        before = a.beats_rejected
+        for subject, data in bad:
+            await conns[1].publish(subject, data)
+        await conns[1].flush()
+        assert await _until(lambda: a.beats_rejected - before == len(bad), 5), a.beats_rejected - before
+        await asyncio.sleep(0.2)
+        assert a.beats_rejected - before == len(bad) and set(a._heard) == {1, 2} and a._heard[1][1] == "h1"
+    finally:
+        for t in tasks.values():
+            t.cancel()
+        await asyncio.gather(*tasks.values(), return_exceptions=True)
+        for nc in (*conns, deaf):
+            await nc.close()
+
+
+def test_silence_while_we_were_cut_off_is_not_a_death(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Our own beats stopped coming back (our server died, we reconnected): the others' beats missed meanwhile
+    say nothing about them; only silence over an unbroken run of ours does."""
+    import fleet.leases as leases_mod
+
+    now = [100.0]
+    monkeypatch.setattr(leases_mod.time, "monotonic", lambda: now[0])
+    x = Leases(object(), partitions=2, partition=0, holder="h0", ttl=3.0, on_gain=_record([], "gain"),
+               on_loss=_record([], "loss"))  # a beat every 0.5 s, dead after 1.5 s of ours without theirs
+
+    def beat(p: int) -> None:
+        x._on_beat(beacon_subject(p), json.dumps({"holder": f"h{p}", "partition": p}).encode())
+
+    for _ in range(4):  # both beat
+        beat(0), beat(1)
+        now[0] += 0.5
+    beat(0)
+    now[0] += 3.0  # cut off: nothing heard for 3 s, ours included
+    assert x.silent() == {}
+    beat(0)  # back: our first beat again
+    assert x.silent() == {}, "their silence while we heard nothing is not theirs"
+    for _ in range(2):
+        now[0] += 0.5
+        beat(1), beat(0)
+    assert x.silent() == {}
+    for _ in range(4):  # they stop; we go on
+        now[0] += 0.5
+        beat(0)
+    assert x.silent() == {1: "h1"}
+    beat(1)
+    assert x.silent() == {}

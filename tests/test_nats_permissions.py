@@ -368,6 +368,7 @@ async def test_correlator_and_cordoner_work_on_incidents_with_their_own_permissi
     from fleet.cordoner import Cordoner
     from fleet.incident_service import IncidentService
     from fleet.incidents import INCIDENTS_BUCKET, owner
+    from fleet.leases import beacon_subject
     from gna_types.subjects import event_subject, subjects_for
     from sim.scenarios import generate
 
@@ -400,12 +401,26 @@ async def test_correlator_and_cordoner_work_on_incidents_with_their_own_permissi
         nc = await fleet.connect("correlator")
         await nc.publish(event_subject("gpu-005-000", "kmsg_xid", "critical"), b"{}")  # not its to write
         await nc.flush()
+        # the replicas' beats (fleet/leases.py): a node cannot fake another replica alive, a reader cannot listen
+        other = 1 - svc.tracker.partition
+        node = await fleet.connect("a")
+        await node.publish(beacon_subject(other), _json.dumps({"holder": "forged", "partition": other}).encode())
+        await node.flush()
+        listener = await fleet.connect("reader")
+        await listener.subscribe(beacon_subject(svc.tracker.partition))
+        await listener.flush()
         await asyncio.sleep(DENIED_WAIT)
+        assert other not in svc.leases._heard and svc.leases._self_heard > 0, "the replica hears only itself"
+        await node.close()
+        await listener.close()
         await nc.close()
     finally:
         await cord.stop()
         await svc.stop()
-    assert fleet.violations_of("cordoner") == [] and fleet.violations_of("reader") == []
+    assert any("gna.correlator.beat" in v for v in fleet.violations_of("a"))
+    assert [v for v in fleet.violations_of("reader") if "gna.correlator.beat" not in v] == []
+    assert any("gna.correlator.beat" in v for v in fleet.violations_of("reader"))
+    assert fleet.violations_of("cordoner") == []
     assert [v for v in fleet.violations_of("correlator") if "gna.events" not in v] == []
     assert any("gna.events" in v for v in fleet.violations_of("correlator"))
 
