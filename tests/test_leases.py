@@ -158,7 +158,8 @@ def test_silence_while_we_were_cut_off_is_not_a_death(monkeypatch: pytest.Monkey
         x._on_beat(beacon_subject(p), json.dumps({"holder": f"h{p}", "partition": p}).encode())
 
     for _ in range(4):  # both beat
-        beat(0), beat(1)
+        beat(0)
+        beat(1)
         now[0] += 0.5
     beat(0)
     now[0] += 3.0  # cut off: nothing heard for 3 s, ours included
@@ -167,7 +168,8 @@ def test_silence_while_we_were_cut_off_is_not_a_death(monkeypatch: pytest.Monkey
     assert x.silent() == {}, "their silence while we heard nothing is not theirs"
     for _ in range(2):
         now[0] += 0.5
-        beat(1), beat(0)
+        beat(1)
+        beat(0)
     assert x.silent() == {}
     for _ in range(4):  # they stop; we go on
         now[0] += 0.5
