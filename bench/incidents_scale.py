@@ -95,6 +95,7 @@ from agent.nats_link import stream_configs
 from agent.nats_server import NatsCluster, NatsServerProcess
 from fleet.incident_service import incident_versions
 from fleet.incidents import INCIDENTS_BUCKET, owner
+from fleet.leases import LEASES_BUCKET
 from gna_types.subjects import EVENTS_PREFIX, JOBS_PREFIX, SIGNALS_PREFIX, encode_token, subjects_for
 from sim.scenarios import generate
 
@@ -1207,18 +1208,33 @@ async def cluster_async(args: argparse.Namespace, work: Path, metas: list[dict[s
             print(fault_line(f"  {phase:22} p{part} ", r) + extra, flush=True)
             return r
 
+        async def led_by(i: int) -> list[str]:
+            """The streams and buckets whose leader is server ``i`` (a leader's death costs its asset an
+            election: 4-9 s in nats-server's server/raft.go, during which nothing is stored or answered)."""
+            out = []
+            for name in (*(c.name for c in stream_configs(NatsConfig(stream_replicas=3))),
+                         f"KV_{INCIDENTS_BUCKET}", f"KV_{LEASES_BUCKET}"):
+                with contextlib.suppress(Exception):
+                    info = await js.stream_info(name)
+                    if info.cluster is not None and info.cluster.leader == cluster.servers[i].name:
+                        out.append(name)
+            return out
+
         for _ph, part in cluster_plan(args)[:PARTITIONS]:
             await fault("baseline", part if part is not None else 0)
         await asyncio.sleep(2.5)  # the survivors have seen every replica alive since
         v = args.victim
         holder = next((q for q, c in replicas.items() if v in (c.last().get("owned") or [])), v)
         srv = args.kill_server
+        led = await led_by(srv)
         t_kill = time.monotonic()
         await replicas[holder].kill()
         retired.append(replicas.pop(holder))
         cluster.servers[srv].stop(kill=True)
-        event(f"replica holding partition {v} (replica {holder}) SIGKILLed with nats-server {srv}")
+        event(f"replica holding partition {v} (replica {holder}) SIGKILLed with nats-server {srv} (it led: "
+              f"{', '.join(led) or 'nothing'})")
         r = await fault("replica+server killed", v, t_kill)
+        r["killed_led"] = led
         failover_s = r["since_kill_s"]
         takeover = [(q, c.last().get("owned")) for q, c in replicas.items()]
         cluster.servers[srv].start()
@@ -1232,10 +1248,11 @@ async def cluster_async(args: argparse.Namespace, work: Path, metas: list[dict[s
               f"{secs(regain_s)} s (partitions held while it was gone: {takeover})")
         await fault("both back", v)
         for i in range(3):
+            led = await led_by(i)
             cluster.servers[i].stop(kill=True)
-            event(f"nats-server {i} SIGKILLed")
+            event(f"nats-server {i} SIGKILLed (it led: {', '.join(led) or 'nothing'})")
             for part in range(PARTITIONS):
-                await fault(f"server {i} down", part)
+                (await fault(f"server {i} down", part))["killed_led"] = led
             cluster.servers[i].start()
             event(f"nats-server {i} started again")
             await fault(f"server {i} back", (i + 1) % PARTITIONS)

@@ -69,6 +69,17 @@ LAG_HOLD_LIMIT_S = 15.0
 STATS_INTERVAL_S = 30.0  # s between `correlator_stats` lines
 STALL_PROBE_S = 0.05  # s between the loop-stall probe's wake-ups
 WRITE_TIMEOUT_S = 10.0  # s one incident write may take before it is retried
+# s one request of a write (create, get, compare-and-set) waits for its answer. A request sent while its stream
+# elects a leader (4-9 s after a leader's death: nats-server server/raft.go minElectionTimeoutDefault..
+# maxElectionTimeoutDefault, v2.15) is answered by nobody, and one the new leader would store arrives only after
+# it: nats-py's 5 s default, then a backoff that doubled to 5 s, left a verdict unwritten for up to 10 s after
+# the election ended. Short attempts, retried at most a second apart, write it within ~3 s of the election.
+WRITE_ATTEMPT_S = 2.0
+# s a follower's request (consumer create or info, stream info, message get) waits: the same election, seen from
+# the reading side -- a consumer asked for while the stream elects is created by nobody, and the follower asks
+# again only when the 5 s default gave up (traced: a taken-over partition read 5 s after its stream's election)
+FOLLOW_REQUEST_S = 2.0
+PUBLISH_BACKOFF_MAX_S = 1.0
 KNOWN_MAX = 65536  # jobs whose incident key is known to exist (past it forgotten: their next write reads first)
 
 
@@ -99,6 +110,9 @@ class IncidentService:
         self.nc: Any = None
         self._kv: Any = None
         self._known: set[str] = set()  # jobs whose incident key this process wrote or found (KNOWN_MAX at most)
+        # jobs whose last write went unanswered: it may have been stored, so a retry that finds its version in the
+        # KV announces it still (nobody else did)
+        self._unsure: set[str] = set()
         self.kv_reads = 0
         # jobs to judge -> the count of filed messages when one last touched the job (``_filed``): what the
         # hardware findings read must cover before it is judged (``_findings_cover``)
@@ -168,11 +182,13 @@ class IncidentService:
         self.watch = natsclient.watching()
         self.nc = await natsclient.connect(self.servers, cfg=self.nats_cfg, name="gpu-node-agent-correlator",
                                            inbox="correlator")
-        js = self.nc.jetstream()
+        js = self.nc.jetstream(timeout=FOLLOW_REQUEST_S)
         loop = asyncio.get_running_loop()
         if self.lease_ttl:
             self.tracker.owned = set()
-            kv = await open_bucket(js, ttl=self.lease_ttl, replicas=self.nats_cfg.stream_replicas)
+            # each lease request answered within a tick or given up (an election must not hold a tick 5 s)
+            kv = await open_bucket(self.nc.jetstream(timeout=min(5.0, max(0.5, self.lease_ttl / 3))),
+                                   ttl=self.lease_ttl, replicas=self.nats_cfg.stream_replicas)
             self.leases = Leases(kv, partitions=self.tracker.partitions, partition=self.tracker.partition,
                                  holder=f"{socket.gethostname()}:{os.getpid()}:{self.tracker.partition}",
                                  ttl=self.lease_ttl, on_gain=self._gain, on_loss=self._loss, nc=self.nc)
@@ -204,7 +220,7 @@ class IncidentService:
         if partition in self._readers:
             return
         loop = asyncio.get_running_loop()
-        js = self.nc.jetstream()
+        js = self.nc.jetstream(timeout=FOLLOW_REQUEST_S)
         # Two consumers a partition: its jobs' membership (bulk: a fleet start stores ~145,000 records at once)
         # and their NCCL evidence (few, urgent). One consumer reads the stream in order, so a job's symptoms
         # waited behind every membership record stored before them: traced in a 500-job fleet start, a
@@ -607,6 +623,8 @@ class IncidentService:
                     raise
                 except Exception as exc:  # no leader, NATS away, a timeout: kept, tried again
                     self.publish_retries += 1
+                    if len(self._unsure) < KNOWN_MAX:
+                        self._unsure.add(job)
                     failed = True
                     log.warning("incident_publish_retry", job=job[:200], error=repr(exc)[:300], retry_in=backoff)
                     break
@@ -614,7 +632,7 @@ class IncidentService:
                     del self._outbox[job]
             if failed:
                 await asyncio.sleep(backoff)
-                backoff = min(5.0, backoff * 2)
+                backoff = min(PUBLISH_BACKOFF_MAX_S, backoff * 2)
             else:
                 backoff = 0.2
 
@@ -630,7 +648,7 @@ class IncidentService:
         data = json.dumps(record, separators=(",", ":")).encode()
         token = encode_token(record["job"])
         if self._kv is None:
-            js = self.nc.jetstream()
+            js = self.nc.jetstream(timeout=WRITE_ATTEMPT_S)
             self._kv = await open_kv(js, INCIDENTS_BUCKET, create_with=KeyValueConfig(
                 bucket=INCIDENTS_BUCKET, history=5, replicas=self.nats_cfg.stream_replicas))
         first = record["job"] not in self._known
@@ -650,6 +668,9 @@ class IncidentService:
             if entry is not None and entry.value and same_version(entry.value, record):
                 self.publish_same += 1
                 self._know(record["job"])
+                if record["job"] in self._unsure:  # ours, stored by an attempt whose answer was lost
+                    self._unsure.discard(record["job"])
+                    await self._announce(token, data, record)
                 return
             try:
                 if entry is None:
@@ -662,6 +683,10 @@ class IncidentService:
         else:
             raise RuntimeError(f"{INCIDENTS_BUCKET}: the key of job {record['job'][:100]!r} kept changing")
         self._know(record["job"])
+        self._unsure.discard(record["job"])
+        await self._announce(token, data, record)
+
+    async def _announce(self, token: str, data: bytes, record: dict[str, Any]) -> None:
         await self.nc.publish(f"{INCIDENTS_PREFIX}.{token}", data)  # after the KV: whoever hears it finds it there
         self.published += 1
         self.published_by_status[record["status"]] = self.published_by_status.get(record["status"], 0) + 1

@@ -201,8 +201,11 @@ class Leases:
 
     async def _tick(self) -> None:
         await self.kv.put(alive_key(self.partition), self._value(self.partition))
+        silent = self.silent()
         for p in sorted(self.held):
-            own_back = p != self.partition and await self._get(alive_key(p)) is not None
+            # its replica is back when its alive key is there -- unless its beats stopped: the key of a replica
+            # that just died lives on for a TTL, and handing its partition back to nobody would only delay it
+            own_back = p != self.partition and p not in silent and await self._get(alive_key(p)) is not None
             if own_back:
                 # the partition's own replica is alive again: hand its lease back
                 await self._release(p)

@@ -174,6 +174,44 @@ async def test_live_incident_within_seconds_and_rebuilt_after_a_restart(tmp_path
         await nc.close()
 
 
+class _AnswerLost:
+    """The incidents KV as an election shows it: the first create is stored, its answer never arrives."""
+
+    def __init__(self, kv: Any) -> None:
+        self.kv, self.lost = kv, 0
+
+    async def create(self, key: str, value: bytes) -> int:
+        rev = await self.kv.create(key, value)
+        if not self.lost:
+            self.lost += 1
+            raise TimeoutError("nats: timeout")
+        return int(rev)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.kv, name)
+
+
+async def test_a_write_whose_answer_was_lost_is_still_announced(tmp_path: Path, nats_server: NatsServerProcess) -> None:
+    """The record was stored but the answer lost (a leader changing): the retry finds its own version in the KV,
+    writes nothing more, and announces it on the incident's subject -- nobody else did."""
+    sc, msgs = await _messages(tmp_path, "ib_port_down")
+    want = sc.expected[sc.jobs[0].comm_id]
+    nc, js, got = await _fleet_bus(nats_server.url)
+    svc = IncidentService([nats_server.url], debounce=0.02)
+    await svc.start()
+    try:
+        svc._kv = lossy = _AnswerLost(await js.create_key_value(bucket=INCIDENTS_BUCKET, history=5))
+        await _publish(js, [m for m in msgs if m["type"] == "NCCLJobMember" or _is_symptom_or_fault(m)])
+        rec = await asyncio.wait_for(got.get(), 10)
+        assert {k: rec["culprit"][k] for k in want} == want, rec
+        assert lossy.lost == 1 and svc.publish_retries >= 1 and svc.publish_same >= 1, svc.stats()
+        entry = await (await js.key_value(INCIDENTS_BUCKET)).get(rec["job"])
+        assert json.loads(entry.value)["culprit"] == rec["culprit"]
+    finally:
+        await svc.stop()
+        await nc.close()
+
+
 async def test_spoofed_and_broken_messages_are_counted_not_used(tmp_path: Path,
                                                                nats_server: NatsServerProcess) -> None:
     _sc, msgs = await _messages(tmp_path, "healthy")

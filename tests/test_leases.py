@@ -119,6 +119,8 @@ async def test_a_replica_whose_beats_stop_loses_its_partition_before_its_entry_e
         took = time.monotonic() - t0
         assert a.beat_takeovers == 1 and ev0[-1] == ("gain", 1)
         assert took < 2.0, f"{took:.2f} s: the beats, not the entry's 60 s TTL, should have moved it"
+        await a.tick()  # B's alive key lives on (60 s): no hand-back to a replica whose beats stopped
+        assert 1 in a.held and ("loss", 1) not in ev0 and a.beat_takeovers == 1
         await asyncio.sleep(0.5)
         assert 1 in c._heard and c.silent() == {} and c.held.keys() == {2} and evd == [("gain", 2)], \
             "a replica that does not hear its own beats takes nothing"
@@ -136,6 +138,15 @@ async def test_a_replica_whose_beats_stop_loses_its_partition_before_its_entry_e
         assert await _until(lambda: a.beats_rejected - before == len(bad), 5), a.beats_rejected - before
         await asyncio.sleep(0.2)
         assert a.beats_rejected - before == len(bad) and set(a._heard) == {1, 2} and a._heard[1][1] == "h1"
+        # B restarts (a new holder, beating): A hands the partition back on its next tick, B claims it on its own
+        b2 = Leases(kv, partitions=3, partition=1, holder="h1-again", ttl=60.0, on_gain=_record(ev1, "gain"),
+                    on_loss=_record(ev1, "loss"), nc=conns[1], beat_s=0.05)
+        tasks["b2"] = asyncio.create_task(b2.run())
+        assert await _until(lambda: a._heard[1][1] == "h1-again", 5)
+        await a.tick()
+        assert 1 not in a.held and ev0[-1] == ("loss", 1)
+        await b2.tick()  # its next tick (every 20 s at this TTL)
+        assert 1 in b2.held
     finally:
         for t in tasks.values():
             t.cancel()
