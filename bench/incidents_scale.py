@@ -1225,7 +1225,11 @@ async def cluster_async(args: argparse.Namespace, work: Path, metas: list[dict[s
         await asyncio.sleep(2.5)  # the survivors have seen every replica alive since
         v = args.victim
         holder = next((q for q, c in replicas.items() if v in (c.last().get("owned") or [])), v)
-        srv = args.kill_server
+        if args.kill_server == "leases":  # the worst case for a takeover: the leases bucket elects too
+            leaders = [i for i in range(3) if f"KV_{LEASES_BUCKET}" in await led_by(i)]
+            srv = leaders[0] if leaders else 0
+        else:
+            srv = int(args.kill_server)
         led = await led_by(srv)
         t_kill = time.monotonic()
         await replicas[holder].kill()
@@ -1389,7 +1393,8 @@ def main() -> None:
                     help="many-jobs --fleet-start: share of the flood published when the faults come")
     ap.add_argument("--nodes", type=int, default=16, help="cluster: nodes of each job")
     ap.add_argument("--victim", type=int, default=1, help="cluster: the partition whose replica is killed")
-    ap.add_argument("--kill-server", type=int, default=0, help="cluster: the nats-server killed with it")
+    ap.add_argument("--kill-server", choices=("0", "1", "2", "leases"), default="0",
+                    help="cluster: the nats-server killed with it (leases: the one leading the leases bucket)")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--timeout", type=float, default=30.0, help="s after a fault's evidence to wait for its incident")
     ap.add_argument("--digest-max", type=float, default=300.0, help="s to wait for membership to be digested")

@@ -710,6 +710,8 @@ class IncidentService:
                 "leases": ({"held": sorted(self.leases.held), "takeovers": self.leases.takeovers,
                             "reclaimed": self.leases.reclaimed, "errors": self.leases.errors,
                             "beat_takeovers": self.leases.beat_takeovers,
+                            "provisional": sorted(self.leases.provisional),
+                            "provisional_takeovers": self.leases.provisional_takeovers,
                             "beats_rejected": self.leases.beats_rejected}
                            if self.leases is not None else None),
                 "loop_stall_max_ms": round(self.loop_stall_max_ms, 1),

@@ -24,13 +24,17 @@ its own included. A replica whose beats stopped while this one kept hearing its 
 ``BEACON_MISSED`` beats (the path through NATS works: a survivor cut off itself hears nothing, and
 decides nothing) is dead: its partition's lease entry, when it names a dead holder, is deleted by a
 compare-and-set on the entry's revision and created anew by the survivor, without waiting for it to
-expire (2 beats of 0.5 s: about 1.5 s after the death instead of 3-5). Of two survivors racing, the
-compare-and-sets let one win. A replica wrongly taken for dead (its beats held up) loses the lease on its
-next renewal and claims it back when the stand-in sees its alive key again; nothing it published is lost
-(records are compare-and-set too, fleet/incident_service.py). Beats are bounded at the boundary: one over
-``BEACON_MAX_BYTES``, not JSON, or naming another partition than its subject's is counted
-(``beacons_rejected``) and ignored; only the correlator's role may publish or read them
-(fleet/nats_permissions.py).
+expire (about 1.5-2 s after the death instead of 3-5). The survivor that claims is the live replica of
+the lowest partition (the others keep the alive-key rule as a fallback; compare-and-sets settle any
+race). When the bucket itself cannot be asked (the dead server led it: no answer until its election
+ends, 4-9 s), that replica judges the dead one's partition provisionally meanwhile (``provisional``;
+incident records are compare-and-set, so a second judge adds no version), hands it back at once if its
+replica beats again, and takes the lease or gives the partition up once the bucket answers.
+A replica wrongly taken for dead (its beats held up) loses the lease on its next renewal and claims it
+back when the stand-in sees its alive key and hears its beats again; nothing it published is lost. Beats
+are bounded at the boundary: one over ``BEACON_MAX_BYTES``, not JSON, or naming another partition than its
+subject's is counted (``beats_rejected``) and ignored; only the correlator's role may publish or read
+them (fleet/nats_permissions.py).
 
 Every write is a compare-and-set on the entry's revision: a replica that lost a lease (another
 replica took it while this one was cut off) finds out on its next renewal and stops judging. An
@@ -130,6 +134,11 @@ class Leases:
         self._dead_checked: dict[int, float] = {}  # partition -> when its lease entry was last looked at
         self._beat_seq = 0
         self._lock = asyncio.Lock()  # one tick or one takeover at a time (both create and hand over leases)
+        # partitions judged without a lease: their replica's beats stopped while the bucket could not be asked
+        # (its leader died too: an election, 4-9 s); settled once the bucket answers (``_settle_provisional``)
+        self.provisional: set[int] = set()
+        self._provisional_since: dict[int, float] = {}  # partition -> when (monotonic): a later beat hands it back
+        self.provisional_takeovers = 0
 
     def _value(self, p: int) -> bytes:
         return json.dumps({"holder": self.holder, "partition": p, "time": time.time()}).encode()
@@ -228,10 +237,33 @@ class Leases:
                     candidates.append(p)
         for p in candidates:
             if await self._try_create(p):
-                if p != self.partition:
-                    self.takeovers += 1
-                    log.warning("lease_taken_over", partition=p, holder=self.holder)
-                await self.on_gain(p)
+                await self._gained(p, "its alive key expired")
+        await self._settle_provisional(silent)
+
+    async def _gained(self, p: int, why: str) -> None:
+        """A lease created: judged from now on (a partition judged provisionally already is, and stays)."""
+        if p != self.partition:
+            self.takeovers += 1
+            log.warning("lease_taken_over", partition=p, holder=self.holder, why=why)
+        if p in self.provisional:
+            self.provisional.discard(p)
+            return
+        await self.on_gain(p)
+
+    async def _settle_provisional(self, silent: dict[int, str]) -> None:
+        """Each tick, what the bucket says of the partitions judged without a lease: ours once we create it,
+        given up when another replica holds it (left to the beats while the holder it names is a dead one)."""
+        for p in sorted(self.provisional):
+            if p not in self.provisional:
+                continue
+            entry = await self._get(lease_key(p))
+            if entry is None:
+                if await self._try_create(p):
+                    await self._gained(p, "provisional, now leased")
+            elif (h := _holder(entry.value)) != self.holder and h not in set(silent.values()):
+                self.provisional.discard(p)
+                log.warning("lease_provisional_given_up", partition=p, holder=h)
+                await self.on_loss(p)
 
     async def _release(self, p: int) -> None:
         rev = self.held.pop(p, None)
@@ -278,56 +310,95 @@ class Leases:
     async def _take_from_dead(self) -> None:
         """A dead replica's partition (and what it stood in for), taken without waiting for the entry's expiry.
         Each silent partition's entry is looked at once a tick at most (a partition that stays without its
-        replica, held by a stand-in, costs one read a tick, not one a beat)."""
-        from nats.js.errors import KeyWrongLastSequenceError
-
+        replica, held by a stand-in, costs one read a tick, not one a beat). Only the live replica of the lowest
+        partition claims (survivors racing would move a partition twice); the others keep the alive-key rule.
+        When the bucket cannot be asked (its leader died with the replica: an election of 4-9 s), it judges the
+        partition provisionally meanwhile -- records are compare-and-set, so a second judge adds no version --
+        and a replica whose beats are back gets it back at once."""
         silent = self.silent()
+        for p in sorted(self.provisional):
+            if self._heard.get(p, (-1e9, ""))[0] > self._provisional_since.get(p, 0.0):  # its replica beats again
+                self.provisional.discard(p)
+                log.warning("lease_provisional_handed_back", partition=p)
+                await self.on_loss(p)
         dead = set(silent.values())
+        live = {self.partition} | {q for q in self._heard if q not in silent}
+        if self.partition != min(live):
+            return  # the live replica of the lowest partition claims; the others' alive-key rule is the fallback
         now = time.monotonic()
         for p in sorted(silent):
-            if p in self.held or now - self._dead_checked.get(p, -1e9) < self.ttl / 3:
+            if p in self.held or now - self._dead_checked.get(p, -1e9) < min(self.ttl / 3, BEACON_MISSED * self.beat_s):
                 continue
             self._dead_checked[p] = now
-            entry = await self._get(lease_key(p))
-            if entry is not None:
-                if _holder(entry.value) not in dead:
-                    continue  # held by someone alive (a stand-in), or by a holder we never heard: its TTL decides
-                try:
-                    await self.kv.delete(lease_key(p), last=entry.revision)
-                except KeyWrongLastSequenceError:
-                    continue  # renewed or taken meanwhile
-                except Exception as exc:
-                    if "wrong last sequence" not in str(exc).lower():
-                        raise
-                    continue
-            if await self._try_create(p):
-                self.takeovers += 1
+            try:
+                got = await self._claim_from(p, dead)
+            except Exception as exc:  # no leader, no answer: the bucket is electing
+                log.info("lease_claim_failed", partition=p, error=repr(exc)[:200])
+                if p not in self.provisional:
+                    self.provisional.add(p)
+                    self._provisional_since[p] = time.monotonic()
+                    self.provisional_takeovers += 1
+                    log.warning("lease_provisional", partition=p, holder=self.holder,
+                                why="its replica's beats stopped and the bucket does not answer")
+                    await self.on_gain(p)
+                continue
+            if got:
                 self.beat_takeovers += 1
-                log.warning("lease_taken_over", partition=p, holder=self.holder, why="its replica's beats stopped")
-                await self.on_gain(p)
+                await self._gained(p, "its replica's beats stopped")
+
+    async def _claim_from(self, p: int, dead: set[str]) -> bool:
+        """Partition ``p``'s lease created for us when nobody or a dead holder has it (False: someone alive
+        holds it, or another survivor was faster)."""
+        from nats.js.errors import KeyWrongLastSequenceError
+
+        entry = await self._get(lease_key(p))
+        if entry is not None:
+            if _holder(entry.value) not in dead:
+                return False  # held by someone alive (a stand-in), or by a holder we never heard: its TTL decides
+            try:
+                await self.kv.delete(lease_key(p), last=entry.revision)
+            except KeyWrongLastSequenceError:
+                return False  # renewed or taken meanwhile
+            except Exception as exc:
+                if "wrong last sequence" not in str(exc).lower():
+                    raise
+                return False
+        return await self._try_create(p)
 
     async def _beat_loop(self) -> None:
-        """Beat every ``beat_s``; after each, take what dead replicas held."""
+        """Beat every ``beat_s``, whatever else waits: a beat held up behind a takeover that waits for the
+        bucket would make this replica look cut off to itself (and dead to the others)."""
         subject = beacon_subject(self.partition)
         while True:
             try:
                 self._beat_seq += 1
                 await self.nc.publish(subject, json.dumps({"holder": self.holder, "partition": self.partition,
                                                            "seq": self._beat_seq}).encode())
-                if self.takeover and self.silent():
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # reconnecting: the next beat tries again
+                self.errors += 1
+                log.info("lease_beat_failed", error=repr(exc)[:200])
+            await asyncio.sleep(self.beat_s)
+
+    async def _watch_loop(self) -> None:
+        """Every ``beat_s``: take what dead replicas held, hand provisional partitions back."""
+        while True:
+            try:
+                if self.takeover and (self.provisional or self.silent()):
                     async with self._lock:
                         await self._take_from_dead()
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # reconnecting, the bucket electing: the next beat tries again
+            except Exception as exc:  # the bucket electing: the next round tries again
                 self.errors += 1
-                log.info("lease_beat_failed", error=repr(exc)[:200])
+                log.info("lease_watch_failed", error=repr(exc)[:200])
             await asyncio.sleep(self.beat_s)
 
     async def run(self) -> None:
         """Tick every ttl/3 until cancelled; a NATS error is logged and retried on the next tick. With a core
         connection, beat and listen too."""
-        beats: asyncio.Task[None] | None = None
+        beats: asyncio.Future[Any] | None = None
         sub: Any = None
         try:
             if self.nc is not None:
@@ -335,7 +406,8 @@ class Leases:
                     self._on_beat(m.subject, m.data)
 
                 sub = await self.nc.subscribe(f"{BEACON_PREFIX}.*", cb=on_beat)
-                beats = asyncio.create_task(self._beat_loop(), name="incidents:lease-beats")
+                beats = asyncio.gather(asyncio.create_task(self._beat_loop(), name="incidents:lease-beats"),
+                                       asyncio.create_task(self._watch_loop(), name="incidents:lease-watch"))
             while True:
                 try:
                     await self.tick()
@@ -358,6 +430,9 @@ class Leases:
         """At a clean stop: hand every lease back and say we are gone, so another replica takes over at once."""
         for p in list(self.held):
             await self._release(p)
+        for p in list(self.provisional):
+            self.provisional.discard(p)
+            await self.on_loss(p)
         try:
             await self.kv.delete(alive_key(self.partition))
         except Exception as exc:

@@ -188,3 +188,80 @@ def test_silence_while_we_were_cut_off_is_not_a_death(monkeypatch: pytest.Monkey
     assert x.silent() == {1: "h1"}
     beat(1)
     assert x.silent() == {}
+
+
+class _Electing:
+    """A replica's view of the leases bucket while its leader is being elected: no request is answered."""
+
+    def __init__(self, kv: Any, slow: float = 0.0) -> None:
+        self.kv, self.electing, self.slow = kv, False, slow  # slow: s before a request gives up
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.kv, name)
+        if not callable(attr):
+            return attr
+
+        async def call(*a: Any, **kw: Any) -> Any:
+            if self.electing:
+                await asyncio.sleep(self.slow)
+                raise TimeoutError("nats: timeout")
+            return await attr(*a, **kw)
+        return call
+
+
+async def test_while_the_bucket_elects_the_lowest_live_replica_judges_a_dead_ones_partition(
+        tmp_path: Path, nats_server: NatsServerProcess) -> None:
+    """B dies while the leases bucket cannot answer: A (the lowest live partition) judges B's partition
+    provisionally, C does not; once the bucket answers A takes the lease (gained once, not twice). A replica
+    of B beating again gets a provisional partition back at once."""
+    conns = [await nats.connect(nats_server.url) for _ in range(3)]
+    tasks: dict[str, asyncio.Task[None]] = {}
+    try:
+        real = await open_bucket(conns[0].jetstream(), ttl=60.0)
+        views = [_Electing(real, slow=0.3) for _ in range(3)]  # each request: six beats before it gives up
+        ev: list[list[tuple[str, int]]] = [[], [], []]
+        xs = [await _leases(views[i], i, ev[i], 3, nc=conns[i], beat_s=0.05) for i in range(3)]
+        a, _, c = xs
+        for i, x in enumerate(xs):
+            tasks[str(i)] = asyncio.create_task(x.run())
+        assert await _until(lambda: all(i in x.held for i, x in enumerate(xs))
+                            and all(len(x._heard) == 2 for x in xs), 5)
+        for v in views:
+            v.electing = True
+        tasks.pop("1").cancel()  # B dies with the bucket's leader
+        assert await _until(lambda: 1 in a.provisional, 5), (a.silent(), a.provisional)
+        assert ev[0][-1] == ("gain", 1) and a.provisional_takeovers == 1 and 1 not in a.held
+        await asyncio.sleep(1.0)  # requests to the bucket keep timing out; the beats go on, A keeps judging it
+        assert 1 in a.provisional and ev[0][-1] == ("gain", 1)
+        assert not c.provisional and ("gain", 1) not in ev[2], "only the lowest live replica judges it"
+        for v in views:
+            v.electing = False  # the bucket has its leader: A's beats take the lease from the dead holder
+        assert await _until(lambda: 1 in a.held, 5)
+        assert not a.provisional and ev[0].count(("gain", 1)) == 1 and ("loss", 1) not in ev[0]
+        assert a.beat_takeovers == 1 and not c.held.keys() - {2}
+        # B's replica returns, beating, while A holds its lease: handed back on A's next tick
+        b2 = await _leases(views[1], 1, ev[1], 3, nc=conns[1], beat_s=0.05)
+        b2.holder = "h1-again"
+        tasks["b2"] = asyncio.create_task(b2.run())
+        assert await _until(lambda: a._heard[1][1] == "h1-again", 5)
+        await a.tick()
+        assert 1 not in a.held and ev[0][-1] == ("loss", 1)
+        # and a provisional partition goes back the moment its replica beats: B2 dies, the bucket elects, A
+        # judges provisionally; B3 beats; A lets go without asking the bucket
+        await b2.tick()
+        tasks.pop("b2").cancel()
+        for v in views:
+            v.electing = True
+        assert await _until(lambda: 1 in a.provisional, 5)
+        b3 = await _leases(views[1], 1, ev[1], 3, nc=conns[1], beat_s=0.05)
+        b3.holder = "h1-third"
+        tasks["b3"] = asyncio.create_task(b3.run())
+        assert await _until(lambda: 1 not in a.provisional, 5)
+        assert ev[0][-1] == ("loss", 1) and 1 not in a.held
+        assert a.provisional_takeovers == 2
+    finally:
+        for t in tasks.values():
+            t.cancel()
+        await asyncio.gather(*tasks.values(), return_exceptions=True)
+        for nc in conns:
+            await nc.close()
