@@ -108,8 +108,9 @@ PARTITIONS = 3
 # everything this run started, stopped at its end whatever happened (a nats-server runs in a session of
 # its own: a SIGTERM to this bench does not reach it)
 STARTED: list[Any] = []
-TIMELINE = ("lease_lost", "lease_taken_over", "replay_failed", "incidents_follower_failed", "incidents_caught_up",
-            "incident_publish_retry")
+TIMELINE = ("lease_lost", "lease_taken_over", "lease_provisional", "lease_provisional_handed_back",
+            "lease_provisional_given_up", "partition_ready", "judging_without_current_findings", "replay_failed",
+            "incidents_follower_failed", "incidents_caught_up", "incident_publish_retry")
 
 # The correlator as `gpu-node-agent correlator` runs it (fleet/cli.py cmd_correlator), with the stats
 # line every few seconds (the CLI has no flag for it) and JSON logs on stderr.
@@ -1225,11 +1226,26 @@ async def cluster_async(args: argparse.Namespace, work: Path, metas: list[dict[s
         await asyncio.sleep(2.5)  # the survivors have seen every replica alive since
         v = args.victim
         holder = next((q for q, c in replicas.items() if v in (c.last().get("owned") or [])), v)
-        if args.kill_server == "leases":  # the worst case for a takeover: the leases bucket elects too
+        if args.kill_server in ("leases", "leases-only"):  # the worst case for a takeover: the bucket elects too
             leaders = [i for i in range(3) if f"KV_{LEASES_BUCKET}" in await led_by(i)]
             srv = leaders[0] if leaders else 0
+        elif args.kill_server == "none":
+            srv = 0
         else:
             srv = int(args.kill_server)
+        if args.kill_server in ("leases-only", "none"):
+            # the correlator's own failover, apart from the elections a leader's death costs: every other
+            # stream and bucket the server leads is handed to another server first (a leader stepdown)
+            keep = {f"KV_{LEASES_BUCKET}"} if args.kill_server == "leases-only" else set()
+            for _ in range(10):
+                extra = [n for n in await led_by(srv) if n not in keep]
+                if not extra:
+                    break
+                for n in extra:
+                    with contextlib.suppress(Exception):
+                        await nc.request(f"$JS.API.STREAM.LEADER.STEPDOWN.{n}", b"", timeout=5)
+                await asyncio.sleep(1.0)
+            await asyncio.sleep(3.0)  # consumers moved with their leaders: the followers settle first
         led = await led_by(srv)
         t_kill = time.monotonic()
         await replicas[holder].kill()
@@ -1393,8 +1409,10 @@ def main() -> None:
                     help="many-jobs --fleet-start: share of the flood published when the faults come")
     ap.add_argument("--nodes", type=int, default=16, help="cluster: nodes of each job")
     ap.add_argument("--victim", type=int, default=1, help="cluster: the partition whose replica is killed")
-    ap.add_argument("--kill-server", choices=("0", "1", "2", "leases"), default="0",
-                    help="cluster: the nats-server killed with it (leases: the one leading the leases bucket)")
+    ap.add_argument("--kill-server", choices=("0", "1", "2", "leases", "leases-only", "none"), default="0",
+                    help="cluster: the nats-server killed with the replica (leases: the one leading the leases "
+                         "bucket; leases-only: that one, once it leads nothing else; none: server 0, once it "
+                         "leads nothing)")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--timeout", type=float, default=30.0, help="s after a fault's evidence to wait for its incident")
     ap.add_argument("--digest-max", type=float, default=300.0, help="s to wait for membership to be digested")

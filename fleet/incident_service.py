@@ -113,6 +113,7 @@ class IncidentService:
         # jobs whose last write went unanswered: it may have been stored, so a retry that finds its version in the
         # KV announces it still (nobody else did)
         self._unsure: set[str] = set()
+        self._reading_since: dict[int, float] = {}  # partition -> when its history began to be read (monotonic)
         self.kv_reads = 0
         # jobs to judge -> the count of filed messages when one last touched the job (``_filed``): what the
         # hardware findings read must cover before it is judged (``_findings_cover``)
@@ -228,6 +229,7 @@ class IncidentService:
         # verdict followed them by 65 ms. A job's evidence read before its membership is judged again when the
         # membership arrives (every message touches its job); the partition is judged once both caught up.
         buckets = partition_buckets(partition, self.tracker.partitions)
+        self._reading_since[partition] = time.monotonic()
         readers = [Follower(js, self.nats_cfg.jobs_stream, f"{JOBS_PREFIX}.>", self.accept,
                             filters=job_bucket_filters(buckets, kind), since=time.time() - self.history_s,
                             name=f"incidents:jobs:{partition}:{kind}", on_fail=self._give_up)
@@ -317,6 +319,9 @@ class IncidentService:
         self._deferred -= mine
         if partition in self.tracker.owned:  # the partition's history is in: judged from here on
             self._touch(mine)
+            began = self._reading_since.pop(partition, None)
+            log.info("partition_ready", partition=partition, jobs=len(mine),
+                     after_s=None if began is None else round(time.monotonic() - began, 2))
 
     async def stop(self) -> None:
         self.heap.remove()
