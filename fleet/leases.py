@@ -18,7 +18,7 @@ starting one after another) is taken only after ``STARTUP_GRACE_S``, so a slow s
 
 Beacons (issue 21: a replica and a nats-server killed together moved the partition 5.1 s after the kill,
 its next incident 7.1 s): the alive key says a replica is gone only when it expires, a TTL after its last
-write. Each replica also beats on core NATS (``BEACON_PREFIX``.<partition>, every ``ttl / 6`` s, no
+write. Each replica also beats on core NATS (``BEACON_PREFIX``.<partition>, every ``ttl / 12`` s, no
 JetStream: it crosses the cluster's routes while the streams elect) and hears every replica's beats,
 its own included. A replica whose beats stopped while this one kept hearing its own for
 ``BEACON_MISSED`` beats (the path through NATS works: a survivor cut off itself hears nothing, and
@@ -66,8 +66,8 @@ STARTUP_GRACE_S = 20.0  # s a partition never seen alive is left to its own repl
 # core NATS, BEACON_PREFIX.<partition>: the replicas' beats (only the correlator's role: fleet/nats_permissions.py).
 # Central-only (no node publishes or reads it), so it lives with the leases, not in gna_types/subjects.py.
 BEACON_PREFIX = "gna.correlator.beat"
-BEATS_PER_TTL = 6  # a beat every ttl / 6 s (0.5 s at the default TTL)
-BEACON_MISSED = 3  # beats of a replica missed while ours arrived before it counts as dead
+BEATS_PER_TTL = 12  # a beat every ttl / 12 s (0.25 s at the default TTL)
+BEACON_MISSED = 4  # beats of a replica missed while ours arrived before it counts as dead (1 s at the default TTL)
 BEACON_MAX_BYTES = 512
 HOLDER_MAX = 200  # characters of a holder name (host:pid:partition)
 

@@ -345,3 +345,28 @@ async def test_an_idle_consumer_shows_life_through_nats_pys_heartbeat_flag(tmp_p
         await asyncio.gather(task, return_exceptions=True)
     finally:
         await nc.close()
+
+
+async def test_a_filtered_follower_is_caught_up_when_its_consumer_has_nothing_pending(
+        nats_server: NatsServerProcess) -> None:
+    """The stream's last message is on a subject this follower does not ask for, so the stream's last sequence
+    is never handed on: the delivery that leaves nothing pending for its consumer says it is caught up, at once
+    (not at the next check, ``check_s`` later: a partition taken over was judged that much later)."""
+    nc = await _connect([nats_server.url])
+    try:
+        js = nc.jetstream()
+        await js.add_stream(StreamConfig(name=STREAM, subjects=["t.>"]))
+        await _publish(js, 0, 50)
+        await _publish(js, 1000, 1, subject="t.b")  # the stream's last message: another subject
+        seen = Seen()
+        f = Follower(js, STREAM, "t.>", seen, filters=["t.a"], start=1, check_s=30.0)
+        task = asyncio.create_task(f.run())
+        try:
+            t0 = time.monotonic()
+            await asyncio.wait_for(f.caught_up.wait(), 5.0)
+            assert seen.numbers() == list(range(50)) and time.monotonic() - t0 < 5.0
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    finally:
+        await nc.close()

@@ -15,7 +15,7 @@ import nats
 import pytest
 
 from agent.nats_server import NatsServerProcess
-from fleet.leases import BEACON_MAX_BYTES, Leases, alive_key, beacon_subject, lease_key, open_bucket
+from fleet.leases import BEACON_MAX_BYTES, BEACON_MISSED, Leases, alive_key, beacon_subject, lease_key, open_bucket
 
 
 def _record(events: list[tuple[str, int]], what: str) -> Callable[[int], Awaitable[None]]:
@@ -163,7 +163,7 @@ def test_silence_while_we_were_cut_off_is_not_a_death(monkeypatch: pytest.Monkey
     now = [100.0]
     monkeypatch.setattr(leases_mod.time, "monotonic", lambda: now[0])
     x = Leases(object(), partitions=2, partition=0, holder="h0", ttl=3.0, on_gain=_record([], "gain"),
-               on_loss=_record([], "loss"))  # a beat every 0.5 s, dead after 1.5 s of ours without theirs
+               on_loss=_record([], "loss"), beat_s=0.5)  # dead after BEACON_MISSED beats of ours without theirs
 
     def beat(p: int) -> None:
         x._on_beat(beacon_subject(p), json.dumps({"holder": f"h{p}", "partition": p}).encode())
@@ -182,9 +182,12 @@ def test_silence_while_we_were_cut_off_is_not_a_death(monkeypatch: pytest.Monkey
         beat(1)
         beat(0)
     assert x.silent() == {}
-    for _ in range(4):  # they stop; we go on
+    for _ in range(BEACON_MISSED):  # they stop; we go on
         now[0] += 0.5
         beat(0)
+    assert x.silent() == {}, "silent for exactly the window: not yet"
+    now[0] += 0.5
+    beat(0)
     assert x.silent() == {1: "h1"}
     beat(1)
     assert x.silent() == {}
