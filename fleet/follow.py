@@ -283,6 +283,7 @@ class Follower:
                 try:
                     if self._sub is None:
                         if self.until is not None and self.last >= self.until:
+                            self.done.set()  # a replay with nothing (left) to read: done, and says so
                             break
                         await self._subscribe()
                         seen = None

@@ -120,6 +120,12 @@ async def test_a_replay_stops_at_its_sequence_and_an_empty_window_ends_at_once(
     js = nc.jetstream()
     try:
         await js.add_stream(StreamConfig(name=STREAM, subjects=["t.>"]))
+        # an empty stream: a replay up to its last sequence (0) has nothing to read and is done. It returned
+        # without saying so, and the correlator's signals replay (fleet/incident_service.py _replay) asked
+        # again at once, forever: a core burnt by a replica that regained partition 0 (the cluster bench)
+        nothing = Follower(js, STREAM, "t.a", Seen(), since=time.time() - 3600, until=0, check_s=0.3)
+        await asyncio.wait_for(nothing.run(), 5)
+        assert nothing.done.is_set() and nothing.handed == 0
         await _publish(js, 0, 10, "t.a")
         await _publish(js, 10, 5, "t.b")  # the replay's end is a message it does not read
         last = (await js.stream_info(STREAM)).state.last_seq

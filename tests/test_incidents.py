@@ -194,7 +194,7 @@ class _AnswerLost:
 async def test_a_write_whose_answer_was_lost_is_still_announced(tmp_path: Path, nats_server: NatsServerProcess) -> None:
     """The record was stored but the answer lost (a leader changing): the retry finds its own version in the KV,
     writes nothing more, and announces it on the incident's subject -- nobody else did."""
-    sc, msgs = await _messages(tmp_path, "ib_port_down")
+    sc, msgs = await _messages(tmp_path, "ib_port_down_early")  # one finding: one version
     want = sc.expected[sc.jobs[0].comm_id]
     nc, js, got = await _fleet_bus(nats_server.url)
     svc = IncidentService([nats_server.url], debounce=0.02)
