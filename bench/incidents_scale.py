@@ -72,6 +72,7 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 import signal
 import statistics
@@ -108,6 +109,10 @@ PARTITIONS = 3
 # everything this run started, stopped at its end whatever happened (a nats-server runs in a session of
 # its own: a SIGTERM to this bench does not reach it)
 STARTED: list[Any] = []
+# nats-server's log: "[pid] 2026/12/08 00:12:12.689201 [INF] JetStream cluster new metadata leader: s-1/c" or
+# "... Self is new JetStream cluster metadata leader" (server/jetstream_cluster.go, processLeaderChange)
+META_LINE = re.compile(r"^\[\d+\] (\d{4}/\d\d/\d\d \d\d:\d\d:\d\d\.\d+) \[INF\] "
+                       r"(?:JetStream cluster new metadata leader: ([^/\s]+)|(Self) is new JetStream cluster metadata)")
 TIMELINE = ("lease_lost", "lease_taken_over", "lease_provisional", "lease_provisional_handed_back",
             "lease_provisional_given_up", "partition_ready", "judging_without_current_findings", "replay_failed",
             "incidents_follower_failed", "incidents_caught_up", "incident_publish_retry")
@@ -1209,10 +1214,27 @@ async def cluster_async(args: argparse.Namespace, work: Path, metas: list[dict[s
             print(fault_line(f"  {phase:22} p{part} ", r) + extra, flush=True)
             return r
 
+        def meta_leader() -> str | None:
+            """The JetStream meta leader (it creates every consumer), as the servers' own logs last named it:
+            ``JetStream cluster new metadata leader: <server>/<cluster>`` on the others, ``Self is new
+            JetStream cluster metadata leader`` on itself (nats-server server/jetstream_cluster.go). No
+            account but the system account can ask for it."""
+            best: tuple[str, str | None] = ("", None)
+            for srv in cluster.servers:
+                with contextlib.suppress(OSError):
+                    for line in (srv.store_dir / "nats-server.log").read_text(errors="replace").splitlines():
+                        if "metadata leader" not in line or not (m := META_LINE.match(line)):
+                            continue
+                        name = m.group(2) or (srv.name if m.group(3) else None)
+                        if m.group(1) >= best[0]:
+                            best = (m.group(1), name)
+            return best[1]
+
         async def led_by(i: int) -> list[str]:
-            """The streams and buckets whose leader is server ``i`` (a leader's death costs its asset an
-            election: 4-9 s in nats-server's server/raft.go, during which nothing is stored or answered)."""
-            out = []
+            """The streams and buckets whose leader is server ``i``, and ``meta`` when it leads JetStream's meta
+            group (a leader's death costs its raft group an election: 4-9 s in nats-server's server/raft.go,
+            during which nothing is stored, answered or, for the meta group, created)."""
+            out = ["meta"] if meta_leader() == cluster.servers[i].name else []
             for name in (*(c.name for c in stream_configs(NatsConfig(stream_replicas=3))),
                          f"KV_{INCIDENTS_BUCKET}", f"KV_{LEASES_BUCKET}"):
                 with contextlib.suppress(Exception):
@@ -1226,17 +1248,25 @@ async def cluster_async(args: argparse.Namespace, work: Path, metas: list[dict[s
         await asyncio.sleep(2.5)  # the survivors have seen every replica alive since
         v = args.victim
         holder = next((q for q, c in replicas.items() if v in (c.last().get("owned") or [])), v)
+        if args.kill_server == "leases-only":  # its leader must not be the meta leader (only that is kept)
+            for _ in range(10):
+                lead = [i for i in range(3) if f"KV_{LEASES_BUCKET}" in await led_by(i)]
+                if lead and cluster.servers[lead[0]].name != meta_leader():
+                    break
+                with contextlib.suppress(Exception):
+                    await nc.request(f"$JS.API.STREAM.LEADER.STEPDOWN.KV_{LEASES_BUCKET}", b"", timeout=5)
+                await asyncio.sleep(1.0)
         if args.kill_server in ("leases", "leases-only"):  # the worst case for a takeover: the bucket elects too
             leaders = [i for i in range(3) if f"KV_{LEASES_BUCKET}" in await led_by(i)]
             srv = leaders[0] if leaders else 0
-        elif args.kill_server == "none":
-            srv = 0
+        elif args.kill_server == "none":  # a server that does not lead the meta group (it cannot be stepped down)
+            srv = next((i for i in range(3) if cluster.servers[i].name != meta_leader()), 0)
         else:
             srv = int(args.kill_server)
         if args.kill_server in ("leases-only", "none"):
             # the correlator's own failover, apart from the elections a leader's death costs: every other
             # stream and bucket the server leads is handed to another server first (a leader stepdown)
-            keep = {f"KV_{LEASES_BUCKET}"} if args.kill_server == "leases-only" else set()
+            keep = {f"KV_{LEASES_BUCKET}", "meta"} if args.kill_server == "leases-only" else {"meta"}
             for _ in range(10):
                 extra = [n for n in await led_by(srv) if n not in keep]
                 if not extra:

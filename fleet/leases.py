@@ -24,7 +24,7 @@ its own included. A replica whose beats stopped while this one kept hearing its 
 ``BEACON_MISSED`` beats (the path through NATS works: a survivor cut off itself hears nothing, and
 decides nothing) is dead: its partition's lease entry, when it names a dead holder, is deleted by a
 compare-and-set on the entry's revision and created anew by the survivor, without waiting for it to
-expire (about 1.5-2 s after the death instead of 3-5). The survivor that claims is the live replica of
+expire (about 1-1.5 s after the death instead of 3-5). The survivor that claims is the live replica of
 the lowest partition (the others keep the alive-key rule as a fallback; compare-and-sets settle any
 race). When the bucket itself cannot be asked (the dead server led it: no answer until its election
 ends, 4-9 s), that replica judges the dead one's partition provisionally meanwhile (``provisional``;
