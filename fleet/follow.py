@@ -37,6 +37,7 @@ log = structlog.get_logger(__name__)
 CHECK_S = 1.0  # s between the checks of a follower's consumer
 FAIL_S = 60.0  # s without a working consumer before the process gives up (exit 75, restarted)
 SLICE_S = 0.005  # s of message handling before the follower lets the event loop serve the others
+RETRY_AFTER_TIMEOUT_S = 0.05  # s before a follower asks again after an unanswered request (it waited already)
 IDLE_HEARTBEAT_S = 0.5  # the server's heartbeat on an idle consumer (nats-py resets after two missed)
 
 
@@ -307,7 +308,11 @@ class Follower:
                             self.on_fail(f"{self.name}: no consumer for {self.fail_s:.0f} s ({repr(exc)[:200]})")
                         raise
                     await self._drop()
-                    await asyncio.sleep(min(self.check_s, 1.0))
+                    # a request that timed out has waited already: ask again at once (traced: a taken-over
+                    # partition's consumer create, sent while the killed server was still a peer the server
+                    # could place it on, timed out after 2 s and the partition was read 1 s after that)
+                    await asyncio.sleep(RETRY_AFTER_TIMEOUT_S if isinstance(exc, TimeoutError)
+                                        else min(self.check_s, 1.0))
         finally:
             await self._drop()
 

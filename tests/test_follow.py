@@ -376,3 +376,40 @@ async def test_a_filtered_follower_is_caught_up_when_its_consumer_has_nothing_pe
             await asyncio.gather(task, return_exceptions=True)
     finally:
         await nc.close()
+
+
+async def test_a_follower_asks_again_at_once_after_an_unanswered_request(nats_server: NatsServerProcess) -> None:
+    """A consumer create that timed out has waited its request timeout already: the next one goes at once, not
+    after the pause a refused request gets (a taken-over partition was read 1 s later for it)."""
+    nc = await _connect([nats_server.url])
+    try:
+        js = nc.jetstream()
+        await js.add_stream(StreamConfig(name=STREAM, subjects=["t.>"]))
+        await _publish(js, 0, 3)
+
+        class Unanswered:
+            def __init__(self) -> None:
+                self.calls: list[float] = []
+
+            async def subscribe(self, *a: Any, **kw: Any) -> Any:
+                self.calls.append(time.monotonic())
+                if len(self.calls) == 1:
+                    raise TimeoutError("nats: timeout")
+                return await js.subscribe(*a, **kw)
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(js, name)
+
+        flaky = Unanswered()
+        seen = Seen()
+        f = Follower(flaky, STREAM, "t.a", seen, start=1, check_s=1.0)
+        task = asyncio.create_task(f.run())
+        try:
+            await _until(lambda: len(seen.items) == 3, 5, "the three messages")
+            assert f.failures == 1 and len(flaky.calls) == 2
+            assert flaky.calls[1] - flaky.calls[0] < 0.5, flaky.calls
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    finally:
+        await nc.close()
