@@ -304,8 +304,6 @@ class IncidentService:
                 finally:
                     self._retire(f)
                 complete = f.done.is_set()
-                if not complete:  # the follower ended without its replay (never so far): not in a tight loop
-                    await asyncio.sleep(1.0)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the follower gave up: the process is exiting (75)

@@ -132,12 +132,10 @@ class Leases:
         self._self_heard = -1e9  # when we last heard our own beat come back (monotonic)
         self._self_since = 0.0  # since when we have heard our own beats without a break
         self._dead_checked: dict[int, float] = {}  # partition -> when its lease entry was last looked at
-        self._beat_seq = 0
         self._lock = asyncio.Lock()  # one tick or one takeover at a time (both create and hand over leases)
         # partitions judged without a lease: their replica's beats stopped while the bucket could not be asked
         # (its leader died too: an election, 4-9 s); settled once the bucket answers (``_settle_provisional``)
-        self.provisional: set[int] = set()
-        self._provisional_since: dict[int, float] = {}  # partition -> when (monotonic): a later beat hands it back
+        self.provisional: dict[int, float] = {}  # partition -> since when (monotonic): a later beat hands it back
         self.provisional_takeovers = 0
 
     def _value(self, p: int) -> bytes:
@@ -152,31 +150,24 @@ class Leases:
             return None
 
     async def _try_create(self, p: int) -> bool:
-        from nats.js.errors import KeyWrongLastSequenceError
-
         try:
             self.held[p] = await self.kv.create(lease_key(p), self._value(p))
             self._renewed[p] = time.monotonic()
             return True
-        except KeyWrongLastSequenceError:
-            return False  # someone holds it
         except Exception as exc:
-            if "wrong last sequence" in str(exc).lower():
-                return False
+            if _wrong_last(exc):
+                return False  # someone holds it
             raise
 
     async def _renew(self, p: int) -> bool | None:
         """True: renewed; False: lost (another replica holds it, or it went unrenewed for a TTL);
         None: not known yet (NATS is away or electing: kept until a TTL after the last renewal)."""
-        from nats.js.errors import KeyWrongLastSequenceError
-
         try:
             self.held[p] = await self.kv.update(lease_key(p), self._value(p), last=self.held[p])
             self._renewed[p] = time.monotonic()
             return True
         except Exception as exc:
-            wrong = isinstance(exc, KeyWrongLastSequenceError) or "wrong last sequence" in str(exc).lower()
-            if wrong:
+            if _wrong_last(exc):
                 # an election can lose a renewal's ack (stored, the revision we hold is stale) or let
                 # the entry expire (nobody renewed for a TTL): neither is another replica's claim
                 try:
@@ -245,8 +236,7 @@ class Leases:
         if p != self.partition:
             self.takeovers += 1
             log.warning("lease_taken_over", partition=p, holder=self.holder, why=why)
-        if p in self.provisional:
-            self.provisional.discard(p)
+        if self.provisional.pop(p, None) is not None:
             return
         await self.on_gain(p)
 
@@ -254,14 +244,12 @@ class Leases:
         """Each tick, what the bucket says of the partitions judged without a lease: ours once we create it,
         given up when another replica holds it (left to the beats while the holder it names is a dead one)."""
         for p in sorted(self.provisional):
-            if p not in self.provisional:
-                continue
             entry = await self._get(lease_key(p))
             if entry is None:
                 if await self._try_create(p):
                     await self._gained(p, "provisional, now leased")
             elif (h := _holder(entry.value)) != self.holder and h not in set(silent.values()):
-                self.provisional.discard(p)
+                del self.provisional[p]
                 log.warning("lease_provisional_given_up", partition=p, holder=h)
                 await self.on_loss(p)
 
@@ -316,9 +304,9 @@ class Leases:
         partition provisionally meanwhile -- records are compare-and-set, so a second judge adds no version --
         and a replica whose beats are back gets it back at once."""
         silent = self.silent()
-        for p in sorted(self.provisional):
-            if self._heard.get(p, (-1e9, ""))[0] > self._provisional_since.get(p, 0.0):  # its replica beats again
-                self.provisional.discard(p)
+        for p, since in sorted(self.provisional.items()):
+            if self._heard.get(p, (-1e9, ""))[0] > since:  # its replica beats again
+                del self.provisional[p]
                 log.warning("lease_provisional_handed_back", partition=p)
                 await self.on_loss(p)
         dead = set(silent.values())
@@ -335,8 +323,7 @@ class Leases:
             except Exception as exc:  # no leader, no answer: the bucket is electing
                 log.info("lease_claim_failed", partition=p, error=repr(exc)[:200])
                 if p not in self.provisional:
-                    self.provisional.add(p)
-                    self._provisional_since[p] = time.monotonic()
+                    self.provisional[p] = time.monotonic()
                     self.provisional_takeovers += 1
                     log.warning("lease_provisional", partition=p, holder=self.holder,
                                 why="its replica's beats stopped and the bucket does not answer")
@@ -349,31 +336,26 @@ class Leases:
     async def _claim_from(self, p: int, dead: set[str]) -> bool:
         """Partition ``p``'s lease created for us when nobody or a dead holder has it (False: someone alive
         holds it, or another survivor was faster)."""
-        from nats.js.errors import KeyWrongLastSequenceError
-
         entry = await self._get(lease_key(p))
         if entry is not None:
             if _holder(entry.value) not in dead:
                 return False  # held by someone alive (a stand-in), or by a holder we never heard: its TTL decides
             try:
                 await self.kv.delete(lease_key(p), last=entry.revision)
-            except KeyWrongLastSequenceError:
-                return False  # renewed or taken meanwhile
             except Exception as exc:
-                if "wrong last sequence" not in str(exc).lower():
-                    raise
-                return False
+                if _wrong_last(exc):
+                    return False  # renewed or taken meanwhile
+                raise
         return await self._try_create(p)
 
     async def _beat_loop(self) -> None:
         """Beat every ``beat_s``, whatever else waits: a beat held up behind a takeover that waits for the
         bucket would make this replica look cut off to itself (and dead to the others)."""
         subject = beacon_subject(self.partition)
+        beat = json.dumps({"holder": self.holder, "partition": self.partition}).encode()
         while True:
             try:
-                self._beat_seq += 1
-                await self.nc.publish(subject, json.dumps({"holder": self.holder, "partition": self.partition,
-                                                           "seq": self._beat_seq}).encode())
+                await self.nc.publish(subject, beat)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # reconnecting: the next beat tries again
@@ -431,12 +413,20 @@ class Leases:
         for p in list(self.held):
             await self._release(p)
         for p in list(self.provisional):
-            self.provisional.discard(p)
+            del self.provisional[p]
             await self.on_loss(p)
         try:
             await self.kv.delete(alive_key(self.partition))
         except Exception as exc:
             log.info("alive_release_failed", error=repr(exc))
+
+
+def _wrong_last(exc: Exception) -> bool:
+    """A compare-and-set refused: the key's revision is not the one named (nats-py raises
+    KeyWrongLastSequenceError, or an APIError carrying the server's "wrong last sequence")."""
+    from nats.js.errors import KeyWrongLastSequenceError
+
+    return isinstance(exc, KeyWrongLastSequenceError) or "wrong last sequence" in str(exc).lower()
 
 
 def _holder(value: bytes | None) -> str | None:
